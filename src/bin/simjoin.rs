@@ -1,0 +1,3 @@
+fn main() {
+    println!("simjoin {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,32 @@
+//! simjoin: similarity (eps-distance) joins on any Vulkan GPU or on the CPU.
+//!
+//! ```no_run
+//! use simjoin::{Dataset, Engine, JoinOptions};
+//! let points: Vec<f32> = vec![0.0, 0.0, 0.5, 0.0, 3.0, 3.0]; // 3 points in 2-D
+//! let data = Dataset::from_f32(&points, 2).unwrap();
+//! let result = Engine::new().self_join(&data, &JoinOptions::new(1.0)).unwrap();
+//! assert_eq!(result.pairs().unwrap(), &[[0, 1]]);
+//! ```
+//!
+//! Layout: `vk` is the Vulkan layer (device, queues, memory, kernels), `gpu` the GPU join
+//! algorithms, `cpu` the native CPU backend, `ffi` the C surface; `metric` and `grid` hold
+//! the arithmetic and cell geometry every backend shares so that all agree pair for pair.
+
+pub mod dataset;
+pub mod engine;
+pub mod error;
+pub mod grid;
+pub mod metric;
+pub mod options;
+#[doc(hidden)]
+pub mod oracle;
+pub mod result;
+
+pub(crate) mod cpu;
+pub(crate) mod gpu;
+
+pub use dataset::{Coords, Dataset, Precision};
+pub use engine::Engine;
+pub use error::{Error, ErrorKind, Result};
+pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
+pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};

@@ -1,0 +1,156 @@
+//! Join options: what to compute (eps, metric, output form) and how (backend, algorithm,
+//! batch sizes). Every field has a sensible default; `JoinOptions::new(eps)` is enough.
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// Distance function. A pair matches when `dist(a, b) <= eps` (see `metric.rs` for the
+/// exact arithmetic every backend uses).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Metric {
+    #[default]
+    Euclidean = 0,
+    Manhattan = 1,
+    Chebyshev = 2,
+}
+
+/// Where the join runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Backend {
+    /// A real (non-CPU) Vulkan GPU when one is present, else the native CPU backend.
+    /// A software Vulkan device (lavapipe) is never chosen automatically.
+    #[default]
+    Auto = 0,
+    /// The native multi-threaded CPU backend.
+    Cpu = 1,
+    /// A Vulkan device (any kind, lavapipe included); `JoinOptions::device` or
+    /// `SIMJOIN_DEVICE` picks which.
+    Gpu = 2,
+}
+
+/// Join algorithm. `Auto` chooses from dimensionality, size and eps by a cost estimate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Algorithm {
+    #[default]
+    Auto = 0,
+    /// eps-grid join (GPU-SJ / GPU-JOIN on the GPU, Grid-join on the CPU).
+    Grid = 1,
+    /// EGO*-join (CPU).
+    Ego = 2,
+    /// Nested-loop brute force.
+    Brute = 3,
+    /// Sort-and-search over a set of Z-order curves (LSS).
+    Lss = 4,
+}
+
+/// What the join returns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum OutputForm {
+    /// Self-join: unique pairs (i < j). A ⋈ B: pairs (i in A, j in B).
+    #[default]
+    Pairs = 0,
+    /// Neighbour table in CSR form. Self-join: both directions, self excluded unless
+    /// `include_self`; A ⋈ B: rows are points of A, columns points of B.
+    Csr = 1,
+    /// Only the number of pairs (as `Pairs` would return).
+    Count = 2,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct JoinOptions {
+    /// Distance threshold; must be finite and > 0.
+    pub eps: f64,
+    pub metric: Metric,
+    pub backend: Backend,
+    pub algorithm: Algorithm,
+    pub output: OutputForm,
+    /// Sort pairs lexicographically (and CSR rows by neighbour id).
+    pub sorted: bool,
+    /// Self-join CSR only: list each point as its own neighbour.
+    pub include_self: bool,
+    /// GPU grid: number of indexed dimensions k (None = chosen by the sampling cost model).
+    pub indexed_dims: Option<usize>,
+    /// GPU: number of query points per batch (None = from the estimation pass).
+    pub batch_points: Option<usize>,
+    /// GPU: capacity of each device result buffer, in pairs (None = from device memory).
+    pub result_buffer_pairs: Option<usize>,
+    /// CPU: worker threads (None = all cores).
+    pub threads: Option<usize>,
+    /// Vulkan device: index or name substring (None = `SIMJOIN_DEVICE`, else the best).
+    pub device: Option<String>,
+}
+
+impl JoinOptions {
+    pub fn new(eps: f64) -> Self {
+        JoinOptions {
+            eps,
+            metric: Metric::default(),
+            backend: Backend::default(),
+            algorithm: Algorithm::default(),
+            output: OutputForm::default(),
+            sorted: false,
+            include_self: false,
+            indexed_dims: None,
+            batch_points: None,
+            result_buffer_pairs: None,
+            threads: None,
+            device: None,
+        }
+    }
+
+    /// Checks what can be checked without the data.
+    pub fn validate(&self) -> Result<()> {
+        if !self.eps.is_finite() || self.eps <= 0.0 {
+            return Err(Error::invalid(format!(
+                "eps must be a finite number > 0 (got {})",
+                self.eps
+            )));
+        }
+        if self.indexed_dims == Some(0) {
+            return Err(Error::invalid("indexed_dims must be >= 1 when given"));
+        }
+        if self.batch_points == Some(0) {
+            return Err(Error::invalid("batch_points must be >= 1 when given"));
+        }
+        if self.result_buffer_pairs == Some(0) {
+            return Err(Error::invalid("result_buffer_pairs must be >= 1 when given"));
+        }
+        if self.threads == Some(0) {
+            return Err(Error::invalid("threads must be >= 1 when given"));
+        }
+        Ok(())
+    }
+}
+
+macro_rules! names {
+    ($ty:ty { $($variant:ident = $name:literal),* $(,)? }) => {
+        impl $ty {
+            pub fn name(self) -> &'static str {
+                match self { $(<$ty>::$variant => $name),* }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.name()) }
+        }
+        impl FromStr for $ty {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self> {
+                match s.to_ascii_lowercase().as_str() {
+                    $($name => Ok(<$ty>::$variant),)*
+                    _ => Err(Error::invalid(format!(
+                        concat!("unknown ", stringify!($ty), " '{}' (expected one of: ", $($name, " ",)* ")"), s))),
+                }
+            }
+        }
+    };
+}
+
+names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev" });
+names!(Backend { Auto = "auto", Cpu = "cpu", Gpu = "gpu" });
+names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss" });
+names!(OutputForm { Pairs = "pairs", Csr = "csr", Count = "count" });

@@ -1,0 +1,213 @@
+//! Join results: pair sinks (the streaming interface every backend writes to), the
+//! report of what ran, and assembly of the output forms (pairs, CSR, count).
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::options::{Algorithm, OutputForm};
+use rayon::prelude::*;
+
+/// A result pair. Self-join: `[i, j]` with `i < j`. A ⋈ B: `[i in A, j in B]`.
+pub type Pair = [u32; 2];
+
+/// Receives result pairs as a join produces them. Chunks arrive in no particular order
+/// and may be large or small; the engine calls the sink from one thread at a time.
+/// Returning an error stops the join with `ErrorKind::Cancelled`.
+pub trait PairSink: Send {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()>;
+}
+
+impl<F: FnMut(&[Pair]) -> anyhow::Result<()> + Send> PairSink for F {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        self(chunk)
+    }
+}
+
+/// A sink that keeps every pair in memory.
+#[derive(Default)]
+pub struct VecSink {
+    pub pairs: Vec<Pair>,
+}
+
+impl PairSink for VecSink {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        self.pairs.extend_from_slice(chunk);
+        Ok(())
+    }
+}
+
+/// Wraps a sink error so the engine reports it as `Cancelled` with the sink's message.
+pub(crate) fn sink_error(e: anyhow::Error) -> Error {
+    Error::with_kind(ErrorKind::Cancelled, e.context("the result sink stopped the join"))
+}
+
+/// What a backend reports about a run.
+#[derive(Clone, Debug, Default)]
+pub struct JoinReport {
+    /// Number of result pairs (unique pairs for a self-join).
+    pub pairs: u64,
+    /// "cpu" or "vulkan".
+    pub backend: String,
+    /// Device name ("cpu: N threads" for the CPU backend).
+    pub device: String,
+    /// The algorithm that actually ran (never `Auto`).
+    pub algorithm: Algorithm,
+    /// Batches the work was split into (1 for unbatched runs).
+    pub batches: usize,
+    /// Wall-clock seconds of the whole join (index build to results assembled).
+    pub seconds: f64,
+    /// Named phases with their seconds, in the order they ran (may overlap on the GPU).
+    pub phases: Vec<(String, f64)>,
+    /// Free-form notes on choices made (indexed dims, batch sizes, why auto picked what).
+    pub notes: Vec<String>,
+}
+
+/// CSR neighbour table: row `r`'s neighbours are `neighbors[offsets[r]..offsets[r+1]]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Csr {
+    pub offsets: Vec<u64>,
+    pub neighbors: Vec<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinOutput {
+    Pairs(Vec<Pair>),
+    Csr(Csr),
+    Count(u64),
+}
+
+#[derive(Clone, Debug)]
+pub struct JoinResult {
+    pub output: JoinOutput,
+    pub report: JoinReport,
+}
+
+impl JoinResult {
+    /// The pairs, if the output form was `Pairs`.
+    pub fn pairs(&self) -> Option<&[Pair]> {
+        match &self.output {
+            JoinOutput::Pairs(p) => Some(p),
+            _ => None,
+        }
+    }
+    pub fn csr(&self) -> Option<&Csr> {
+        match &self.output {
+            JoinOutput::Csr(c) => Some(c),
+            _ => None,
+        }
+    }
+    pub fn count(&self) -> u64 {
+        self.report.pairs
+    }
+}
+
+/// Sorts pairs lexicographically (parallel).
+pub fn sort_pairs(pairs: &mut [Pair]) {
+    pairs.par_sort_unstable();
+}
+
+/// Builds the output form from collected pairs.
+/// `rows`: number of CSR rows (n of the self-join, |A| for A ⋈ B).
+pub(crate) fn assemble(
+    mut pairs: Vec<Pair>,
+    form: OutputForm,
+    self_join: bool,
+    rows: usize,
+    include_self: bool,
+    sorted: bool,
+) -> Result<JoinOutput> {
+    match form {
+        OutputForm::Count => Ok(JoinOutput::Count(pairs.len() as u64)),
+        OutputForm::Pairs => {
+            if sorted {
+                sort_pairs(&mut pairs);
+            }
+            Ok(JoinOutput::Pairs(pairs))
+        }
+        OutputForm::Csr => Ok(JoinOutput::Csr(build_csr(&pairs, self_join, rows, include_self, sorted)?)),
+    }
+}
+
+/// CSR from pairs: both directions for a self-join (plus the diagonal when asked), rows
+/// by the first element for A ⋈ B. Rows are sorted by neighbour id when `sorted`.
+pub fn build_csr(pairs: &[Pair], self_join: bool, rows: usize, include_self: bool, sorted: bool) -> Result<Csr> {
+    let per_pair = if self_join { 2 } else { 1 };
+    let total = (pairs.len() as u64)
+        .checked_mul(per_pair)
+        .and_then(|t| t.checked_add(if self_join && include_self { rows as u64 } else { 0 }))
+        .ok_or_else(|| Error::new(ErrorKind::OutOfHostMemory, "CSR size overflows u64"))?;
+    let total_usize = usize::try_from(total)
+        .map_err(|_| Error::new(ErrorKind::OutOfHostMemory, "CSR does not fit in memory"))?;
+    let mut degree = vec![0u64; rows + 1];
+    for &[i, j] in pairs {
+        degree[i as usize] += 1;
+        if self_join {
+            degree[j as usize] += 1;
+        }
+    }
+    if self_join && include_self {
+        for d in degree.iter_mut().take(rows) {
+            *d += 1;
+        }
+    }
+    // Exclusive scan into offsets.
+    let mut offsets = vec![0u64; rows + 1];
+    let mut acc = 0u64;
+    for r in 0..rows {
+        offsets[r] = acc;
+        acc += degree[r];
+    }
+    offsets[rows] = acc;
+    debug_assert_eq!(acc, total);
+    let mut cursor: Vec<u64> = offsets[..rows].to_vec();
+    let mut neighbors = vec![0u32; total_usize];
+    if self_join && include_self {
+        for r in 0..rows {
+            neighbors[cursor[r] as usize] = r as u32;
+            cursor[r] += 1;
+        }
+    }
+    for &[i, j] in pairs {
+        neighbors[cursor[i as usize] as usize] = j;
+        cursor[i as usize] += 1;
+        if self_join {
+            neighbors[cursor[j as usize] as usize] = i;
+            cursor[j as usize] += 1;
+        }
+    }
+    if sorted {
+        // Split the neighbour array into rows and sort each in parallel.
+        let mut rest: &mut [u32] = &mut neighbors;
+        let mut slices = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let len = (offsets[r + 1] - offsets[r]) as usize;
+            let (head, tail) = rest.split_at_mut(len);
+            slices.push(head);
+            rest = tail;
+        }
+        slices.par_iter_mut().for_each(|s| s.sort_unstable());
+    }
+    Ok(Csr { offsets, neighbors })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csr_self_join_both_directions() {
+        let pairs = vec![[0, 2], [1, 2]];
+        let c = build_csr(&pairs, true, 3, false, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 1, 2, 4]);
+        assert_eq!(c.neighbors, vec![2, 2, 0, 1]);
+        let c = build_csr(&pairs, true, 3, true, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 2, 4, 7]);
+        assert_eq!(c.neighbors, vec![0, 2, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn csr_ab_by_rows_of_a() {
+        let pairs = vec![[1, 5], [0, 3], [1, 0]];
+        let c = build_csr(&pairs, false, 2, false, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 1, 3]);
+        assert_eq!(c.neighbors, vec![3, 0, 5]);
+    }
+}
