@@ -24,9 +24,11 @@ pub mod result;
 
 pub(crate) mod cpu;
 pub(crate) mod gpu;
+pub mod vk;
 
 pub use dataset::{Coords, Dataset, Precision};
 pub use engine::Engine;
 pub use error::{Error, ErrorKind, Result};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
+pub use vk::{devices, DeviceInfo};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
