@@ -15,6 +15,7 @@
 pub mod dataset;
 pub mod engine;
 pub mod error;
+pub mod ffi;
 pub mod grid;
 pub mod metric;
 pub mod options;
