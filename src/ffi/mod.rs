@@ -189,7 +189,8 @@ pub struct simjoin_result {
 
 /// Receives result pairs during a streaming join: `pairs` holds `count` pairs as
 /// `2*count` uint32 values (i0, j0, i1, j1, ...), valid only during the call. Return 0 to
-/// go on, non-zero to stop the join (the call then returns SIMJOIN_CANCELLED). Chunks
+/// go on, non-zero to stop the join (the call then returns SIMJOIN_CANCELLED and the
+/// callback is not called again). Chunks
 /// arrive one at a time (never concurrently), in no particular order. The callback must
 /// not unwind (no C++ exception, no longjmp) through simjoin.
 pub type simjoin_pair_callback =
@@ -379,6 +380,9 @@ fn into_handle(result: JoinResult) -> Box<simjoin_result> {
 struct CallbackSink {
     callback: unsafe extern "C" fn(*mut c_void, *const u32, usize) -> c_int,
     user_data: *mut c_void,
+    /// Set once the callback asked to stop: it is never called again, even if parallel
+    /// workers still deliver chunks before the join winds down.
+    stopped: bool,
 }
 
 // The caller promises (header) that its callback and user_data may be used from the thread
@@ -387,9 +391,13 @@ unsafe impl Send for CallbackSink {}
 
 impl crate::result::PairSink for CallbackSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        if self.stopped {
+            anyhow::bail!("the callback asked to stop");
+        }
         let code =
             unsafe { (self.callback)(self.user_data, chunk.as_ptr() as *const u32, chunk.len()) };
         if code != 0 {
+            self.stopped = true;
             anyhow::bail!("the callback returned {code}");
         }
         Ok(())
@@ -549,6 +557,7 @@ unsafe fn stream(
         let mut sink = CallbackSink {
             callback,
             user_data,
+            stopped: false,
         };
         let report = match &b {
             None => engine.engine.self_join_stream(&a, &opts, &mut sink)?,
