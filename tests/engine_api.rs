@@ -1,7 +1,9 @@
 //! The engine's contract, independent of backend: bad input gets a clear error of the right
 //! kind, trivial inputs give exact (empty) answers, and output forms agree with each other.
 
-use simjoin::{oracle, Backend, Dataset, Engine, ErrorKind, JoinOptions, JoinOutput, Metric, OutputForm};
+use simjoin::{
+    oracle, Backend, Dataset, Engine, ErrorKind, JoinOptions, JoinOutput, Metric, OutputForm,
+};
 
 fn cpu(eps: f64) -> JoinOptions {
     let mut o = JoinOptions::new(eps);
@@ -23,8 +25,14 @@ fn non_finite_coordinates_are_rejected() {
 
 #[test]
 fn bad_shapes_are_rejected() {
-    assert_eq!(Dataset::from_f32(&[1.0, 2.0], 0).unwrap_err().kind(), ErrorKind::InvalidArgument);
-    assert_eq!(Dataset::from_f32(&[1.0, 2.0, 3.0], 2).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        Dataset::from_f32(&[1.0, 2.0], 0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        Dataset::from_f32(&[1.0, 2.0, 3.0], 2).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
 }
 
 #[test]
@@ -59,7 +67,11 @@ fn tiny_inputs() {
     let empty: [f32; 0] = [];
     let one = [0.5f32, 0.5];
     let two = [0.0f32, 0.0, 1.0, 0.0];
-    for (pts, expect) in [(&empty[..], vec![]), (&one[..], vec![]), (&two[..], vec![[0u32, 1u32]])] {
+    for (pts, expect) in [
+        (&empty[..], vec![]),
+        (&one[..], vec![]),
+        (&two[..], vec![[0u32, 1u32]]),
+    ] {
         let d = Dataset::from_f32(pts, 2).unwrap();
         let r = engine.self_join(&d, &cpu(1.0)).unwrap();
         assert_eq!(r.pairs().unwrap(), &expect[..]);
@@ -80,7 +92,9 @@ fn output_forms_agree() {
     let mut pts = Vec::new();
     let mut s = 12345u64;
     let mut rnd = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((s >> 11) as f64 / (1u64 << 53) as f64) as f32
     };
     for i in 0..300 {
@@ -99,7 +113,10 @@ fn output_forms_agree() {
         assert_eq!(r.pairs().unwrap(), &want[..]);
 
         o.output = OutputForm::Count;
-        assert_eq!(engine.self_join(&d, &o).unwrap().output, JoinOutput::Count(want.len() as u64));
+        assert_eq!(
+            engine.self_join(&d, &o).unwrap().output,
+            JoinOutput::Count(want.len() as u64)
+        );
 
         o.output = OutputForm::Csr;
         let csr = engine.self_join(&d, &o).unwrap();
@@ -124,7 +141,9 @@ fn sink_error_cancels_the_join() {
     let pts: Vec<f32> = (0..200).map(|i| (i % 7) as f32).collect();
     let d = Dataset::from_f32(&pts, 1).unwrap();
     let mut sink = |_: &[simjoin::Pair]| -> anyhow::Result<()> { anyhow::bail!("disk full") };
-    let err = Engine::new().self_join_stream(&d, &cpu(0.5), &mut sink).unwrap_err();
+    let err = Engine::new()
+        .self_join_stream(&d, &cpu(0.5), &mut sink)
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Cancelled);
     assert!(err.to_string().contains("disk full"), "{err}");
 }
