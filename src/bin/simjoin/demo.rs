@@ -54,7 +54,11 @@ pub fn degree_histogram(pairs: &[simjoin::Pair], n: usize) -> Vec<(String, usize
     let mut buckets: Vec<usize> = Vec::new();
     for &d in &degree {
         // Bucket 0 holds degree 0; bucket b >= 1 holds [2^(b-1), 2^b).
-        let b = if d == 0 { 0 } else { 32 - d.leading_zeros() as usize };
+        let b = if d == 0 {
+            0
+        } else {
+            32 - d.leading_zeros() as usize
+        };
         if buckets.len() <= b {
             buckets.resize(b + 1, 0);
         }

@@ -16,12 +16,14 @@ impl Points {
     /// Converts to the requested precision (None keeps the file's).
     pub fn with_precision(self, want: Option<Precision>) -> Points {
         match (self, want) {
-            (Points::F64 { data, dim }, Some(Precision::F32)) => {
-                Points::F32 { data: data.iter().map(|&x| x as f32).collect(), dim }
-            }
-            (Points::F32 { data, dim }, Some(Precision::F64)) => {
-                Points::F64 { data: data.iter().map(|&x| x as f64).collect(), dim }
-            }
+            (Points::F64 { data, dim }, Some(Precision::F32)) => Points::F32 {
+                data: data.iter().map(|&x| x as f32).collect(),
+                dim,
+            },
+            (Points::F32 { data, dim }, Some(Precision::F64)) => Points::F64 {
+                data: data.iter().map(|&x| x as f64).collect(),
+                dim,
+            },
             (p, _) => p,
         }
     }
@@ -43,7 +45,8 @@ pub enum Precision {
 /// Reads a point file, choosing the format by extension.
 pub fn read_points(path: &Path) -> Result<Points> {
     let ext = extension(path);
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let reader = BufReader::new(file);
     let points = match ext.as_str() {
         "npy" => read_npy(reader),
@@ -55,7 +58,10 @@ pub fn read_points(path: &Path) -> Result<Points> {
 }
 
 pub fn extension(path: &Path) -> String {
-    path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase()
+    path.extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase()
 }
 
 fn read_npy(reader: impl Read) -> Result<Points> {
@@ -69,11 +75,20 @@ fn read_npy(reader: impl Read) -> Result<Points> {
     let fortran = npy.order() == npyz::Order::Fortran;
     let width = match npy.dtype() {
         DType::Plain(t) if t.type_char() == TypeChar::Float => t.size_field(),
-        other => bail!("unsupported dtype {} (expected float32 or float64)", other.descr()),
+        other => bail!(
+            "unsupported dtype {} (expected float32 or float64)",
+            other.descr()
+        ),
     };
     let points = match width {
-        4 => Points::F32 { data: row_major(npy.into_vec::<f32>()?, rows, cols, fortran), dim: cols },
-        8 => Points::F64 { data: row_major(npy.into_vec::<f64>()?, rows, cols, fortran), dim: cols },
+        4 => Points::F32 {
+            data: row_major(npy.into_vec::<f32>()?, rows, cols, fortran),
+            dim: cols,
+        },
+        8 => Points::F64 {
+            data: row_major(npy.into_vec::<f64>()?, rows, cols, fortran),
+            dim: cols,
+        },
         w => bail!("unsupported float width {w} bytes (expected float32 or float64)"),
     };
     if cols == 0 {
@@ -123,14 +138,20 @@ fn read_text(reader: impl BufRead) -> Result<Points> {
             // A first line with letters in it is a header (column names).
             Err(_) if first && line.chars().any(|c| c.is_ascii_alphabetic()) => continue,
             Err(_) => {
-                let bad = fields.iter().find(|f| f.parse::<f64>().is_err()).unwrap_or(&"");
+                let bad = fields
+                    .iter()
+                    .find(|f| f.parse::<f64>().is_err())
+                    .unwrap_or(&"");
                 bail!("line {line_no}: '{bad}' is not a number");
             }
         };
         if dim == 0 {
             dim = row.len();
         } else if row.len() != dim {
-            bail!("line {line_no}: {} values, but earlier rows have {dim}", row.len());
+            bail!(
+                "line {line_no}: {} values, but earlier rows have {dim}",
+                row.len()
+            );
         }
         data.extend_from_slice(&row);
     }
@@ -150,7 +171,9 @@ fn read_fvecs(mut reader: impl Read) -> Result<Points> {
     let mut pos = 0usize;
     let mut index = 0usize;
     while pos < bytes.len() {
-        let header = bytes.get(pos..pos + 4).with_context(|| format!("vector {index}: truncated dimension field"))?;
+        let header = bytes
+            .get(pos..pos + 4)
+            .with_context(|| format!("vector {index}: truncated dimension field"))?;
         let d = i32::from_le_bytes(header.try_into().unwrap());
         if d <= 0 {
             bail!("vector {index}: dimension {d} must be positive");
@@ -165,9 +188,15 @@ fn read_fvecs(mut reader: impl Read) -> Result<Points> {
         let body = bytes
             .get(pos..pos + 4 * d)
             .with_context(|| format!("vector {index}: truncated (expected {d} floats)"))?;
-        data.extend(body.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())));
+        data.extend(
+            body.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
+        );
         pos += 4 * d;
         index += 1;
     }
-    Ok(Points::F32 { data, dim: dim.max(1) })
+    Ok(Points::F32 {
+        data,
+        dim: dim.max(1),
+    })
 }

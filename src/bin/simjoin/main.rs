@@ -7,13 +7,19 @@ mod output;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use input::{read_points, Points, Precision};
-use simjoin::{Algorithm, Backend, Dataset, Engine, JoinOptions, JoinReport, Metric, OutputForm, Pair};
+use simjoin::{
+    Algorithm, Backend, Dataset, Engine, JoinOptions, JoinReport, Metric, OutputForm, Pair,
+};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
-#[command(name = "simjoin", version, about = "Similarity (eps-distance) joins on a Vulkan GPU or the CPU")]
+#[command(
+    name = "simjoin",
+    version,
+    about = "Similarity (eps-distance) joins on a Vulkan GPU or the CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -257,18 +263,26 @@ fn info() -> Result<()> {
     } else {
         println!("Vulkan devices:");
         for d in &devices {
-            println!("  [{}] {} ({}), Vulkan {}, driver {}", d.index, d.name, d.kind, d.api_version, d.driver);
+            println!(
+                "  [{}] {} ({}), Vulkan {}, driver {}",
+                d.index, d.name, d.kind, d.api_version, d.driver
+            );
             for line in &d.details {
                 println!("      {line}");
             }
         }
     }
-    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     println!("CPU: {threads} threads");
     // Ask the engine what `--backend auto` picks by running a two-point join.
     let probe = [0.0f32, 1.0];
     let result = Engine::new().self_join(&Dataset::from_f32(&probe, 1)?, &JoinOptions::new(1.0))?;
-    println!("backend auto chooses: {} ({})", result.report.backend, result.report.device);
+    println!(
+        "backend auto chooses: {} ({})",
+        result.report.backend, result.report.device
+    );
     Ok(())
 }
 
@@ -281,7 +295,10 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
     );
     let points = demo::clustered(args.n, args.dim, args.clusters, spread, args.seed);
     if let Some(path) = &args.save {
-        anyhow::ensure!(input::extension(path) == "npy", "--save needs a .npy file name");
+        anyhow::ensure!(
+            input::extension(path) == "npy",
+            "--save needs a .npy file name"
+        );
         save_npy(path, &points, args.dim)?;
         println!("Saved the points to {}", path.display());
     }
@@ -301,14 +318,24 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
         "Found {} pairs in {:.3} s on {} ({}), algorithm {}, {} batch(es)",
         r.pairs, r.seconds, r.backend, r.device, r.algorithm, r.batches
     );
-    println!("Selectivity: {:.2} neighbours per point on average", 2.0 * r.pairs as f64 / args.n.max(1) as f64);
+    println!(
+        "Selectivity: {:.2} neighbours per point on average",
+        2.0 * r.pairs as f64 / args.n.max(1) as f64
+    );
     for (name, seconds) in &r.phases {
         println!("  phase {name}: {seconds:.3} s");
     }
     println!("Example pairs (i, j, distance):");
     for &[i, j] in pairs.iter().take(5) {
-        let (p, q) = (&points[i as usize * args.dim..][..args.dim], &points[j as usize * args.dim..][..args.dim]);
-        let d2: f64 = p.iter().zip(q).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum();
+        let (p, q) = (
+            &points[i as usize * args.dim..][..args.dim],
+            &points[j as usize * args.dim..][..args.dim],
+        );
+        let d2: f64 = p
+            .iter()
+            .zip(q)
+            .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+            .sum();
         println!("  ({i}, {j})  {:.6}", d2.sqrt());
     }
     println!("Neighbour-count histogram (neighbours: points):");
@@ -320,7 +347,8 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
 
 fn save_npy(path: &std::path::Path, points: &[f32], dim: usize) -> Result<()> {
     use npyz::WriterBuilder;
-    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut w = npyz::WriteOptions::<f32>::new()
         .default_dtype()
         .shape(&[(points.len() / dim) as u64, dim as u64])

@@ -9,12 +9,16 @@ use std::path::Path;
 pub fn check_output_path(path: &Path) -> Result<()> {
     match crate::input::extension(path).as_str() {
         "npy" | "csv" => Ok(()),
-        other => bail!("unknown output format '.{other}' for {} (expected .npy or .csv)", path.display()),
+        other => bail!(
+            "unknown output format '.{other}' for {} (expected .npy or .csv)",
+            path.display()
+        ),
     }
 }
 
 pub fn write_pairs(path: &Path, pairs: &[Pair]) -> Result<()> {
-    let file = std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = BufWriter::new(file);
     let written: Result<()> = (|| {
         match crate::input::extension(path).as_str() {
