@@ -169,7 +169,8 @@ typedef struct simjoin_matrix {
 /**
  * Receives result pairs during a streaming join: `pairs` holds `count` pairs as
  * `2*count` uint32 values (i0, j0, i1, j1, ...), valid only during the call. Return 0 to
- * go on, non-zero to stop the join (the call then returns SIMJOIN_CANCELLED). Chunks
+ * go on, non-zero to stop the join (the call then returns SIMJOIN_CANCELLED and the
+ * callback is not called again). Chunks
  * arrive one at a time (never concurrently), in no particular order. The callback must
  * not unwind (no C++ exception, no longjmp) through simjoin.
  */

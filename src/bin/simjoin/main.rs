@@ -50,7 +50,7 @@ enum Command {
 #[derive(Args)]
 struct JoinArgs {
     /// Distance threshold (> 0): a pair matches when dist <= eps.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     eps: f64,
     /// euclidean, manhattan or chebyshev.
     #[arg(long, default_value = "euclidean")]
