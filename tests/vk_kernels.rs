@@ -364,3 +364,210 @@ fn buffers_larger_than_max_storage_buffer_range() {
     assert!(big.device_address() != 0);
     assert_no_validation_errors();
 }
+
+// ---- sort and scan against CPU references ----
+
+/// Deterministic pseudo-random numbers (splitmix64) so failures reproduce.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Lengths the issue asks for: 0, 1, 2, odd, 2^k +- 1 around the tile sizes, and a
+/// length that is not a multiple of anything.
+const LENGTHS: &[usize] = &[
+    0, 1, 2, 3, 7, 31, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 4095, 4097, 65535, 65537,
+    100_003,
+];
+
+/// Key distributions: many duplicates, wide random, already sorted, reversed, extremes.
+fn keys_u64(n: usize, kind: usize, seed: u64) -> Vec<u64> {
+    let mut s = seed;
+    (0..n)
+        .map(|i| match kind {
+            0 => splitmix(&mut s) % 17,
+            1 => splitmix(&mut s),
+            2 => i as u64,
+            3 => (n - i) as u64,
+            _ => [0, u64::MAX, u32::MAX as u64, 1][i % 4],
+        })
+        .collect()
+}
+
+fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool) {
+    let keys = keys_u64(n, kind, n as u64 * 31 + kind as u64);
+    let values: Vec<u32> = {
+        let mut s = n as u64 + 7;
+        (0..n)
+            .map(|i| {
+                if kind == 0 {
+                    (splitmix(&mut s) % 5) as u32
+                } else {
+                    i as u32
+                }
+            })
+            .collect()
+    };
+    let mut s = Stream::new(ctx, 0).unwrap();
+    let vbuf = ctx.upload(&values, "values").unwrap();
+    if key64 {
+        let kbuf = ctx.upload(&keys, "keys").unwrap();
+        vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, n).unwrap();
+        s.finish().unwrap();
+        let mut expect: Vec<(u64, u32)> =
+            keys.iter().copied().zip(values.iter().copied()).collect();
+        expect.sort_unstable();
+        let got_k = ctx.download::<u64>(&kbuf, 0, n).unwrap();
+        let got_v = ctx.download::<u32>(&vbuf, 0, n).unwrap();
+        let got: Vec<(u64, u32)> = got_k.into_iter().zip(got_v).collect();
+        assert!(
+            got == expect,
+            "u64 sort wrong: n = {n}, distribution {kind}"
+        );
+    } else {
+        let keys32: Vec<u32> = keys.iter().map(|&k| (k ^ (k >> 32)) as u32).collect();
+        let kbuf = ctx.upload(&keys32, "keys").unwrap();
+        vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, n).unwrap();
+        s.finish().unwrap();
+        let mut expect: Vec<(u32, u32)> =
+            keys32.iter().copied().zip(values.iter().copied()).collect();
+        expect.sort_unstable();
+        let got_k = ctx.download::<u32>(&kbuf, 0, n).unwrap();
+        let got_v = ctx.download::<u32>(&vbuf, 0, n).unwrap();
+        let got: Vec<(u32, u32)> = got_k.into_iter().zip(got_v).collect();
+        assert!(
+            got == expect,
+            "u32 sort wrong: n = {n}, distribution {kind}"
+        );
+    }
+}
+
+#[test]
+fn sort_u32_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS {
+        for kind in 0..5 {
+            check_sort(&ctx, n, kind, false);
+        }
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_u64_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS {
+        for kind in 0..5 {
+            check_sort(&ctx, n, kind, true);
+        }
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_one_million_and_more() {
+    let ctx = shared_context();
+    check_sort(&ctx, (1 << 20) + 3, 1, false);
+    check_sort(&ctx, 1 << 20, 0, true);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_leaves_elements_past_n_alone_and_checks_sizes() {
+    let ctx = shared_context();
+    let keys: Vec<u32> = vec![9, 8, 7, 6, 5, 4, 3, 2, 1, 0];
+    let kbuf = ctx.upload(&keys, "keys").unwrap();
+    let vbuf = ctx.upload(&keys, "values").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, 7).unwrap();
+    s.finish().unwrap();
+    assert_eq!(
+        ctx.download::<u32>(&kbuf, 0, 10).unwrap(),
+        vec![3, 4, 5, 6, 7, 8, 9, 2, 1, 0]
+    );
+    let err = vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, 6).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let err = vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, 11).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}
+
+fn check_scan(ctx: &std::sync::Arc<Context>, counts: &[u32]) {
+    let n = counts.len();
+    let cbuf = ctx.upload(counts, "counts").unwrap();
+    let obuf = Buffer::new(ctx, (n as u64 + 1) * 8, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(ctx, 0).unwrap();
+    s.fill(&obuf, 0, obuf.size(), 0xAAAA_AAAA).unwrap();
+    vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, n).unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u64>(&obuf, 0, n + 1).unwrap();
+    let mut expect = Vec::with_capacity(n + 1);
+    let mut running = 0u64;
+    for &c in counts {
+        expect.push(running);
+        running += c as u64;
+    }
+    expect.push(running);
+    if got != expect {
+        let first = got.iter().zip(&expect).position(|(a, b)| a != b).unwrap();
+        panic!(
+            "scan wrong at n = {n}: index {first}: got {} expected {}",
+            got[first], expect[first]
+        );
+    }
+}
+
+#[test]
+fn scan_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS
+        .iter()
+        .chain(&[1 << 20, (1 << 20) + 1, 3 * 1024 * 1024 - 5])
+    {
+        let mut s = n as u64;
+        let small: Vec<u32> = (0..n).map(|_| (splitmix(&mut s) % 100) as u32).collect();
+        check_scan(&ctx, &small);
+        let ones = vec![1u32; n];
+        check_scan(&ctx, &ones);
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_totals_beyond_u32_do_not_overflow() {
+    let ctx = shared_context();
+    // 2^20 + 1 counts near u32::MAX: the total is ~2^52.
+    let mut s = 99u64;
+    let big: Vec<u32> = (0..(1 << 20) + 1)
+        .map(|_| u32::MAX - (splitmix(&mut s) % 1000) as u32)
+        .collect();
+    check_scan(&ctx, &big);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_of_data_larger_than_max_storage_buffer_range() {
+    let ctx = shared_context();
+    // 36M counts: 144 MiB in and 288 MiB out, both above lavapipe's 128 MiB binding limit.
+    let n = 36 << 20;
+    assert!(n as u64 * 4 > ctx.limits().max_storage_buffer_range);
+    let counts: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+    check_scan(&ctx, &counts);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_checks_sizes() {
+    let ctx = shared_context();
+    let cbuf = ctx.upload(&[1u32, 2, 3], "counts").unwrap();
+    let obuf = Buffer::new(&ctx, 24, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    let err = vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, 3).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}

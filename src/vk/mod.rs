@@ -51,6 +51,8 @@
 mod context;
 mod kernel;
 mod memory;
+pub mod scan;
+pub mod sort;
 mod stream;
 
 pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
