@@ -571,3 +571,38 @@ fn scan_checks_sizes() {
     s.finish().unwrap();
     assert_no_validation_errors();
 }
+
+#[test]
+fn staged_path_as_on_a_discrete_gpu() {
+    gpu_test_setup();
+    // A context of its own: zero-copy off makes device buffers unmapped, as on a discrete
+    // GPU, so upload/download take staging copies through the queue.
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    ctx.set_zero_copy(false);
+    let data: Vec<u64> = (0..70_001u64).map(|i| i * i).collect();
+    let dev = ctx.upload(&data, "data").unwrap();
+    assert!(!dev.is_mapped());
+    assert_eq!(
+        dev.write(0, &[1u64]).unwrap_err().kind(),
+        ErrorKind::Internal
+    );
+    assert_eq!(ctx.download::<u64>(&dev, 0, data.len()).unwrap(), data);
+    assert_eq!(
+        ctx.download::<u64>(&dev, 69_999, 2).unwrap(),
+        &data[69_999..]
+    );
+    let counts: Vec<u32> = (0..5000).map(|i| i % 7).collect();
+    let cbuf = ctx.upload(&counts, "counts").unwrap();
+    let obuf = Buffer::new(&ctx, 5001 * 8, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, 5000).unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u64>(&obuf, 0, 5001).unwrap();
+    assert_eq!(got[5000], counts.iter().map(|&c| c as u64).sum::<u64>());
+    assert_eq!(
+        got[1234],
+        counts[..1234].iter().map(|&c| c as u64).sum::<u64>()
+    );
+    drop((s, dev, cbuf, obuf));
+    assert_no_validation_errors();
+}

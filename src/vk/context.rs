@@ -9,7 +9,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
 use std::ffi::{c_char, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -82,6 +82,7 @@ pub struct Context {
     name: String,
     software: bool,
     unified_memory: bool,
+    zero_copy: AtomicBool,
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -658,6 +659,7 @@ impl Context {
             name: c.name(),
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
             unified_memory,
+            zero_copy: AtomicBool::new(true),
             validation,
             kernels: KernelCache::default(),
         })
@@ -678,6 +680,19 @@ impl Context {
     /// buffers are mapped and uploads/downloads need no staging copy.
     pub fn has_unified_memory(&self) -> bool {
         self.unified_memory
+    }
+
+    /// Whether device buffers created from now on are used through their host mapping where
+    /// the device offers one (default: yes).
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy.load(Ordering::Relaxed)
+    }
+
+    /// `false`: treat device-local memory as not host-visible, as on a discrete GPU, so
+    /// uploads and downloads go through staging copies. For testing that path on lavapipe
+    /// and for comparing the two; affects buffers created afterwards.
+    pub fn set_zero_copy(&self, enabled: bool) {
+        self.zero_copy.store(enabled, Ordering::Relaxed)
     }
 
     /// Whether validation layers are on for this context.

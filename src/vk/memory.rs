@@ -114,7 +114,8 @@ impl Buffer {
             coherent_map: allocation.mapped_ptr().is_some()
                 && allocation
                     .memory_properties()
-                    .contains(vk::MemoryPropertyFlags::HOST_COHERENT),
+                    .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
+                && (memory != Memory::Device || ctx.zero_copy()),
         };
         let (memory_handle, offset) = unsafe { (allocation.memory(), allocation.offset()) };
         buffer.allocation = Some(allocation); // from here on, Drop frees both
