@@ -606,3 +606,39 @@ fn staged_path_as_on_a_discrete_gpu() {
     drop((s, dev, cbuf, obuf));
     assert_no_validation_errors();
 }
+
+#[test]
+fn validation_requested_without_the_layer_is_an_error() {
+    // Hiding the layers changes the process environment, so this runs in a child process
+    // (this same test binary, filtered to this test).
+    const CHILD: &str = "SIMJOIN_TEST_CHILD_NO_LAYERS";
+    if std::env::var_os(CHILD).is_some() {
+        let err = Context::new(&ContextOptions {
+            device: None,
+            validation: Some(true),
+        })
+        .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(
+            err.to_string().contains("VK_LAYER_KHRONOS_validation"),
+            "{err}"
+        );
+        return;
+    }
+    gpu_test_setup();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "validation_requested_without_the_layer_is_an_error",
+            "--exact",
+            "--nocapture",
+        ])
+        .env(CHILD, "1")
+        // The loader's switch to hide every layer (loader 1.3.234 and later).
+        .env("VK_LOADER_LAYERS_DISABLE", "~all~")
+        .output()
+        .unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{log}");
+    assert!(log.contains("1 passed"), "child ran no test:\n{log}");
+}
