@@ -9,6 +9,7 @@
 //! `sort_unstable` of the same pairs and a sequential scan. Every GPU result is checked
 //! against the CPU's.
 
+use simjoin::vk::sort::SortStages;
 use simjoin::vk::{self, Buffer, Context, Memory, Stream};
 use std::sync::Arc;
 use std::time::Instant;
@@ -72,10 +73,7 @@ fn report(what: &str, n: usize, gpu: f64, cpu: f64, cpu_name: &str) {
 
 fn main() -> simjoin::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let n: usize = args
-        .get(1)
-        .map(|s| s.parse().expect("n"))
-        .unwrap_or(1 << 20);
+    let n: usize = args.get(1).map(|s| s.parse().expect("n")).unwrap_or(1 << 20);
     let reps: usize = args
         .get(2)
         .map(|s| s.parse().expect("repetitions"))
@@ -109,68 +107,44 @@ fn main() -> simjoin::Result<()> {
             ctx.upload(&keys32, "keys")?
         };
         let work_keys = Buffer::new(&ctx, n as u64 * key_bytes, Memory::Device, "keys")?;
-        let reset = |s: &mut Stream| {
-            s.copy(&pristine_keys, 0, &work_keys, 0, n as u64 * key_bytes)?;
-            s.copy(&pristine_values, 0, &work_values, 0, n as u64 * 4)
-        };
-        let gpu = if key64 {
-            time_gpu(&mut stream, reps, reset, |s| {
-                vk::sort::sort_pairs_u64(s, &work_keys, &work_values, n)
-            })?
+        // The CPU reference, widened to u64 keys for both key types.
+        let mut pairs: Vec<(u64, u32)> = if key64 {
+            keys64.iter().copied().zip(values.iter().copied()).collect()
         } else {
-            time_gpu(&mut stream, reps, reset, |s| {
-                vk::sort::sort_pairs_u32(s, &work_keys, &work_values, n)
-            })?
+            keys32
+                .iter()
+                .map(|&k| k as u64)
+                .zip(values.iter().copied())
+                .collect()
         };
-        let got_values: Vec<u32> = ctx.download(&work_values, 0, n)?;
-        if key64 {
-            let mut pairs: Vec<(u64, u32)> =
-                keys64.iter().copied().zip(values.iter().copied()).collect();
-            let cpu = time_cpu(
-                reps,
-                || pairs.clone(),
-                |mut p| {
-                    p.sort_unstable();
-                    std::hint::black_box(p);
-                },
-            );
-            pairs.sort_unstable();
-            let got_keys: Vec<u64> = ctx.download(&work_keys, 0, n)?;
-            assert!(
-                pairs.iter().map(|p| p.0).eq(got_keys)
-                    && pairs.iter().map(|p| p.1).eq(got_values.iter().copied())
-            );
-            report(
-                "sort (u64 key, u32 value)",
-                n,
-                gpu,
-                cpu,
-                "CPU sort_unstable",
-            );
+        let cpu = if key64 {
+            time_cpu(reps, || pairs.clone(), |mut p| p.sort_unstable())
         } else {
-            let mut pairs: Vec<(u32, u32)> =
-                keys32.iter().copied().zip(values.iter().copied()).collect();
-            let cpu = time_cpu(
-                reps,
-                || pairs.clone(),
-                |mut p| {
-                    p.sort_unstable();
-                    std::hint::black_box(p);
-                },
-            );
-            pairs.sort_unstable();
-            let got_keys: Vec<u32> = ctx.download(&work_keys, 0, n)?;
-            assert!(
-                pairs.iter().map(|p| p.0).eq(got_keys)
-                    && pairs.iter().map(|p| p.1).eq(got_values.iter().copied())
-            );
-            report(
-                "sort (u32 key, u32 value)",
-                n,
-                gpu,
-                cpu,
-                "CPU sort_unstable",
-            );
+            let narrow: Vec<(u32, u32)> = keys32.iter().copied().zip(values.iter().copied()).collect();
+            time_cpu(reps, || narrow.clone(), |mut p| p.sort_unstable())
+        };
+        pairs.sort_unstable();
+        for stages in [SortStages::Tiles, SortStages::GlobalOnly] {
+            let reset = |s: &mut Stream| {
+                s.copy(&pristine_keys, 0, &work_keys, 0, n as u64 * key_bytes)?;
+                s.copy(&pristine_values, 0, &work_values, 0, n as u64 * 4)
+            };
+            let gpu = time_gpu(&mut stream, reps, reset, |s| {
+                vk::sort::sort_pairs_with(s, &work_keys, &work_values, n, key64, stages)
+            })?;
+            let got_keys: Vec<u64> = if key64 {
+                ctx.download(&work_keys, 0, n)?
+            } else {
+                ctx.download::<u32>(&work_keys, 0, n)?
+                    .into_iter()
+                    .map(u64::from)
+                    .collect()
+            };
+            let got_values: Vec<u32> = ctx.download(&work_values, 0, n)?;
+            let ok = pairs.iter().map(|p| p.0).eq(got_keys) && pairs.iter().map(|p| p.1).eq(got_values);
+            assert!(ok, "device sort differs from the CPU's");
+            let what = format!("sort {} key+u32 {:?}", if key64 { "u64" } else { "u32" }, stages);
+            report(&what, n, gpu, cpu, "CPU sort_unstable");
         }
     }
 

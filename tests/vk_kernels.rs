@@ -4,6 +4,7 @@
 mod common;
 
 use common::{assert_no_validation_errors, gpu_test_setup, shared_context};
+use simjoin::vk::sort::SortStages;
 use simjoin::vk::{
     self, shaders, Buffer, Context, ContextOptions, KernelSpec, Memory, StagingPool, Stream,
 };
@@ -397,7 +398,13 @@ fn keys_u64(n: usize, kind: usize, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool) {
+fn check_sort(
+    ctx: &std::sync::Arc<Context>,
+    n: usize,
+    kind: usize,
+    key64: bool,
+    stages: SortStages,
+) {
     let keys = keys_u64(n, kind, n as u64 * 31 + kind as u64);
     let values: Vec<u32> = {
         let mut s = n as u64 + 7;
@@ -415,7 +422,7 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     let vbuf = ctx.upload(&values, "values").unwrap();
     if key64 {
         let kbuf = ctx.upload(&keys, "keys").unwrap();
-        vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, n).unwrap();
+        vk::sort::sort_pairs_with(&mut s, &kbuf, &vbuf, n, true, stages).unwrap();
         s.finish().unwrap();
         let mut expect: Vec<(u64, u32)> =
             keys.iter().copied().zip(values.iter().copied()).collect();
@@ -430,7 +437,7 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     } else {
         let keys32: Vec<u32> = keys.iter().map(|&k| (k ^ (k >> 32)) as u32).collect();
         let kbuf = ctx.upload(&keys32, "keys").unwrap();
-        vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, n).unwrap();
+        vk::sort::sort_pairs_with(&mut s, &kbuf, &vbuf, n, false, stages).unwrap();
         s.finish().unwrap();
         let mut expect: Vec<(u32, u32)> =
             keys32.iter().copied().zip(values.iter().copied()).collect();
@@ -445,33 +452,36 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     }
 }
 
-#[test]
-fn sort_u32_matches_cpu_at_many_lengths() {
+/// Both stage layouts at every length; all five distributions up to 5000 elements, two
+/// (duplicates, random) above, to keep lavapipe's time in check.
+fn check_sort_lengths(key64: bool) {
     let ctx = shared_context();
-    for &n in LENGTHS {
-        for kind in 0..5 {
-            check_sort(&ctx, n, kind, false);
+    for stages in [SortStages::Tiles, SortStages::GlobalOnly] {
+        for &n in LENGTHS {
+            for kind in 0..if n <= 5000 { 5 } else { 2 } {
+                check_sort(&ctx, n, kind, key64, stages);
+            }
         }
     }
     assert_no_validation_errors();
 }
 
 #[test]
+fn sort_u32_matches_cpu_at_many_lengths() {
+    check_sort_lengths(false);
+}
+
+#[test]
 fn sort_u64_matches_cpu_at_many_lengths() {
-    let ctx = shared_context();
-    for &n in LENGTHS {
-        for kind in 0..5 {
-            check_sort(&ctx, n, kind, true);
-        }
-    }
-    assert_no_validation_errors();
+    check_sort_lengths(true);
 }
 
 #[test]
 fn sort_one_million_and_more() {
     let ctx = shared_context();
-    check_sort(&ctx, (1 << 20) + 3, 1, false);
-    check_sort(&ctx, 1 << 20, 0, true);
+    // Auto (global-only stages on lavapipe) and tiles, u32 and u64 keys.
+    check_sort(&ctx, (1 << 20) + 3, 1, false, SortStages::Auto);
+    check_sort(&ctx, 1 << 20, 0, true, SortStages::Tiles);
     assert_no_validation_errors();
 }
 
