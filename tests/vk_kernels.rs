@@ -652,3 +652,32 @@ fn validation_requested_without_the_layer_is_an_error() {
     assert!(out.status.success(), "child failed:\n{log}");
     assert!(log.contains("1 passed"), "child ran no test:\n{log}");
 }
+
+#[test]
+fn tickets_from_another_context_are_waited_on_the_host() {
+    let ctx = shared_context();
+    let other = Context::new(&ContextOptions::default()).unwrap();
+    let a = Buffer::new(&ctx, 4096, Memory::Device, "a").unwrap();
+    let b = Buffer::new(&other, 4096, Memory::Device, "b").unwrap();
+    let iota = iota_kernel(&ctx, 64);
+    let mut first = Stream::new(&ctx, 0).unwrap();
+    first
+        .dispatch_threads(&iota, 1024, &[a.all()], bytemuck::cast_slice(&[1024u32, 3]))
+        .unwrap();
+    let ticket = first.submit().unwrap();
+    let mut second = Stream::new(&other, 0).unwrap();
+    second.wait_for(&ticket); // different device: blocks until done
+    assert!(ticket.is_done().unwrap());
+    b.write(0, &ctx.download::<u32>(&a, 0, 1024).unwrap())
+        .unwrap();
+    second.fill(&b, 0, 4, 9).unwrap();
+    second.finish().unwrap();
+    assert_eq!(other.download::<u32>(&b, 0, 3).unwrap(), vec![9, 4, 5]);
+    // A buffer of one context cannot be used on another's stream.
+    assert_eq!(
+        second.fill(&a, 0, 4, 0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    drop((second, b, other));
+    assert_no_validation_errors();
+}

@@ -595,6 +595,12 @@ impl Stream {
         if Arc::ptr_eq(&ticket.timeline, &self.timeline) {
             return; // a stream is in order with itself
         }
+        if !Arc::ptr_eq(&ticket.timeline.ctx, &self.ctx) {
+            // Semaphores cannot cross devices: order by blocking until it is done. A
+            // failure (device lost) resurfaces at the next submit on that device.
+            let _ = ticket.wait();
+            return;
+        }
         match self
             .waits
             .iter_mut()
