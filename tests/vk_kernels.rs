@@ -681,3 +681,26 @@ fn tickets_from_another_context_are_waited_on_the_host() {
     drop((second, b, other));
     assert_no_validation_errors();
 }
+
+#[test]
+fn sort_and_scan_on_2d_dispatch_grids() {
+    gpu_test_setup();
+    // Rows of 3 workgroups: every multi-workgroup dispatch becomes a 2-D grid with surplus
+    // workgroups, as on a device whose maxComputeWorkGroupCount[0] is exceeded.
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    ctx.set_dispatch_width(3);
+    assert_eq!(ctx.dispatch_width(), 3);
+    for n in [2, 1000, 4097, 70_001] {
+        for stages in [SortStages::Tiles, SortStages::GlobalOnly] {
+            check_sort(&ctx, n, 1, true, stages);
+        }
+        let mut s = n as u64;
+        let counts: Vec<u32> = (0..n).map(|_| (splitmix(&mut s) % 1000) as u32).collect();
+        check_scan(&ctx, &counts);
+    }
+    // Scan levels sit side by side in one scratch buffer: a stray write of a surplus
+    // workgroup would corrupt the next level, so check a size with three levels.
+    let counts: Vec<u32> = (0..1_100_000u32).map(|i| i % 5).collect();
+    check_scan(&ctx, &counts);
+    assert_no_validation_errors();
+}

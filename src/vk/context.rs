@@ -9,7 +9,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
 use std::ffi::{c_char, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -83,6 +83,7 @@ pub struct Context {
     software: bool,
     unified_memory: bool,
     zero_copy: AtomicBool,
+    dispatch_width: AtomicU32,
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -660,6 +661,7 @@ impl Context {
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
             unified_memory,
             zero_copy: AtomicBool::new(true),
+            dispatch_width: AtomicU32::new(l.max_compute_work_group_count[0]),
             validation,
             kernels: KernelCache::default(),
         })
@@ -693,6 +695,20 @@ impl Context {
     /// and for comparing the two; affects buffers created afterwards.
     pub fn set_zero_copy(&self, enabled: bool) {
         self.zero_copy.store(enabled, Ordering::Relaxed)
+    }
+
+    /// Workgroups per row of a [`super::Stream::dispatch_threads`] grid: the device's
+    /// `maxComputeWorkGroupCount[0]` unless lowered by [`Context::set_dispatch_width`].
+    pub fn dispatch_width(&self) -> u32 {
+        self.dispatch_width.load(Ordering::Relaxed)
+    }
+
+    /// Lowers the row width of dispatch grids (clamped to 1..=the device limit), so tests
+    /// can exercise 2-D grids of workgroups at small sizes.
+    pub fn set_dispatch_width(&self, groups: u32) {
+        let max = self.limits.max_compute_work_group_count[0];
+        self.dispatch_width
+            .store(groups.clamp(1, max), Ordering::Relaxed)
     }
 
     /// Whether validation layers are on for this context.

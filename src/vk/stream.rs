@@ -390,7 +390,7 @@ impl Stream {
             )));
         }
         let groups = threads.div_ceil(wg);
-        let max_x = limits.max_compute_work_group_count[0] as u64;
+        let max_x = self.ctx.dispatch_width() as u64;
         if groups <= max_x {
             return Ok([groups as u32, 1, 1]);
         }
