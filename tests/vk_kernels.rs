@@ -617,40 +617,66 @@ fn staged_path_as_on_a_discrete_gpu() {
     assert_no_validation_errors();
 }
 
-#[test]
-fn validation_requested_without_the_layer_is_an_error() {
-    // Hiding the layers changes the process environment, so this runs in a child process
-    // (this same test binary, filtered to this test).
-    const CHILD: &str = "SIMJOIN_TEST_CHILD_NO_LAYERS";
-    if std::env::var_os(CHILD).is_some() {
-        let err = Context::new(&ContextOptions {
-            device: None,
-            validation: Some(true),
-        })
-        .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(
-            err.to_string().contains("VK_LAYER_KHRONOS_validation"),
-            "{err}"
-        );
-        return;
-    }
+/// Runs `test` (in this test binary) in a child process with `env` set and `CHILD_ENV=1`;
+/// fails when the child fails or runs no test.
+fn run_in_child(test: &str, env: &[(&str, &str)]) {
     gpu_test_setup();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "validation_requested_without_the_layer_is_an_error",
-            "--exact",
-            "--nocapture",
-        ])
-        .env(CHILD, "1")
-        // The loader's switch to hide every layer (loader 1.3.234 and later).
-        .env("VK_LOADER_LAYERS_DISABLE", "~all~")
-        .output()
-        .unwrap();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture"])
+        .env(CHILD_ENV, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "child failed:\n{log}");
     assert!(log.contains("1 passed"), "child ran no test:\n{log}");
+}
+
+const CHILD_ENV: &str = "SIMJOIN_TEST_CHILD";
+
+#[test]
+fn validation_requested_without_the_layer_is_an_error() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        // The loader's switch to hide every layer (loader 1.3.234 and later).
+        return run_in_child(
+            "validation_requested_without_the_layer_is_an_error",
+            &[("VK_LOADER_LAYERS_DISABLE", "~all~")],
+        );
+    }
+    let err = Context::new(&ContextOptions {
+        device: None,
+        validation: Some(true),
+    })
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(
+        err.to_string().contains("VK_LAYER_KHRONOS_validation"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validation_errors_are_counted() {
+    // A deliberate error would fail the other tests of this process: use a child.
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return run_in_child("validation_errors_are_counted", &[]);
+    }
+    let ctx = shared_context();
+    assert_eq!(vk::validation_error_count(), 0);
+    // Invalid on purpose: a zero-sized buffer (VUID-VkBufferCreateInfo-size-00912).
+    let info = ash::vk::BufferCreateInfo::default()
+        .size(0)
+        .usage(ash::vk::BufferUsageFlags::STORAGE_BUFFER);
+    let device = ctx.raw_device();
+    if let Ok(buffer) = unsafe { device.create_buffer(&info, None) } {
+        unsafe { device.destroy_buffer(buffer, None) };
+    }
+    assert!(
+        vk::validation_error_count() >= 1,
+        "the debug messenger counted no error"
+    );
 }
 
 #[test]
