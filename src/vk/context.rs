@@ -830,9 +830,11 @@ mod tests {
 
     /// A made-up device: `kind`, name, and whether it has what simjoin needs.
     fn fake(index: usize, kind: vk::PhysicalDeviceType, name: &str, capable: bool) -> Candidate {
-        let mut props = vk::PhysicalDeviceProperties::default();
-        props.device_type = kind;
-        props.api_version = vk::API_VERSION_1_2;
+        let mut props = vk::PhysicalDeviceProperties {
+            device_type: kind,
+            api_version: vk::API_VERSION_1_2,
+            ..Default::default()
+        };
         for (dst, src) in props.device_name.iter_mut().zip(name.bytes()) {
             *dst = src as c_char;
         }
