@@ -121,6 +121,22 @@ fn buffers_mapped_upload_download_and_staging_copies() {
     let again = pool.acquire(1000, Memory::Upload).unwrap();
     assert!(again.size() >= 40_028, "reused the pooled upload buffer");
     assert_eq!(pool.idle_count(), 1);
+    // Stream-ordered small writes.
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.update(&mid, 4, bytemuck::cast_slice(&[11u32, 12]))
+        .unwrap();
+    s.barrier().unwrap();
+    s.copy(&mid, 4, &mid, 100, 8).unwrap();
+    s.finish().unwrap();
+    assert_eq!(
+        ctx.download::<u32>(&mid, 0, 4).unwrap(),
+        vec![data[0], 11, 12, data[3]]
+    );
+    assert_eq!(ctx.download::<u32>(&mid, 25, 2).unwrap(), vec![11, 12]);
+    assert_eq!(
+        s.update(&mid, 2, &[0; 4]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     // Empty data works.
     let empty = ctx.upload::<u32>(&[], "empty").unwrap();
     assert_eq!(empty.size(), 0);

@@ -286,6 +286,28 @@ impl Stream {
         Ok(())
     }
 
+    /// Writes `data` (at most 65536 bytes, a multiple of 4) at `offset` (a multiple of 4) in
+    /// stream order, unlike a host write to a mapped buffer, which happens at once.
+    pub fn update(&mut self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        let size = data.len() as u64;
+        self.check_range(buffer, offset, size, "update")?;
+        if offset % 4 != 0 || size % 4 != 0 || size > 65536 {
+            return Err(Error::invalid(format!(
+                "update: offset {offset} and size {size} must be multiples of 4, size at most 65536"
+            )));
+        }
+        if size == 0 {
+            return Ok(());
+        }
+        let cmd = self.frame()?.cmd;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_update_buffer(cmd, buffer.raw(), offset, data)
+        };
+        Ok(())
+    }
+
     /// Makes every earlier write of this stream (kernels, copies, fills) visible to every
     /// later command of it (kernels, copies, indirect arguments). Between two dependent
     /// commands you need one; independent commands may run concurrently without.
