@@ -100,7 +100,7 @@ fn buffers_mapped_upload_download_and_staging_copies() {
     let data: Vec<u32> = (0..10_007).map(|i| i * 7 + 1).collect();
     // Zero-copy path (lavapipe memory is device-local and mapped).
     let dev = ctx.upload(&data, "data").unwrap();
-    assert!(dev.is_mapped());
+    assert!(dev.is_mapped() && dev.is_device_local() && dev.is_host_cached());
     assert_eq!(ctx.download::<u32>(&dev, 0, data.len()).unwrap(), data);
     assert_eq!(ctx.download::<u32>(&dev, 5, 3).unwrap(), &data[5..8]);
     // Staging path: upload buffer -> device buffer -> read-back buffer by queue copies.
