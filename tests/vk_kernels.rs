@@ -746,3 +746,39 @@ fn sort_and_scan_on_2d_dispatch_grids() {
     check_scan(&ctx, &counts);
     assert_no_validation_errors();
 }
+
+#[test]
+fn gpu_timer_measures_stream_work() {
+    let ctx = shared_context();
+    let timer = vk::GpuTimer::new(&ctx, 2).unwrap();
+    let iota = iota_kernel(&ctx, 64);
+    let out = Buffer::new(&ctx, 4 << 20, Memory::Device, "out").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.timestamp(&timer, 0).unwrap();
+    s.dispatch_threads(
+        &iota,
+        1 << 20,
+        &[out.all()],
+        bytemuck::cast_slice(&[1u32 << 20, 0]),
+    )
+    .unwrap();
+    s.timestamp(&timer, 1).unwrap();
+    let wall = std::time::Instant::now();
+    s.finish().unwrap();
+    let wall = wall.elapsed().as_secs_f64();
+    let gpu = timer.seconds(0, 1).unwrap();
+    assert!(
+        gpu > 0.0 && gpu <= wall + 0.01,
+        "gpu {gpu} s, wall {wall} s"
+    );
+    assert_eq!(
+        timer.seconds(0, 2).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.timestamp(&timer, 5).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}

@@ -84,6 +84,8 @@ pub struct Context {
     unified_memory: bool,
     zero_copy: AtomicBool,
     dispatch_width: AtomicU32,
+    /// timestampValidBits of the compute and the transfer family.
+    timestamp_bits: [u32; 2],
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -663,6 +665,12 @@ impl Context {
             unified_memory,
             zero_copy: AtomicBool::new(true),
             dispatch_width: AtomicU32::new(l.max_compute_work_group_count[0]),
+            timestamp_bits: [
+                c.families[layout.compute_family as usize].timestamp_valid_bits,
+                layout
+                    .transfer_family
+                    .map_or(0, |f| c.families[f as usize].timestamp_valid_bits),
+            ],
             validation,
             kernels: KernelCache::default(),
         })
@@ -773,6 +781,15 @@ impl Context {
                 .unwrap_or(&self.compute_queues[0]),
         };
         m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Valid bits of timestamps written on queue `q` (0: no timestamps there).
+    pub(crate) fn timestamp_bits(&self, q: QueueId) -> u32 {
+        match q {
+            QueueId::Compute(_) => self.timestamp_bits[0],
+            QueueId::Transfer if self.transfer_queue.is_some() => self.timestamp_bits[1],
+            QueueId::Transfer => self.timestamp_bits[0],
+        }
     }
 
     /// Queue families buffers must be shareable between (CONCURRENT sharing when > 1).

@@ -62,7 +62,7 @@ mod stream;
 pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
-pub use stream::{Stream, Ticket};
+pub use stream::{GpuTimer, Stream, Ticket};
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.
