@@ -782,3 +782,17 @@ fn gpu_timer_measures_stream_work() {
     s.finish().unwrap();
     assert_no_validation_errors();
 }
+
+#[test]
+fn thread_safety_of_the_types() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Context>();
+    send_sync::<Buffer>();
+    send_sync::<vk::Kernel>();
+    send_sync::<vk::Ticket>();
+    send_sync::<StagingPool>();
+    send_sync::<vk::PooledBuffer>();
+    send_sync::<vk::GpuTimer>();
+    send::<Stream>();
+}
