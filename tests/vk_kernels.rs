@@ -796,3 +796,41 @@ fn thread_safety_of_the_types() {
     send_sync::<vk::GpuTimer>();
     send::<Stream>();
 }
+
+#[test]
+fn many_dispatches_and_submissions_reuse_descriptor_pools_and_frames() {
+    let ctx = shared_context();
+    let iota = iota_kernel(&ctx, 64);
+    // One u32 per 16 bytes: bindings start at minStorageBufferOffsetAlignment multiples.
+    let out = Buffer::new(&ctx, 16 * 300, Memory::Device, "out").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    for round in 0..3u32 {
+        // 300 descriptor sets in one submission: several descriptor pools.
+        for i in 0..300u32 {
+            let push = [1u32, round * 1000 + i];
+            s.dispatch_threads(
+                &iota,
+                1,
+                &[out.slice(i as u64 * 16, 4)],
+                bytemuck::cast_slice(&push),
+            )
+            .unwrap();
+        }
+        s.submit().unwrap();
+    }
+    s.last_ticket().wait().unwrap();
+    let got = ctx.download::<u32>(&out, 0, 4 * 300).unwrap();
+    assert!(got
+        .iter()
+        .step_by(4)
+        .enumerate()
+        .all(|(i, &v)| v == 2000 + i as u32));
+    // Many short submissions recycle finished frames.
+    for i in 0..100u32 {
+        s.fill(&out, 0, 4, i).unwrap();
+        s.submit().unwrap();
+    }
+    s.finish().unwrap();
+    assert_eq!(ctx.download::<u32>(&out, 0, 1).unwrap(), vec![99]);
+    assert_no_validation_errors();
+}
