@@ -9,7 +9,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
 use std::ffi::{c_char, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -83,6 +83,9 @@ pub struct Context {
     software: bool,
     unified_memory: bool,
     zero_copy: AtomicBool,
+    dispatch_width: AtomicU32,
+    /// timestampValidBits of the compute and the transfer family.
+    timestamp_bits: [u32; 2],
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -160,6 +163,21 @@ unsafe extern "system" fn debug_callback(
     vk::FALSE
 }
 
+/// What the debug messenger reports: errors and warnings, to `debug_callback`.
+fn messenger_info() -> vk::DebugUtilsMessengerCreateInfoEXT<'static> {
+    vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(debug_callback))
+}
+
 fn load_entry() -> Result<ash::Entry> {
     unsafe { ash::Entry::load() }.map_err(|e| {
         Error::new(
@@ -191,10 +209,15 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
         layers.push(VALIDATION_LAYER.as_ptr());
         extensions.push(ash::ext::debug_utils::NAME.as_ptr());
     }
-    let info = vk::InstanceCreateInfo::default()
+    let mut info = vk::InstanceCreateInfo::default()
         .application_info(&app)
         .enabled_layer_names(&layers)
         .enabled_extension_names(&extensions);
+    // Also report problems of instance creation and destruction themselves.
+    let mut creation_messenger = messenger_info();
+    if validation {
+        info = info.push_next(&mut creation_messenger);
+    }
     unsafe { entry.create_instance(&info, None) }.map_err(|r| {
         let mut e = super::vk_error(r, "creating the Vulkan instance");
         if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
@@ -205,6 +228,7 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
 }
 
 /// Everything read about one physical device.
+#[derive(Debug)]
 struct Candidate {
     index: usize,
     physical: vk::PhysicalDevice,
@@ -474,17 +498,7 @@ impl Context {
         // From here on, failures must destroy what exists: build in a guard-like sequence.
         let debug = if validation {
             let loader = ash::ext::debug_utils::Instance::new(&entry, &instance);
-            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
-                .message_severity(
-                    vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
-                        | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
-                )
-                .message_type(
-                    vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                        | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-                )
-                .pfn_user_callback(Some(debug_callback));
+            let info = messenger_info();
             match unsafe { loader.create_debug_utils_messenger(&info, None) } {
                 Ok(m) => Some((loader, m)),
                 Err(r) => {
@@ -660,6 +674,13 @@ impl Context {
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
             unified_memory,
             zero_copy: AtomicBool::new(true),
+            dispatch_width: AtomicU32::new(l.max_compute_work_group_count[0]),
+            timestamp_bits: [
+                c.families[layout.compute_family as usize].timestamp_valid_bits,
+                layout
+                    .transfer_family
+                    .map_or(0, |f| c.families[f as usize].timestamp_valid_bits),
+            ],
             validation,
             kernels: KernelCache::default(),
         })
@@ -693,6 +714,20 @@ impl Context {
     /// and for comparing the two; affects buffers created afterwards.
     pub fn set_zero_copy(&self, enabled: bool) {
         self.zero_copy.store(enabled, Ordering::Relaxed)
+    }
+
+    /// Workgroups per row of a [`super::Stream::dispatch_threads`] grid: the device's
+    /// `maxComputeWorkGroupCount[0]` unless lowered by [`Context::set_dispatch_width`].
+    pub fn dispatch_width(&self) -> u32 {
+        self.dispatch_width.load(Ordering::Relaxed)
+    }
+
+    /// Lowers the row width of dispatch grids (clamped to 1..=the device limit), so tests
+    /// can exercise 2-D grids of workgroups at small sizes.
+    pub fn set_dispatch_width(&self, groups: u32) {
+        let max = self.limits.max_compute_work_group_count[0];
+        self.dispatch_width
+            .store(groups.clamp(1, max), Ordering::Relaxed)
     }
 
     /// Whether validation layers are on for this context.
@@ -758,6 +793,15 @@ impl Context {
         m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Valid bits of timestamps written on queue `q` (0: no timestamps there).
+    pub(crate) fn timestamp_bits(&self, q: QueueId) -> u32 {
+        match q {
+            QueueId::Compute(_) => self.timestamp_bits[0],
+            QueueId::Transfer if self.transfer_queue.is_some() => self.timestamp_bits[1],
+            QueueId::Transfer => self.timestamp_bits[0],
+        }
+    }
+
     /// Queue families buffers must be shareable between (CONCURRENT sharing when > 1).
     pub(crate) fn buffer_families(&self) -> Vec<u32> {
         let mut f = vec![self.queue_layout.compute_family];
@@ -804,5 +848,96 @@ impl std::fmt::Debug for Context {
             .field("unified_memory", &self.unified_memory)
             .field("queues", &self.queue_layout)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A made-up device: `kind`, name, and whether it has what simjoin needs.
+    fn fake(index: usize, kind: vk::PhysicalDeviceType, name: &str, capable: bool) -> Candidate {
+        let mut props = vk::PhysicalDeviceProperties {
+            device_type: kind,
+            api_version: vk::API_VERSION_1_2,
+            ..Default::default()
+        };
+        for (dst, src) in props.device_name.iter_mut().zip(name.bytes()) {
+            *dst = src as c_char;
+        }
+        let family = vk::QueueFamilyProperties {
+            queue_flags: vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER,
+            queue_count: 1,
+            ..Default::default()
+        };
+        Candidate {
+            index,
+            physical: vk::PhysicalDevice::null(),
+            props,
+            subgroup_size: 32,
+            driver: String::new(),
+            families: vec![family],
+            memory: vk::PhysicalDeviceMemoryProperties::default(),
+            int64: true,
+            float64: false,
+            timeline: capable,
+            bda: true,
+            int64_atomics: false,
+            scalar_layout: false,
+        }
+    }
+
+    fn devices() -> Vec<Candidate> {
+        vec![
+            fake(0, vk::PhysicalDeviceType::CPU, "llvmpipe", true),
+            fake(1, vk::PhysicalDeviceType::INTEGRATED_GPU, "Intel UHD", true),
+            fake(
+                2,
+                vk::PhysicalDeviceType::DISCRETE_GPU,
+                "Old Discrete",
+                false,
+            ),
+            fake(3, vk::PhysicalDeviceType::DISCRETE_GPU, "NVIDIA H100", true),
+            fake(4, vk::PhysicalDeviceType::VIRTUAL_GPU, "virtio", true),
+        ]
+    }
+
+    #[test]
+    fn automatic_choice_prefers_capable_discrete_then_integrated() {
+        assert_eq!(choose(devices(), None).unwrap().index, 3);
+        let no_discrete: Vec<_> = devices().into_iter().filter(|c| c.index != 3).collect();
+        assert_eq!(choose(no_discrete, None).unwrap().index, 1);
+        let only_cpu_and_virtual: Vec<_> = devices()
+            .into_iter()
+            .filter(|c| c.index == 0 || c.index == 4)
+            .collect();
+        assert_eq!(choose(only_cpu_and_virtual, None).unwrap().index, 4);
+        assert_eq!(
+            choose(Vec::new(), None).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+    }
+
+    #[test]
+    fn selector_by_index_or_name_and_clear_errors() {
+        assert_eq!(choose(devices(), Some("0")).unwrap().index, 0);
+        assert_eq!(choose(devices(), Some("h100")).unwrap().index, 3);
+        assert_eq!(
+            choose(devices(), Some("  ")).unwrap().index,
+            3,
+            "blank means automatic"
+        );
+        assert_eq!(
+            choose(devices(), Some("7")).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+        assert_eq!(
+            choose(devices(), Some("radeon")).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+        // Asking for a device that lacks a required feature names what is missing.
+        let err = choose(devices(), Some("old")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.to_string().contains("timelineSemaphore"), "{err}");
     }
 }

@@ -43,10 +43,25 @@
 //! `gl_WorkGroupSize.x` in arithmetic (glslang 11 folds it to 1). Further spec constants
 //! (ids >= 1, e.g. dimensionality) come from [`KernelSpec::constant`].
 //!
+//! Sort and scan record into a stream like any command ([`sort::sort_pairs_u32`],
+//! [`sort::sort_pairs_u64`], [`scan::exclusive_scan_u32_to_u64`]); they put barriers
+//! before and after themselves, and work on any length through device addresses.
+//!
 //! Synchronization: commands in one stream are NOT ordered unless separated by
 //! [`Stream::barrier`] (like Vulkan itself); submissions of one stream run in order; across
 //! streams use [`Stream::wait_for`]. After `ticket.wait()` the host sees the results.
 //! Buffers must outlive the GPU work using them (or hand an `Arc` to [`Stream::keep_alive`]).
+//! [`Buffer::write`] on a mapped buffer happens at once; [`Stream::update`] (small) and
+//! [`Stream::copy`] from a [`StagingPool`] buffer happen in stream order.
+//!
+//! Batching with overlap (the join's three streams): one [`StagingPool`] shared by the
+//! streams; per batch, `acquire` an `Upload` buffer, write it, `copy` it to the device,
+//! dispatch, `copy` results to an acquired `Readback` buffer, `submit`; the host reads a
+//! batch's readback buffer after its ticket's `wait()`, then drops it back into the pool.
+//!
+//! Testing the discrete-GPU paths on lavapipe: [`Context::set_zero_copy`]`(false)` makes
+//! device buffers unmapped (staged copies); [`Context::set_dispatch_width`] forces 2-D
+//! dispatch grids at small sizes. [`GpuTimer`] + [`Stream::timestamp`] time GPU work.
 
 mod context;
 mod kernel;
@@ -58,7 +73,7 @@ mod stream;
 pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
-pub use stream::{Stream, Ticket};
+pub use stream::{GpuTimer, Stream, Ticket};
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.
