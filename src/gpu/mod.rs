@@ -1,6 +1,9 @@
 //! GPU join algorithms over the Vulkan layer (`crate::vk`): the eps-grid self-join and
 //! A ⋈ B of GPU-SJ/GPU-JOIN, and the nested-loop brute force.
 
+pub(crate) mod index;
+pub(crate) mod plan;
+
 use crate::engine::JoinBackend;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::JoinOptions;
@@ -10,7 +13,10 @@ use std::sync::Arc;
 /// lavapipe included); otherwise only a real (non-CPU) GPU is returned, or None.
 pub(crate) fn backend(_opts: &JoinOptions, explicit: bool) -> Result<Option<Arc<dyn JoinBackend>>> {
     if explicit {
-        Err(Error::new(ErrorKind::Unsupported, "the GPU join is not built yet"))
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "the GPU join is not built yet",
+        ))
     } else {
         Ok(None)
     }
