@@ -4,6 +4,8 @@
 // computed on the host by metric::threshold; early exit every 4 dimensions (SHORTC, exact
 // because partial sums never decrease).
 
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+
 // Spec constant 0 is the workgroup size (the vk layer's convention).
 layout(local_size_x_id = 0) in;
 
@@ -25,7 +27,7 @@ const uint FLAG_SORTIDU = 8u; // cells are sorted on SORT_DIM: search a window
 
 layout(std430, set = 0, binding = 0) readonly buffer IndexedCoords { T r_coords[]; };
 layout(std430, set = 0, binding = 1) readonly buffer QueryCoords { T q_coords[]; };
-layout(std430, set = 0, binding = 2) readonly buffer CellKeys { uvec2 cell_keys[]; };
+layout(std430, set = 0, binding = 2) readonly buffer CellKeys { uint64_t cell_keys[]; };
 layout(std430, set = 0, binding = 3) readonly buffer CellRanges { uvec2 cell_ranges[]; };
 layout(std430, set = 0, binding = 4) readonly buffer IndexedIds { uint r_ids[]; };
 layout(std430, set = 0, binding = 5) readonly buffer QueryIds { uint q_ids[]; };

@@ -16,25 +16,14 @@ bool mask_has(uint a, uint c) {
     return false;
 }
 
-// key * n + c on a 64-bit key held as (lo, hi); the host checked it cannot overflow.
-uvec2 key_mul_add(uvec2 key, uint n, uint c) {
-    uint hi1, lo1;
-    umulExtended(key.x, n, hi1, lo1);
-    uint carry;
-    uint lo = uaddCarry(lo1, c, carry);
-    return uvec2(lo, key.y * n + hi1 + carry);
-}
-
-bool key_less(uvec2 a, uvec2 b) { return a.y < b.y || (a.y == b.y && a.x < b.x); }
-
 // Index of the non-empty cell with this key, or -1 (binary search of B).
-int find_cell(uvec2 key) {
+int find_cell(uint64_t key) {
     uint lo = 0u, hi = pc.n_cells;
     while (lo < hi) {
         uint mid = (lo + hi) >> 1;
-        uvec2 v = cell_keys[mid];
+        uint64_t v = cell_keys[mid];
         if (v == key) return int(mid);
-        if (key_less(v, key)) lo = mid + 1u; else hi = mid;
+        if (v < key) lo = mid + 1u; else hi = mid;
     }
     return -1;
 }
@@ -63,16 +52,40 @@ void scan_range(uint s, uint e, uint from) {
     }
 }
 
-uint coords[K]; // the adjacent cell being probed
+uint home[K];      // the query's cell
+// Per indexed dimension a, which of home-1, home, home+1 hold points (bits 0, 1, 2): the
+// paper's O_a ∩ M_a. Bits instead of coordinate lists keep per-thread memory small.
+uint adj_bits[K];
 
-void search_cell() {
-    uvec2 key = uvec2(0u, 0u);
-    for (uint a = 0u; a < K; a++) {
-        key = key_mul_add(key, cells_per_dim(a), coords[a]);
+// The r-th adjacent coordinate (in increasing order) selected by `bits` around `h`.
+uint nth_adjacent(uint h, uint bits, uint r) {
+    for (uint off = 0u; off < 3u; off++) {
+        if ((bits & (1u << off)) != 0u) {
+            if (r == 0u) return h + off - 1u;
+            r--;
+        }
     }
-    int c = find_cell(key);
-    if (c >= 0) {
-        uvec2 r = cell_ranges[c];
+    return h;
+}
+
+// Probes the cell of mixed-radix combination `combo`: dimension a takes the
+// (combo digit)-th coordinate of `choice[a]`. Dimension j's choices exclude home (unicomp);
+// dimensions above `fixed_from` stay at home.
+void probe(uint combo, uint j, uint fixed_from) {
+    uint64_t key = 0ul;
+    for (uint a = 0u; a < K; a++) {
+        uint c = home[a];
+        if (a < fixed_from) {
+            uint bits = a == j ? adj_bits[a] & ~2u : adj_bits[a];
+            uint n = bitCount(bits);
+            c = nth_adjacent(home[a], bits, combo % n);
+            combo /= n;
+        }
+        key = key * uint64_t(cells_per_dim(a)) + uint64_t(c);
+    }
+    int cell = find_cell(key);
+    if (cell >= 0) {
+        uvec2 r = cell_ranges[cell];
         scan_range(r.x, r.y, 0u);
     }
 }
@@ -86,75 +99,38 @@ void main() {
     matches_seen = 0u;
     bool self_join = (pc.flags & FLAG_SELF) != 0u;
 
-    uint home[K];
-    uint adj[K][3];   // O_j ∩ M_j: adjacent coordinates that hold points
-    uint n_adj[K];
     for (uint a = 0u; a < K; a++) {
         home[a] = q_cells[qpos * K + a];
-        n_adj[a] = 0u;
-        uint first = home[a] == 0u ? 0u : home[a] - 1u;
-        uint last = min(home[a] + 1u, cells_per_dim(a) - 1u);
-        for (uint c = first; c <= last; c++) {
-            if (mask_has(a, c)) {
-                adj[a][n_adj[a]] = c;
-                n_adj[a] += 1u;
-            }
-        }
+        uint bits = 0u;
+        if (home[a] > 0u && mask_has(a, home[a] - 1u)) bits |= 1u;
+        if (mask_has(a, home[a])) bits |= 2u;
+        if (home[a] + 1u < cells_per_dim(a) && mask_has(a, home[a] + 1u)) bits |= 4u;
+        adj_bits[a] = bits;
     }
 
     if (!self_join) {
         // A ⋈ B: every adjacent non-empty cell, home included.
         uint total = 1u;
-        for (uint a = 0u; a < K; a++) total *= n_adj[a];
-        for (uint combo = 0u; combo < total; combo++) {
-            uint rest = combo;
-            for (int a = int(K) - 1; a >= 0; a--) {
-                coords[a] = adj[a][rest % n_adj[a]];
-                rest /= n_adj[a];
-            }
-            search_cell();
-        }
+        for (uint a = 0u; a < K; a++) total *= bitCount(adj_bits[a]);
+        for (uint combo = 0u; combo < total; combo++) probe(combo, K, K);
         finish_query(thread);
         return;
     }
 
     // Self-join home cell: only positions after the query's own (each pair once).
     {
-        uvec2 key = uvec2(0u, 0u);
-        for (uint a = 0u; a < K; a++) key = key_mul_add(key, cells_per_dim(a), home[a]);
-        int c = find_cell(key);
-        uvec2 r = cell_ranges[c];
+        uint64_t key = 0ul;
+        for (uint a = 0u; a < K; a++) key = key * uint64_t(cells_per_dim(a)) + uint64_t(home[a]);
+        uvec2 r = cell_ranges[find_cell(key)];
         scan_range(r.x, r.y, qpos + 1u);
     }
     // unicomp: for each dimension j where the home coordinate is odd, the cells that differ
-    // from home in j, equal it above j, and are any adjacent coordinate below j.
+    // from home in j, equal it above j, and take any adjacent coordinate below j.
     for (uint j = 0u; j < K; j++) {
         if ((home[j] & 1u) == 0u) continue;
-        uint others[2];
-        uint n_others = 0u;
-        for (uint i = 0u; i < n_adj[j]; i++) {
-            if (adj[j][i] != home[j]) {
-                others[n_others] = adj[j][i];
-                n_others += 1u;
-            }
-        }
-        uint total = n_others;
-        for (uint a = 0u; a < j; a++) total *= n_adj[a];
-        for (uint combo = 0u; combo < total; combo++) {
-            uint rest = combo;
-            for (int a = int(K) - 1; a >= 0; a--) {
-                if (uint(a) > j) {
-                    coords[a] = home[a];
-                } else if (uint(a) == j) {
-                    coords[a] = others[rest % n_others];
-                    rest /= n_others;
-                } else {
-                    coords[a] = adj[a][rest % n_adj[a]];
-                    rest /= n_adj[a];
-                }
-            }
-            search_cell();
-        }
+        uint total = bitCount(adj_bits[j] & ~2u);
+        for (uint a = 0u; a < j; a++) total *= bitCount(adj_bits[a]);
+        for (uint combo = 0u; combo < total; combo++) probe(combo, j, j + 1u);
     }
     finish_query(thread);
 }
