@@ -93,11 +93,6 @@ fn gpu(eps: f64, metric: Metric, algorithm: Algorithm) -> JoinOptions {
     o
 }
 
-fn sorted(mut p: Vec<Pair>) -> Vec<Pair> {
-    p.sort_unstable();
-    p
-}
-
 /// Runs the self-join in f32 and f64 and compares with the oracle; returns the pair count.
 fn check_self(x: &[f64], d: usize, opts: &JoinOptions, what: &str) -> usize {
     let engine = setup();
@@ -370,7 +365,7 @@ fn dozens_of_batches_with_a_tiny_result_buffer() {
 }
 
 #[test]
-fn one_query_overflowing_the_buffer_is_rerun_in_windows() {
+fn one_query_overflowing_the_buffer_is_resumed() {
     // 120 identical points: every point has 119 matches, the buffer holds 7.
     let engine = setup();
     let x = vec![0.5f32; 120 * 4];
@@ -381,9 +376,48 @@ fn one_query_overflowing_the_buffer_is_rerun_in_windows() {
         o.result_buffer_pairs = Some(7);
         let got = engine.self_join(&data, &o).unwrap();
         assert_eq!(got.pairs().unwrap(), &want[..]);
+        assert!(
+            got.report
+                .notes
+                .iter()
+                .any(|n| n.contains("after a full result buffer")),
+            "{:?}",
+            got.report.notes
+        );
         let ab = engine.join(&data, &data, &o).unwrap();
-        assert_eq!(ab.pairs().unwrap().len(), 120 * 120);
+        let all: Vec<Pair> = (0..120)
+            .flat_map(|i| (0..120).map(move |j| [i, j]))
+            .collect();
+        assert_eq!(ab.pairs().unwrap(), &all[..]);
     }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn long_scans_resume_past_the_software_loop_limit() {
+    // lavapipe cuts loops after ~65535 iterations per workgroup: a query that compares with
+    // thousands of points must stop within its budget and resume, losing nothing.
+    let engine = setup();
+    // 1-D brute force: points far apart except 0, 4000 and 9999 (all at 0.0).
+    let mut x: Vec<f32> = (0..10_000).map(|i| 10.0 + i as f32).collect();
+    for i in [0, 4000, 9999] {
+        x[i] = 0.0;
+    }
+    let data = Dataset::from_f32(&x, 1).unwrap();
+    let got = engine
+        .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Brute))
+        .unwrap();
+    assert_eq!(got.pairs().unwrap(), &[[0, 4000], [0, 9999], [4000, 9999]]);
+    // Grid: 1500 duplicates in one cell (5 loop iterations per candidate in 4-D).
+    let x = vec![0.25f32; 1500 * 4];
+    let data = Dataset::from_f32(&x, 4).unwrap();
+    let o = gpu(0.1, Metric::Chebyshev, Algorithm::Grid);
+    let got = engine.self_join(&data, &o).unwrap();
+    assert_eq!(got.count(), 1500 * 1499 / 2);
+    assert_eq!(
+        got.pairs().unwrap(),
+        &oracle::self_join(&data, Metric::Chebyshev, 0.1)[..]
+    );
     assert_no_validation_errors();
 }
 

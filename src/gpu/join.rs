@@ -2,13 +2,15 @@
 //! estimation pass, then the batches over three streams, and streams pairs to the sink.
 //!
 //! Each of the three slots owns a stream (its own queue where the device has several), a
-//! device result buffer, a counter buffer and, where device memory is not host-mapped,
-//! pinned read-back buffers. A slot's batch goes: search (kernel) -> read the counter ->
-//! copy exactly the pairs found to its pinned buffer -> hand them to the sink. While the
-//! host assembles one slot's pairs, the other two slots' kernels and copies run.
+//! device result buffer, counters, per-query continuation states and, where device memory
+//! is not host-mapped, pinned read-back buffers. A slot's batch goes: search (kernel) ->
+//! read the counters -> copy exactly the pairs found to its pinned buffer -> hand them to
+//! the sink -> search again if some query stopped early (result buffer full, or the loop
+//! budget of a software device used up), resuming where it stopped. While the host
+//! assembles one slot's pairs, the other two slots' kernels and copies run.
 
 use super::index::{plan_grid, GridIndex};
-use super::plan::{estimate_stride, plan_batches, Work};
+use super::plan::{estimate_stride, plan_batches};
 use crate::dataset::{Coords, Dataset};
 use crate::engine::Job;
 use crate::error::{Error, ErrorKind, Result};
@@ -19,11 +21,13 @@ use crate::vk::{
     shaders, Buffer, BufferRange, Context, Kernel, KernelSpec, Memory, Stream, Ticket,
 };
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Workgroup size on real GPUs (software devices use their subgroup size, see `LOOP_BUDGET`).
 const WORKGROUP: u32 = 64;
-const BINDINGS: u32 = 10;
+const BINDINGS: u32 = 11;
 const FLAG_SELF: u32 = 1;
 const FLAG_COUNT: u32 = 2;
 const FLAG_SWAP: u32 = 4;
@@ -41,6 +45,11 @@ const MIN_RESULT_PAIRS: u64 = 1 << 10;
 const WINDOW_WIDEN: f64 = 1.0 / 1024.0;
 /// Auto picks brute force below this many candidate pairs.
 const TINY_PAIRS: u64 = 4096;
+/// Loop iterations one workgroup may run on a software device: llvmpipe (lavapipe) silently
+/// stops loops after 65535 iterations per workgroup invocation (measured: a brute-force
+/// query lost its matches past that). With one subgroup per workgroup, each thread gets
+/// this divided by the workgroup size, and stops and resumes in the next dispatch.
+const LOOP_BUDGET: u32 = 56_000;
 
 /// Everything the kernel reads, on the device.
 struct DeviceData {
@@ -59,6 +68,7 @@ impl DeviceData {
         &'a self,
         results: &'a Buffer,
         counters: &'a Buffer,
+        states: &'a Buffer,
     ) -> [BufferRange<'a>; BINDINGS as usize] {
         [
             self.r_coords.all(),
@@ -71,6 +81,7 @@ impl DeviceData {
             self.meta.all(),
             results.all(),
             counters.all(),
+            states.all(),
         ]
     }
 }
@@ -95,22 +106,28 @@ fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, data: &[T], name: &str) -> Resul
 struct Slot {
     stream: Stream,
     results: Buffer,
+    /// [pairs written or attempted, some query stopped early].
     counters: Buffer,
+    /// Continuation state per query of the batch (uvec4).
+    states: Buffer,
     /// Pinned read-back buffers where device memory is not mapped.
     results_host: Option<Buffer>,
     counters_host: Option<Buffer>,
+    states_host: Option<Buffer>,
     state: SlotState,
 }
 
 enum SlotState {
     Free,
     Searching {
-        work: Work,
+        queries: Range<u32>,
         ticket: Ticket,
         submitted: Instant,
     },
     Downloading {
+        queries: Range<u32>,
         pairs: usize,
+        incomplete: bool,
         ticket: Ticket,
         submitted: Instant,
     },
@@ -135,24 +152,33 @@ struct Run<T: Coord> {
     data: DeviceData,
     /// Non-empty cells (grid) or indexed points (brute force).
     n_cells: u32,
+    /// Iterations a binary search over the index may take.
+    log_cells: u32,
     thr: T,
     window: T,
     base_flags: u32,
     capacity: u32,
+    budget: u32,
 }
 
 impl<T: Coord> Run<T> {
     /// The kernel's push-constant block (see `Params` in glsl/join_common.glsl).
-    fn push_constants(&self, work: &Work, q_count: u32, stride: u32, flags: u32) -> Vec<u8> {
+    fn push_constants(
+        &self,
+        queries: &Range<u32>,
+        q_count: u32,
+        stride: u32,
+        flags: u32,
+    ) -> Vec<u8> {
         let header: [u32; 8] = [
-            work.queries.start,
+            queries.start,
             q_count,
             stride,
             self.capacity,
-            work.skip,
             flags,
             self.n_cells,
-            0,
+            self.budget,
+            self.log_cells,
         ];
         let mut bytes = bytemuck::bytes_of(&header).to_vec();
         bytes.extend_from_slice(bytemuck::bytes_of(&self.thr));
@@ -169,33 +195,25 @@ fn new_slot(
     counting: bool,
 ) -> Result<Slot> {
     let result_bytes = if counting { 8 } else { capacity * 8 };
-    let counter_bytes = (2 + max_points as u64) * 4;
+    let state_bytes = max_points as u64 * 16;
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
-    let counters = Buffer::new(ctx, counter_bytes, Memory::Device, "join counters")?;
-    let (results_host, counters_host) = if results.is_mapped() && counters.is_mapped() {
-        (None, None)
-    } else {
-        (
-            Some(Buffer::new(
-                ctx,
-                result_bytes,
-                Memory::Readback,
-                "pinned results",
-            )?),
-            Some(Buffer::new(
-                ctx,
-                counter_bytes,
-                Memory::Readback,
-                "pinned counters",
-            )?),
-        )
+    let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
+    let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
+    let pinned = |bytes, name| -> Result<Option<Buffer>> {
+        Ok(if results.is_mapped() {
+            None
+        } else {
+            Some(Buffer::new(ctx, bytes, Memory::Readback, name)?)
+        })
     };
     Ok(Slot {
         stream: Stream::new(ctx, index)?,
+        results_host: pinned(result_bytes, "pinned results")?,
+        counters_host: pinned(8, "pinned counters")?,
+        states_host: pinned(state_bytes, "pinned query states")?,
         results,
         counters,
-        results_host,
-        counters_host,
+        states,
         state: SlotState::Free,
     })
 }
@@ -434,8 +452,27 @@ fn run_typed<T: Coord>(
         (_, 4) => shaders::BRUTE_JOIN_F32,
         _ => shaders::BRUTE_JOIN_F64,
     };
+    // Software devices: one subgroup per workgroup and a loop budget per thread.
+    let (workgroup, budget) = if ctx.is_software() {
+        let wg = ctx.limits().subgroup_size.clamp(1, 64);
+        (wg, LOOP_BUDGET / wg)
+    } else {
+        (WORKGROUP, 0)
+    };
+    let log_cells = (usize::BITS - (n_cells as usize + 1).leading_zeros()) + 1;
+    if budget != 0 {
+        // The least a thread must do to make progress: load, masks, one probe, one candidate.
+        let (d, k, l) = (dim as u32, k_spec, log_cells);
+        let least = d + k * (3 * l + 1) + 2 * (k + 2 * l + 2) + d + 1;
+        if least > budget {
+            return Err(Error::unsupported(format!(
+                "{} (a software device) cannot run this join: {d} dimensions with {k} indexed exceed                  its per-thread loop budget; use fewer indexed dims or the CPU backend",
+                ctx.device_name()
+            )));
+        }
+    }
     let push_bytes = 32 + 2 * std::mem::size_of::<T>() as u32;
-    let spec = KernelSpec::new(WORKGROUP)
+    let spec = KernelSpec::new(workgroup)
         .bindings(BINDINGS)
         .push_bytes(push_bytes)
         .constant(1, dim as u32)
@@ -461,28 +498,35 @@ fn run_typed<T: Coord>(
         kernel,
         data,
         n_cells,
+        log_cells,
         thr,
         window,
         base_flags: flags,
         capacity,
+        budget,
     };
+    let mut dispatches = 0usize;
 
     // Estimation pass: count-only over a strided sample of the queries (slot 0).
     let t_est = Instant::now();
     let sample_counts = {
         let slot = &mut slots[0];
-        let work = Work {
-            queries: 0..nq as u32,
-            skip: 0,
-        };
         let push = run.push_constants(
-            &work,
+            &(0..nq as u32),
             n_samples as u32,
             stride as u32,
             run.base_flags | FLAG_COUNT,
         );
-        submit_search(&run, slot, &push, n_samples, true)?.wait()?;
-        read_counters(slot, 2 + n_samples)?.split_off(2)
+        let mut fresh = true;
+        loop {
+            submit_search(&run, slot, &push, n_samples, fresh, true)?.wait()?;
+            dispatches += 1;
+            fresh = false;
+            if read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?[1] == 0 {
+                break;
+            }
+        }
+        read_matches(slot, n_samples)?
     };
     let plan = plan_batches(
         nq,
@@ -494,119 +538,119 @@ fn run_typed<T: Coord>(
     );
     times.estimate = t_est.elapsed().as_secs_f64();
     report.notes.push(format!(
-        "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers {} pairs",
+        "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers of {} pairs",
         plan.estimated_pairs,
         n_samples,
         plan.ranges.len(),
         plan.ranges.iter().map(|r| r.len()).max().unwrap_or(0),
         capacity
     ));
+    let batches = plan.ranges.len();
 
-    // The batches, three in flight.
+    // The batches, three in flight; busy slots are completed oldest first.
     let t_loop = Instant::now();
-    let mut queue: VecDeque<Work> = plan
-        .ranges
-        .into_iter()
-        .map(|r| Work {
-            queries: r,
-            skip: 0,
-        })
-        .collect();
+    let mut queue: VecDeque<Range<u32>> = plan.ranges.into();
+    let mut busy: VecDeque<usize> = VecDeque::new();
     let mut total: u64 = 0;
-    let (mut batches, mut reruns) = (0usize, 0usize);
-    // Busy slots, oldest first: completed in submission order.
-    let mut busy_order: VecDeque<usize> = VecDeque::new();
+    let (mut resumed, mut overflowed) = (0usize, 0usize);
+    let flags = run.base_flags | if counting { FLAG_COUNT } else { 0 };
     loop {
-        // Fill free slots.
-        for s in 0..SLOTS {
-            if matches!(slots[s].state, SlotState::Free) {
-                if let Some(work) = queue.pop_front() {
-                    let len = work.queries.len() as u32;
-                    let flags = run.base_flags | if counting { FLAG_COUNT } else { 0 };
-                    let push = run.push_constants(&work, len, 1, flags);
-                    let slot = &mut slots[s];
-                    let ticket = submit_search(&run, slot, &push, len as usize, counting)?;
+        for (s, slot) in slots.iter_mut().enumerate() {
+            if matches!(slot.state, SlotState::Free) {
+                if let Some(queries) = queue.pop_front() {
+                    let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
+                    let ticket = submit_search(&run, slot, &push, queries.len(), true, counting)?;
+                    dispatches += 1;
                     slot.state = SlotState::Searching {
-                        work,
+                        queries,
                         ticket,
                         submitted: Instant::now(),
                     };
-                    busy_order.push_back(s);
-                    batches += 1;
+                    busy.push_back(s);
                 }
             }
         }
-        let Some(s) = busy_order.pop_front() else {
-            break;
-        };
+        let Some(s) = busy.pop_front() else { break };
         let slot = &mut slots[s];
-        match std::mem::replace(&mut slot.state, SlotState::Free) {
-            SlotState::Free => {}
-            SlotState::Searching {
-                work,
-                ticket,
-                submitted,
-            } => {
-                let t = Instant::now();
-                ticket.wait()?;
-                times.wait_search += t.elapsed().as_secs_f64();
-                let len = work.queries.len();
-                if counting {
-                    let t = Instant::now();
-                    let counts: Vec<u32> = read_counters(slot, 2 + len)?;
-                    times.download += t.elapsed().as_secs_f64();
-                    total += counts[2..].iter().map(|&c| c as u64).sum::<u64>();
-                    times.busy += submitted.elapsed().as_secs_f64();
-                    continue;
-                }
-                let head: Vec<u32> = read_counters(slot, 2)?;
-                let (found, wrapped) = (head[0] as u64, head[1] != 0);
-                if wrapped || found > capacity as u64 {
-                    let (next, partial) = work.after_overflow(capacity);
-                    reruns += 1;
-                    for w in next.into_iter().rev() {
-                        queue.push_front(w);
-                    }
-                    if !partial {
-                        times.busy += submitted.elapsed().as_secs_f64();
-                        continue; // pairs discarded: both halves run again
-                    }
-                }
-                let pairs = (found as usize).min(capacity as usize);
-                // Copy exactly the pairs found to the pinned buffer (none where mapped).
-                if let Some(host) = &slot.results_host {
-                    if pairs > 0 {
-                        slot.stream.barrier()?;
-                        slot.stream
-                            .copy(&slot.results, 0, host, 0, pairs as u64 * 8)?;
-                    }
-                }
-                let ticket = slot.stream.submit()?;
-                slot.state = SlotState::Downloading {
-                    pairs,
+        // What to do once this dispatch's pairs are delivered: resume it, or free the slot.
+        let (queries, incomplete, submitted) =
+            match std::mem::replace(&mut slot.state, SlotState::Free) {
+                SlotState::Free => continue,
+                SlotState::Searching {
+                    queries,
                     ticket,
                     submitted,
-                };
-                busy_order.push_front(s); // finish its download next
-            }
-            SlotState::Downloading {
-                pairs,
-                ticket,
-                submitted,
-            } => {
-                let t = Instant::now();
-                ticket.wait()?;
-                let buf = slot.results_host.as_ref().unwrap_or(&slot.results);
-                let chunk: Vec<Pair> = buf.read_vec(0, pairs)?;
-                times.download += t.elapsed().as_secs_f64();
-                times.busy += submitted.elapsed().as_secs_f64();
-                let t = Instant::now();
-                total += chunk.len() as u64;
-                if let Some(sink) = sink.as_deref_mut() {
-                    sink.push(&chunk).map_err(sink_error)?;
+                } => {
+                    let t = Instant::now();
+                    ticket.wait()?;
+                    times.wait_search += t.elapsed().as_secs_f64();
+                    let t = Instant::now();
+                    let head =
+                        read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?;
+                    let (slots_taken, incomplete) = (head[0] as usize, head[1] != 0);
+                    if slots_taken > capacity as usize {
+                        overflowed += 1;
+                    }
+                    if counting {
+                        if !incomplete {
+                            total += read_matches(slot, queries.len())?
+                                .iter()
+                                .map(|&c| c as u64)
+                                .sum::<u64>();
+                        }
+                        times.download += t.elapsed().as_secs_f64();
+                        (queries, incomplete, submitted)
+                    } else {
+                        let pairs = slots_taken.min(capacity as usize);
+                        if let (Some(host), true) = (&slot.results_host, pairs > 0) {
+                            // Copy exactly the pairs found to the pinned buffer.
+                            slot.stream.barrier()?;
+                            slot.stream
+                                .copy(&slot.results, 0, host, 0, pairs as u64 * 8)?;
+                            let ticket = slot.stream.submit()?;
+                            slot.state = SlotState::Downloading {
+                                queries,
+                                pairs,
+                                incomplete,
+                                ticket,
+                                submitted,
+                            };
+                            busy.push_front(s);
+                            times.download += t.elapsed().as_secs_f64();
+                            continue;
+                        }
+                        times.download += t.elapsed().as_secs_f64();
+                        deliver(slot, pairs, &mut sink, &mut total, &mut times)?;
+                        (queries, incomplete, submitted)
+                    }
                 }
-                times.assemble += t.elapsed().as_secs_f64();
-            }
+                SlotState::Downloading {
+                    queries,
+                    pairs,
+                    incomplete,
+                    ticket,
+                    submitted,
+                } => {
+                    let t = Instant::now();
+                    ticket.wait()?;
+                    times.download += t.elapsed().as_secs_f64();
+                    deliver(slot, pairs, &mut sink, &mut total, &mut times)?;
+                    (queries, incomplete, submitted)
+                }
+            };
+        times.busy += submitted.elapsed().as_secs_f64();
+        if incomplete {
+            // Some queries stopped early: run the batch again; finished queries return at once.
+            let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
+            let ticket = submit_search(&run, slot, &push, queries.len(), false, counting)?;
+            dispatches += 1;
+            resumed += 1;
+            slot.state = SlotState::Searching {
+                queries,
+                ticket,
+                submitted: Instant::now(),
+            };
+            busy.push_back(s);
         }
     }
     times.loop_wall = t_loop.elapsed().as_secs_f64();
@@ -621,14 +665,13 @@ fn run_typed<T: Coord>(
         ("result transfers".into(), times.download),
         ("assembly (sink)".into(), times.assemble),
     ];
-    if reruns > 0 {
-        report.notes.push(format!(
-            "{reruns} batches overflowed their result buffer and were re-run split"
-        ));
-    }
+    report.notes.push(format!(
+        "{dispatches} dispatches: {batches} batches, {resumed} resumed ({overflowed} after a full result buffer){}",
+        if budget != 0 { format!(", software device: workgroup {workgroup}, loop budget {budget} per thread") } else { String::new() }
+    ));
     if times.loop_wall > 0.0 {
         report.notes.push(format!(
-            "overlap: {:.2} batches in flight on average over {:.4} s of batch loop ({} queues)",
+            "overlap: {:.2} batches in flight on average over {:.4} s of batch loop ({} queue(s))",
             times.busy / times.loop_wall,
             times.loop_wall,
             ctx.compute_queue_count()
@@ -637,33 +680,73 @@ fn run_typed<T: Coord>(
     Ok(report)
 }
 
-/// Records and submits one search: zero the counters, dispatch, and copy the counters to
-/// the pinned buffer where device memory is not mapped.
+/// Hands the first `pairs` results of `slot` to the sink.
+fn deliver(
+    slot: &Slot,
+    pairs: usize,
+    sink: &mut Option<&mut dyn PairSink>,
+    total: &mut u64,
+    times: &mut Times,
+) -> Result<()> {
+    let t = Instant::now();
+    let chunk: Vec<Pair> = slot
+        .results_host
+        .as_ref()
+        .unwrap_or(&slot.results)
+        .read_vec(0, pairs)?;
+    times.download += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    *total += chunk.len() as u64;
+    if let Some(sink) = sink.as_deref_mut() {
+        sink.push(&chunk).map_err(sink_error)?;
+    }
+    times.assemble += t.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Records and submits one search dispatch: zero the counters (and, for a new batch, the
+/// query states), dispatch, and copy counters (and states when counting) to the pinned
+/// buffers where device memory is not mapped.
 fn submit_search<T: Coord>(
     run: &Run<T>,
     slot: &mut Slot,
     push: &[u8],
     threads: usize,
+    fresh: bool,
     counting: bool,
 ) -> Result<Ticket> {
-    let counter_words = if counting { 2 + threads } else { 2 };
-    slot.stream
-        .fill(&slot.counters, 0, counter_words as u64 * 4, 0)?;
+    slot.stream.fill(&slot.counters, 0, 8, 0)?;
+    if fresh {
+        slot.stream.fill(&slot.states, 0, threads as u64 * 16, 0)?;
+    }
     slot.stream.barrier()?;
-    let bindings = run.data.bindings(&slot.results, &slot.counters);
+    let bindings = run
+        .data
+        .bindings(&slot.results, &slot.counters, &slot.states);
     slot.stream
         .dispatch_threads(&run.kernel, threads as u64, &bindings, push)?;
     if let Some(host) = &slot.counters_host {
         slot.stream.barrier()?;
-        slot.stream
-            .copy(&slot.counters, 0, host, 0, counter_words as u64 * 4)?;
+        slot.stream.copy(&slot.counters, 0, host, 0, 8)?;
+        if counting {
+            let states_host = slot.states_host.as_ref().expect("pinned with the counters");
+            slot.stream
+                .copy(&slot.states, 0, states_host, 0, threads as u64 * 16)?;
+        }
     }
     slot.stream.submit()
 }
 
-fn read_counters(slot: &Slot, words: usize) -> Result<Vec<u32>> {
-    slot.counters_host
+fn read_words(buffer: &Buffer, words: usize) -> Result<Vec<u32>> {
+    buffer.read_vec(0, words)
+}
+
+/// Matches per query of the last count-only batch (the states' fourth word).
+fn read_matches(slot: &Slot, threads: usize) -> Result<Vec<u32>> {
+    let states: Vec<[u32; 4]> = slot
+        .states_host
         .as_ref()
-        .unwrap_or(&slot.counters)
-        .read_vec(0, words)
+        .unwrap_or(&slot.states)
+        .read_vec(0, threads)?;
+    Ok(states.iter().map(|s| s[3]).collect())
 }

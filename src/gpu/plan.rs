@@ -2,7 +2,8 @@
 //! sample of the queries; batches are contiguous query ranges whose estimated results fill
 //! about half a result buffer, and there are at least three of them so that upload, search,
 //! download and host-side assembly overlap. The estimate only sizes batches: a batch that
-//! overflows anyway is split and re-run (see `Work::after_overflow`), so no pair is lost.
+//! overflows anyway is resumed where each query stopped (see glsl/join_common.glsl), so no
+//! pair is lost.
 
 use std::ops::Range;
 
@@ -121,48 +122,6 @@ fn push_capped(ranges: &mut Vec<Range<u32>>, start: usize, end: usize, max_point
     }
 }
 
-/// One unit of work: a query range, and for a single query re-run after overflow, how
-/// many of its matches earlier runs already delivered.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Work {
-    pub queries: Range<u32>,
-    pub skip: u32,
-}
-
-impl Work {
-    /// What to run instead of a batch whose results overflowed a buffer of `capacity`
-    /// slots. Several queries: split in halves (their pairs are discarded and recomputed).
-    /// One query: its matches come in a deterministic order (one thread), so the first
-    /// `capacity` are kept and a re-run skips them.
-    pub fn after_overflow(&self, capacity: u32) -> (Vec<Work>, bool) {
-        let len = self.queries.end - self.queries.start;
-        if len > 1 {
-            let mid = self.queries.start + len / 2;
-            (
-                vec![
-                    Work {
-                        queries: self.queries.start..mid,
-                        skip: 0,
-                    },
-                    Work {
-                        queries: mid..self.queries.end,
-                        skip: 0,
-                    },
-                ],
-                false,
-            )
-        } else {
-            (
-                vec![Work {
-                    queries: self.queries.clone(),
-                    skip: self.skip + capacity,
-                }],
-                true,
-            )
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,41 +173,5 @@ mod tests {
         let plan = plan_batches(100, 1, &[0; 100], 10, 8, None);
         covers(&plan, 100);
         assert!(plan.ranges.iter().all(|r| r.len() <= 8));
-    }
-
-    #[test]
-    fn overflow_splits_then_skips() {
-        let w = Work {
-            queries: 10..20,
-            skip: 0,
-        };
-        let (next, partial) = w.after_overflow(4);
-        assert!(!partial);
-        assert_eq!(
-            next,
-            vec![
-                Work {
-                    queries: 10..15,
-                    skip: 0
-                },
-                Work {
-                    queries: 15..20,
-                    skip: 0
-                }
-            ]
-        );
-        let w = Work {
-            queries: 3..4,
-            skip: 8,
-        };
-        let (next, partial) = w.after_overflow(4);
-        assert!(partial);
-        assert_eq!(
-            next,
-            vec![Work {
-                queries: 3..4,
-                skip: 12
-            }]
-        );
     }
 }
