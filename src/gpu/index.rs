@@ -111,8 +111,6 @@ pub struct GridIndex {
     /// `mask_coords[mask_offsets[a]..mask_offsets[a+1]]`, sorted (M).
     pub mask_coords: Vec<u32>,
     pub mask_offsets: Vec<u32>,
-    /// Per sorted position, the index of its cell in `cell_keys`.
-    pub point_cell: Vec<u32>,
 }
 
 impl GridIndex {
@@ -133,7 +131,6 @@ impl GridIndex {
         });
         let mut cell_keys = Vec::new();
         let mut cell_ranges: Vec<[u32; 2]> = Vec::new();
-        let mut point_cell = Vec::with_capacity(order.len());
         for (pos, &id) in order.iter().enumerate() {
             let key = keys[id as usize];
             if cell_keys.last() != Some(&key) {
@@ -141,7 +138,6 @@ impl GridIndex {
                 cell_ranges.push([pos as u32, pos as u32]);
             }
             cell_ranges.last_mut().unwrap()[1] = pos as u32 + 1;
-            point_cell.push(cell_keys.len() as u32 - 1);
         }
         let k = geom.k();
         let mut per_axis: Vec<Vec<u32>> = vec![Vec::new(); k];
@@ -168,7 +164,6 @@ impl GridIndex {
             cell_ranges,
             mask_coords,
             mask_offsets,
-            point_cell,
         }
     }
 
@@ -376,7 +371,6 @@ fn skeleton(geom: &GridGeometry, keys: Vec<u64>) -> GridIndex {
         cell_ranges: Vec::new(),
         mask_coords: masks.concat(),
         mask_offsets,
-        point_cell: Vec::new(),
     }
 }
 
@@ -459,7 +453,7 @@ mod tests {
         for pos in 0..idx.order.len() {
             let me = idx.order[pos];
             let home = &cells[pos * idx.k()..(pos + 1) * idx.k()];
-            let own = idx.cell_ranges[idx.point_cell[pos] as usize];
+            let own = idx.cell_ranges[idx.cell_ranges.partition_point(|r| r[1] as usize <= pos)];
             let mut check = |q: usize| {
                 let other = idx.order[q];
                 if within(Metric::Euclidean, pt(me), pt(other), thr) {

@@ -351,6 +351,24 @@ fn run_typed<T: Coord>(
                 },
                 plan.sort_dim
             ));
+            if !plan.costs.is_empty() {
+                let costs: Vec<String> = plan
+                    .costs
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "k={}: {} cells, {:.3e} ops",
+                            c.k,
+                            c.nonempty_cells,
+                            c.total()
+                        )
+                    })
+                    .collect();
+                report.notes.push(format!(
+                    "cost model (search + compare memory ops): {}",
+                    costs.join("; ")
+                ));
+            }
             let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
             report.notes.push(format!(
                 "grid: {} non-empty cells over {} points",
