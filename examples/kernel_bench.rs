@@ -73,7 +73,10 @@ fn report(what: &str, n: usize, gpu: f64, cpu: f64, cpu_name: &str) {
 
 fn main() -> simjoin::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let n: usize = args.get(1).map(|s| s.parse().expect("n")).unwrap_or(1 << 20);
+    let n: usize = args
+        .get(1)
+        .map(|s| s.parse().expect("n"))
+        .unwrap_or(1 << 20);
     let reps: usize = args
         .get(2)
         .map(|s| s.parse().expect("repetitions"))
@@ -120,7 +123,8 @@ fn main() -> simjoin::Result<()> {
         let cpu = if key64 {
             time_cpu(reps, || pairs.clone(), |mut p| p.sort_unstable())
         } else {
-            let narrow: Vec<(u32, u32)> = keys32.iter().copied().zip(values.iter().copied()).collect();
+            let narrow: Vec<(u32, u32)> =
+                keys32.iter().copied().zip(values.iter().copied()).collect();
             time_cpu(reps, || narrow.clone(), |mut p| p.sort_unstable())
         };
         pairs.sort_unstable();
@@ -141,9 +145,14 @@ fn main() -> simjoin::Result<()> {
                     .collect()
             };
             let got_values: Vec<u32> = ctx.download(&work_values, 0, n)?;
-            let ok = pairs.iter().map(|p| p.0).eq(got_keys) && pairs.iter().map(|p| p.1).eq(got_values);
+            let ok =
+                pairs.iter().map(|p| p.0).eq(got_keys) && pairs.iter().map(|p| p.1).eq(got_values);
             assert!(ok, "device sort differs from the CPU's");
-            let what = format!("sort {} key+u32 {:?}", if key64 { "u64" } else { "u32" }, stages);
+            let what = format!(
+                "sort {} key+u32 {:?}",
+                if key64 { "u64" } else { "u32" },
+                stages
+            );
             report(&what, n, gpu, cpu, "CPU sort_unstable");
         }
     }

@@ -26,6 +26,7 @@ const uint FLAG_SELF = 1u;    // self-join: unicomp, home cell from the next pos
 const uint FLAG_COUNT = 2u;   // count only: matches kept in states[].w, no pairs written
 const uint FLAG_SWAP = 4u;    // write pairs as (indexed id, query id)
 const uint FLAG_SORTIDU = 8u; // cells are sorted on SORT_DIM: search a window
+const uint FLAG_REORDER = 16u; // grid: reject in variance order first (REORDER)
 
 const uint DONE = 0xFFFFFFFFu;
 
@@ -36,7 +37,8 @@ layout(std430, set = 0, binding = 3) readonly buffer CellRanges { uvec2 cell_ran
 layout(std430, set = 0, binding = 4) readonly buffer IndexedIds { uint r_ids[]; };
 layout(std430, set = 0, binding = 5) readonly buffer QueryIds { uint q_ids[]; };
 layout(std430, set = 0, binding = 6) readonly buffer QueryCells { uint q_cells[]; };
-// cells per dimension [K], mask offsets [K+1] (relative to 2K+1), mask coordinates.
+// cells per dimension [K], mask offsets [K+1] (relative to 2K+1+DIM), dimensions by
+// decreasing variance [DIM], mask coordinates.
 layout(std430, set = 0, binding = 7) readonly buffer GridMeta { uint meta[]; };
 layout(std430, set = 0, binding = 8) writeonly buffer Results { uvec2 results[]; };
 // [0] result slots taken in this dispatch (may exceed capacity), [1] 1 if a query stopped.
@@ -56,6 +58,7 @@ layout(push_constant) uniform Params {
     uint log_cells; // bound on the iterations of one binary search
     T thr;          // metric::threshold(metric, eps)
     T window;       // SORTIDU half-window: > any |q_u - r_u| of a matching pair
+    T thr_reject;   // thr * (1 + metric::reject_margin), rounded up: REORDER rejections
 } pc;
 
 T qp[DIM];          // the query point, in registers
@@ -75,7 +78,33 @@ bool charge(uint cost) {
     return true;
 }
 
+// REORDER: the partial distance in variance order rejects most non-matches after a few
+// dimensions. That order is not the canonical one, so it only rejects above a margin that
+// covers any difference in rounding (metric::reject_margin); survivors are decided by the
+// canonical test.
+bool survives_reordered(uint rpos) {
+    precise T acc = T(0);
+    uint base = rpos * DIM;
+    bool alive = true;
+    for (uint t = 0u; t < DIM && alive; t++) {
+        uint dim_t = meta[2u * K + 1u + t];
+        precise T d = qp[dim_t] - r_coords[base + dim_t];
+        if (METRIC == 0u) {
+            acc = acc + d * d;
+        } else if (METRIC == 1u) {
+            acc = acc + abs(d);
+        } else {
+            acc = max(acc, abs(d));
+        }
+        alive = (t & 3u) != 3u || acc <= pc.thr_reject;
+    }
+    return alive && acc <= pc.thr_reject;
+}
+
 bool within_eps(uint rpos) {
+    if ((pc.flags & FLAG_REORDER) != 0u && !survives_reordered(rpos)) {
+        return false;
+    }
     precise T acc = T(0);
     uint base = rpos * DIM;
     bool alive = true;
@@ -131,7 +160,8 @@ void scan_positions(uint begin, uint end, bool windowed) {
             T diff = r_coords[p * DIM + SORT_DIM] - qp[SORT_DIM];
             if (diff > pc.window) break;
         }
-        if (!charge(DIM + 1u) || (within_eps(p) && !emit(p))) {
+        uint cost = (pc.flags & FLAG_REORDER) != 0u ? 2u * DIM + 1u : DIM + 1u;
+        if (!charge(cost) || (within_eps(p) && !emit(p))) {
             stop_pos = p + 1u;
         }
     }

@@ -9,7 +9,7 @@ uint cells_per_dim(uint a) { return meta[a]; }
 bool mask_has(uint a, uint c) {
     uint lo = meta[K + a], hi = meta[K + a + 1u];
     uint end = hi;
-    uint base = 2u * K + 1u;
+    uint base = 2u * K + 1u + DIM;
     while (lo < hi) {
         uint mid = (lo + hi) >> 1;
         if (meta[base + mid] < c) lo = mid + 1u; else hi = mid;

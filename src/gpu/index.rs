@@ -399,6 +399,8 @@ impl GridIndex {
 /// Everything decided about the grid before the index is built.
 pub struct GridPlan {
     pub geom: GridGeometry,
+    /// Every dimension, by decreasing sampled variance (REORDER).
+    pub variance_order: Vec<usize>,
     pub sort_dim: Option<usize>,
     pub costs: Vec<KCost>,
 }
@@ -429,6 +431,7 @@ pub fn plan_grid(
     let sort_dim = dims.get(geom.k()).copied().or(dims.first().copied());
     Ok(GridPlan {
         geom,
+        variance_order: dims,
         sort_dim,
         costs,
     })

@@ -14,7 +14,7 @@ use super::plan::{estimate_stride, plan_batches};
 use crate::dataset::{Coords, Dataset};
 use crate::engine::Job;
 use crate::error::{Error, ErrorKind, Result};
-use crate::metric::{threshold, Coord};
+use crate::metric::{reject_margin, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{sink_error, JoinReport, Pair, PairSink};
 use crate::vk::{
@@ -32,6 +32,7 @@ const FLAG_SELF: u32 = 1;
 const FLAG_COUNT: u32 = 2;
 const FLAG_SWAP: u32 = 4;
 const FLAG_SORTIDU: u32 = 8;
+const FLAG_REORDER: u32 = 16;
 /// Streams (and pinned buffers) the batches rotate over.
 const SLOTS: usize = 3;
 /// Most queries in one batch (bounds the per-query counter buffer).
@@ -156,6 +157,7 @@ struct Run<T: Coord> {
     log_cells: u32,
     thr: T,
     window: T,
+    thr_reject: T,
     base_flags: u32,
     capacity: u32,
     budget: u32,
@@ -183,6 +185,7 @@ impl<T: Coord> Run<T> {
         let mut bytes = bytemuck::bytes_of(&header).to_vec();
         bytes.extend_from_slice(bytemuck::bytes_of(&self.thr));
         bytes.extend_from_slice(bytemuck::bytes_of(&self.window));
+        bytes.extend_from_slice(bytemuck::bytes_of(&self.thr_reject));
         bytes
     }
 }
@@ -369,6 +372,9 @@ fn run_typed<T: Coord>(
                     costs.join("; ")
                 ));
             }
+            // REORDER in the distance test pays when the variance order is not the dataset's.
+            let reorder = variance_order_helps(&plan.variance_order);
+            let variance_order = plan.variance_order;
             let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
             report.notes.push(format!(
                 "grid: {} non-empty cells over {} points",
@@ -378,6 +384,7 @@ fn run_typed<T: Coord>(
             let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
             let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
             meta.extend_from_slice(&idx.mask_offsets);
+            meta.extend(variance_order.iter().map(|&j| j as u32));
             meta.extend_from_slice(&idx.mask_coords);
             let (q_order, q_cells) = if self_join {
                 (None, idx.query_cells(&r, &idx.order))
@@ -421,6 +428,12 @@ fn run_typed<T: Coord>(
             };
             times.upload += t_up.elapsed().as_secs_f64();
             let mut flags = if self_join { FLAG_SELF } else { 0 } | FLAG_SORTIDU;
+            if reorder {
+                flags |= FLAG_REORDER;
+                report
+                    .notes
+                    .push("REORDER: distance rejected in variance order first".into());
+            }
             if swap {
                 flags |= FLAG_SWAP;
             }
@@ -481,7 +494,7 @@ fn run_typed<T: Coord>(
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, k_spec, log_cells);
-        let least = d + k * (3 * l + 1) + 2 * (k + 2 * l + 2) + d + 1;
+        let least = d + k * (3 * l + 1) + 2 * (k + 2 * l + 2) + 2 * d + 1;
         if least > budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run this join: {d} dimensions with {k} indexed exceed                  its per-thread loop budget; use fewer indexed dims or the CPU backend",
@@ -489,7 +502,7 @@ fn run_typed<T: Coord>(
             )));
         }
     }
-    let push_bytes = 32 + 2 * std::mem::size_of::<T>() as u32;
+    let push_bytes = 32 + 3 * std::mem::size_of::<T>() as u32;
     let spec = KernelSpec::new(workgroup)
         .bindings(BINDINGS)
         .push_bytes(push_bytes)
@@ -512,6 +525,7 @@ fn run_typed<T: Coord>(
     let n_samples = nq.div_ceil(stride);
     let max_points = MAX_BATCH_POINTS.max(n_samples).min(nq);
     let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
+    let thr_reject = reject_threshold(thr, dim);
     let run = Run {
         kernel,
         data,
@@ -519,6 +533,7 @@ fn run_typed<T: Coord>(
         log_cells,
         thr,
         window,
+        thr_reject,
         base_flags: flags,
         capacity,
         budget,
@@ -696,6 +711,22 @@ fn run_typed<T: Coord>(
         ));
     }
     Ok(report)
+}
+
+/// Whether rejecting in variance order first is worth a second (canonical) pass on the
+/// survivors: only when that order differs from the dataset's. `SIMJOIN_GPU_REORDER=0`
+/// turns it off (to measure what it brings).
+fn variance_order_helps(order: &[usize]) -> bool {
+    let enabled = std::env::var("SIMJOIN_GPU_REORDER").map_or(true, |v| v != "0");
+    enabled && order.iter().enumerate().any(|(i, &j)| i != j)
+}
+
+/// `thr * (1 + metric::reject_margin)` rounded up into `T`: a partial distance in another
+/// dimension order above it proves the canonical distance is above `thr`.
+fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
+    let want = thr.to_f64() * (1.0 + reject_margin::<T>(dim));
+    // Rounding to nearest loses at most one unit roundoff: aim that much higher.
+    T::from_f64(want * (1.0 + 2.0 * T::UNIT_ROUNDOFF))
 }
 
 /// Hands the first `pairs` results of `slot` to the sink.
