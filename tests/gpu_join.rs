@@ -2,6 +2,9 @@
 //! compared exactly, on lavapipe with the validation layers on (a validation error fails
 //! the test). Sizes are small: every lavapipe dispatch costs a few milliseconds.
 
+mod common;
+
+use common::assert_no_validation_errors;
 use simjoin::{
     oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, Metric, OutputForm, Pair,
 };
@@ -10,24 +13,8 @@ use std::sync::OnceLock;
 /// Pins lavapipe and turns validation on before the first Vulkan call of the process.
 fn setup() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        if std::env::var_os("VK_DRIVER_FILES").is_none() {
-            std::env::set_var(
-                "VK_DRIVER_FILES",
-                "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
-            );
-        }
-        std::env::set_var("SIMJOIN_VALIDATION", "1");
-        Engine::new()
-    })
-}
-
-fn assert_no_validation_errors() {
-    assert_eq!(
-        simjoin::vk::validation_error_count(),
-        0,
-        "Vulkan validation errors (run with --nocapture to see them)"
-    );
+    common::gpu_test_setup();
+    ENGINE.get_or_init(Engine::new)
 }
 
 struct Rng(u64);
@@ -474,5 +461,35 @@ fn auto_is_grid_and_unsupported_algorithms_fail_cleanly() {
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn bad_device_and_failing_sink_give_clear_errors() {
+    let engine = setup();
+    let x = uniform(300, 2, 4);
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let mut o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    o.device = Some("no-such-device-anywhere".into());
+    assert_eq!(
+        engine.self_join(&data, &o).unwrap_err().kind(),
+        ErrorKind::NoDevice
+    );
+    // A sink that refuses the first chunk stops the join with Cancelled.
+    let o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    let mut refuse = |_: &[Pair]| -> anyhow::Result<()> { anyhow::bail!("disk full") };
+    let e = engine.self_join_stream(&data, &o, &mut refuse).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    assert!(e.to_string().contains("disk full"), "{e}");
+    // Streaming delivers exactly the oracle's pairs.
+    let mut streamed: Vec<Pair> = Vec::new();
+    let mut keep = |chunk: &[Pair]| -> anyhow::Result<()> {
+        streamed.extend_from_slice(chunk);
+        Ok(())
+    };
+    let report = engine.self_join_stream(&data, &o, &mut keep).unwrap();
+    streamed.sort_unstable();
+    assert_eq!(streamed, oracle::self_join(&data, Metric::Euclidean, 0.05));
+    assert_eq!(report.pairs, streamed.len() as u64);
     assert_no_validation_errors();
 }

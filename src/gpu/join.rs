@@ -147,10 +147,11 @@ struct Times {
     busy: f64,
 }
 
-/// What every dispatch of one join shares.
-struct Run<T: Coord> {
+/// What every dispatch of one join shares. Borrows the device data, which is declared
+/// before the slots and so outlives them: dropping a slot's stream waits for its work.
+struct Run<'a, T: Coord> {
     kernel: Kernel,
-    data: DeviceData,
+    data: &'a DeviceData,
     /// Non-empty cells (grid) or indexed points (brute force).
     n_cells: u32,
     /// Iterations a binary search over the index may take.
@@ -163,7 +164,7 @@ struct Run<T: Coord> {
     budget: u32,
 }
 
-impl<T: Coord> Run<T> {
+impl<T: Coord> Run<'_, T> {
     /// The kernel's push-constant block (see `Params` in glsl/join_common.glsl).
     fn push_constants(
         &self,
@@ -528,7 +529,7 @@ fn run_typed<T: Coord>(
     let thr_reject = reject_threshold(thr, dim);
     let run = Run {
         kernel,
-        data,
+        data: &data,
         n_cells,
         log_cells,
         thr,
@@ -757,7 +758,7 @@ fn deliver(
 /// query states), dispatch, and copy counters (and states when counting) to the pinned
 /// buffers where device memory is not mapped.
 fn submit_search<T: Coord>(
-    run: &Run<T>,
+    run: &Run<'_, T>,
     slot: &mut Slot,
     push: &[u8],
     threads: usize,
