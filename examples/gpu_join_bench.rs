@@ -33,7 +33,8 @@ struct Args {
     /// euclidean | manhattan | chebyshev
     #[arg(long, default_value = "euclidean")]
     metric: Metric,
-    /// uniform | clusters
+    /// uniform | clusters | skewed (uniform, dimension j scaled by (j+1)/d: the variance
+    /// grows along the dataset order, so REORDER's order is its reverse)
     #[arg(long, default_value = "uniform")]
     data: String,
     /// Use f64 coordinates.
@@ -77,6 +78,9 @@ fn points(args: &Args) -> Vec<f64> {
                 })
                 .collect()
         }
+        "skewed" => (0..args.n * args.d)
+            .map(|t| next() * ((t % args.d) + 1) as f64 / args.d as f64)
+            .collect(),
         _ => (0..args.n * args.d).map(|_| next()).collect(),
     }
 }

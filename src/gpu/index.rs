@@ -39,12 +39,10 @@ pub fn sample_positions(n: usize, fraction: f64, max: usize) -> Vec<usize> {
     (0..want).map(|s| s * stride).collect()
 }
 
-/// Dimensions ordered by decreasing variance estimated on a sample (REORDER). Ties keep the
-/// dataset order, so the choice is deterministic.
-pub fn dims_by_variance(data: &Dataset) -> Vec<usize> {
-    let d = data.dim();
+/// Per-dimension variance estimated on a sample of about 1% of the points (REORDER).
+pub fn sampled_variances(data: &Dataset) -> Vec<f64> {
     let sample = sample_positions(data.len(), VARIANCE_SAMPLE_FRACTION, usize::MAX);
-    let mut var = vec![0.0f64; d];
+    let mut var = vec![0.0f64; data.dim()];
     if !sample.is_empty() {
         for (j, v) in var.iter_mut().enumerate() {
             let mean = sample.iter().map(|&i| data.get(i, j)).sum::<f64>() / sample.len() as f64;
@@ -55,9 +53,35 @@ pub fn dims_by_variance(data: &Dataset) -> Vec<usize> {
                 / sample.len() as f64;
         }
     }
-    let mut dims: Vec<usize> = (0..d).collect();
+    var
+}
+
+/// Dimensions ordered by decreasing sampled variance. Ties keep the dataset order, so the
+/// choice is deterministic.
+pub fn dims_by_variance(data: &Dataset) -> Vec<usize> {
+    order_by_variance(&sampled_variances(data))
+}
+
+fn order_by_variance(var: &[f64]) -> Vec<usize> {
+    let mut dims: Vec<usize> = (0..var.len()).collect();
     dims.sort_by(|&x, &y| var[y].total_cmp(&var[x]).then(x.cmp(&y)));
     dims
+}
+
+/// Share of the total variance held by the top quarter of the dimensions: high when a few
+/// dimensions decide most distances, which is when rejecting in variance order pays.
+pub fn top_quarter_variance_share(var: &[f64]) -> f64 {
+    let total: f64 = var.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let order = order_by_variance(var);
+    order
+        .iter()
+        .take(var.len().div_ceil(4))
+        .map(|&j| var[j])
+        .sum::<f64>()
+        / total
 }
 
 /// A grid over the first k of `dims`, dropping trailing dimensions while the total number
@@ -401,6 +425,8 @@ pub struct GridPlan {
     pub geom: GridGeometry,
     /// Every dimension, by decreasing sampled variance (REORDER).
     pub variance_order: Vec<usize>,
+    /// `top_quarter_variance_share` of the indexed set.
+    pub top_quarter_share: f64,
     pub sort_dim: Option<usize>,
     pub costs: Vec<KCost>,
 }
@@ -414,7 +440,8 @@ pub fn plan_grid(
     eps: f64,
     forced_k: Option<usize>,
 ) -> Result<GridPlan> {
-    let dims = dims_by_variance(indexed);
+    let variances = sampled_variances(indexed);
+    let dims = order_by_variance(&variances);
     // The indexed set's bounds give the tightest grid; queries of another set outside
     // them are clamped into the grid, which keeps them correct (see grid.rs).
     let (lo, hi) = bounds(indexed);
@@ -432,6 +459,7 @@ pub fn plan_grid(
     Ok(GridPlan {
         geom,
         variance_order: dims,
+        top_quarter_share: top_quarter_variance_share(&variances),
         sort_dim,
         costs,
     })
