@@ -493,3 +493,71 @@ fn bad_device_and_failing_sink_give_clear_errors() {
     assert_eq!(report.pairs, streamed.len() as u64);
     assert_no_validation_errors();
 }
+
+#[test]
+fn reorder_distance_pass_on_skewed_variance() {
+    // Variance grows with the dimension number, so REORDER's order (reversed) rejects in
+    // the first dimensions it visits; survivors are confirmed in dataset order.
+    let engine = setup();
+    for d in [6, 24] {
+        let x: Vec<f64> = uniform(500, d, 50 + d as u64)
+            .iter()
+            .enumerate()
+            .map(|(t, v)| v * (((t % d) + 1) as f64 / d as f64).powi(2))
+            .collect();
+        for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+            let eps = eps_for(&x, d, metric, 0.02);
+            let o = gpu(eps, metric, Algorithm::Grid);
+            check_self(&x, d, &o, &format!("skewed d={d} {metric}"));
+            let b: Vec<f64> = x.iter().map(|v| v * 1.01).collect();
+            check_ab(
+                &x[..200 * d],
+                &b,
+                d,
+                &o,
+                &format!("skewed A⋈B d={d} {metric}"),
+            );
+        }
+        let data = Dataset::from_f64(&x, d).unwrap();
+        let got = engine
+            .self_join(&data, &gpu(0.1, Metric::Euclidean, Algorithm::Grid))
+            .unwrap();
+        assert!(
+            got.report
+                .notes
+                .iter()
+                .any(|n| n.contains("rejected in variance order")),
+            "{:?}",
+            got.report.notes
+        );
+    }
+    // Lattice points exactly eps apart, most variance in the last dimension.
+    let mut x = Vec::new();
+    for i in 0..2 {
+        for j in 0..3 {
+            for k in 0..40 {
+                x.extend_from_slice(&[i as f64 * 0.5, j as f64 * 0.5, k as f64 * 0.5]);
+            }
+        }
+    }
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        check_self(
+            &x,
+            3,
+            &gpu(0.5, metric, Algorithm::Grid),
+            &format!("skewed lattice {metric}"),
+        );
+    }
+    let data = Dataset::from_f64(&x, 3).unwrap();
+    let got = engine
+        .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Grid))
+        .unwrap();
+    assert!(
+        got.report
+            .notes
+            .iter()
+            .any(|n| n.contains("rejected in variance order")),
+        "{:?}",
+        got.report.notes
+    );
+}
