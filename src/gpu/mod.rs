@@ -1,5 +1,16 @@
 //! GPU join algorithms over the Vulkan layer (`crate::vk`): the eps-grid self-join and
 //! A ⋈ B of GPU-SJ/GPU-JOIN, and the nested-loop brute force.
+//!
+//! - `index`: host side of the grid: REORDER (dimensions by sampled variance), k by
+//!   GPU-JOIN's sampling cost model, linear cell ids that never overflow (dimensions are
+//!   dropped instead), and the index arrays B (cell ids), G (cell ranges), A (point lookup)
+//!   and M (per-dimension masks); points sorted by cell, then by the SORTIDU dimension.
+//! - `plan`: batch sizes from an estimation pass over a sample of the queries (>= 3).
+//! - `join`: the driver: uploads, estimation, three slots (stream + result buffer + pinned
+//!   read-back) in flight, continuations when a result buffer fills up or a software
+//!   device's loop budget runs out, the report.
+//! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp` (f32/f64) with `join_*.glsl`: the
+//!   kernels; the match test is `metric.rs`'s, bit for bit.
 
 pub(crate) mod index;
 mod join;
