@@ -534,21 +534,28 @@ fn reorder_distance_pass_on_skewed_variance() {
     // Lattice points exactly eps apart, most variance in the last dimension.
     let mut x = Vec::new();
     for i in 0..2 {
-        for j in 0..3 {
-            for k in 0..40 {
-                x.extend_from_slice(&[i as f64 * 0.5, j as f64 * 0.5, k as f64 * 0.5]);
+        for j in 0..2 {
+            for k in 0..3 {
+                for l in 0..30 {
+                    x.extend_from_slice(&[
+                        i as f64 * 0.5,
+                        j as f64 * 0.5,
+                        k as f64 * 0.5,
+                        l as f64 * 0.5,
+                    ]);
+                }
             }
         }
     }
     for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
         check_self(
             &x,
-            3,
+            4,
             &gpu(0.5, metric, Algorithm::Grid),
             &format!("skewed lattice {metric}"),
         );
     }
-    let data = Dataset::from_f64(&x, 3).unwrap();
+    let data = Dataset::from_f64(&x, 4).unwrap();
     let got = engine
         .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Grid))
         .unwrap();

@@ -497,7 +497,9 @@ fn run_typed<T: Coord>(
     } else {
         (WORKGROUP, 0)
     };
-    let log_cells = (usize::BITS - (n_cells as usize + 1).leading_zeros()) + 1;
+    // Bound on one binary search: over the cells, a mask, or the points of one cell
+    // (SORTIDU window): all at most the larger input.
+    let log_cells = (usize::BITS - (na.max(nb) + 1).leading_zeros()) + 1;
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, k_spec, log_cells);
@@ -726,7 +728,8 @@ fn run_typed<T: Coord>(
 /// faster on such data, 1.5x slower on clusters with equal spread in every dimension).
 /// `SIMJOIN_GPU_REORDER=0|1` forces it off or on (to measure what it brings).
 fn variance_order_helps(order: &[usize], top_quarter_share: f64) -> bool {
-    let differs = order.iter().enumerate().any(|(i, &j)| i != j);
+    // Below 4 dimensions there is no "few of many" to reject on early.
+    let differs = order.len() >= 4 && order.iter().enumerate().any(|(i, &j)| i != j);
     match std::env::var("SIMJOIN_GPU_REORDER").as_deref() {
         Ok("0") => false,
         Ok("1") => differs,
