@@ -503,7 +503,7 @@ fn run_typed<T: Coord>(
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, k_spec, log_cells);
-        let least = d + k * (3 * l + 1) + 2 * (k + 2 * l + 2) + 2 * d + 1;
+        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1;
         if least > budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run this join: {d} dimensions with {k} indexed exceed                  its per-thread loop budget; use fewer indexed dims or the CPU backend",
