@@ -18,7 +18,7 @@ use crate::metric::{reject_margin, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{sink_error, JoinReport, Pair, PairSink};
 use crate::vk::{
-    shaders, Buffer, BufferRange, Context, Kernel, KernelSpec, Memory, Stream, Ticket,
+    shaders, Buffer, BufferRange, Context, GpuTimer, Kernel, KernelSpec, Memory, Stream, Ticket,
 };
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -145,12 +145,16 @@ struct Times {
     loop_wall: f64,
     /// Sum over batches of submit-to-done seconds (observed on the host).
     busy: f64,
+    /// Sum of the search dispatches' GPU time (timestamps), when the queue has them.
+    gpu_search: Option<f64>,
 }
 
 /// What every dispatch of one join shares. Borrows the device data, which is declared
 /// before the slots and so outlives them: dropping a slot's stream waits for its work.
 struct Run<'a, T: Coord> {
     kernel: Kernel,
+    /// Two timestamp slots per batch slot (around its search dispatch), where supported.
+    timer: Option<GpuTimer>,
     data: &'a DeviceData,
     /// Non-empty cells (grid) or indexed points (brute force).
     n_cells: u32,
@@ -535,8 +539,11 @@ fn run_typed<T: Coord>(
     let max_points = MAX_BATCH_POINTS.max(n_samples).min(nq);
     let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
     let thr_reject = reject_threshold(thr, dim);
+    let timer = GpuTimer::new(ctx, 2 * SLOTS as u32).ok();
+    times.gpu_search = timer.as_ref().map(|_| 0.0);
     let run = Run {
         kernel,
+        timer,
         data: &data,
         n_cells,
         log_cells,
@@ -561,7 +568,7 @@ fn run_typed<T: Coord>(
         );
         let mut fresh = true;
         loop {
-            submit_search(&run, slot, &push, n_samples, fresh, true)?.wait()?;
+            submit_search(&run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
             dispatches += 1;
             fresh = false;
             if read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?[1] == 0 {
@@ -601,7 +608,8 @@ fn run_typed<T: Coord>(
             if matches!(slot.state, SlotState::Free) {
                 if let Some(queries) = queue.pop_front() {
                     let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
-                    let ticket = submit_search(&run, slot, &push, queries.len(), true, counting)?;
+                    let ticket =
+                        submit_search(&run, slot, s, &push, queries.len(), true, counting)?;
                     dispatches += 1;
                     slot.state = SlotState::Searching {
                         queries,
@@ -626,6 +634,9 @@ fn run_typed<T: Coord>(
                     let t = Instant::now();
                     ticket.wait()?;
                     times.wait_search += t.elapsed().as_secs_f64();
+                    if let (Some(timer), Some(gpu)) = (&run.timer, times.gpu_search.as_mut()) {
+                        *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
+                    }
                     let t = Instant::now();
                     let head =
                         read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?;
@@ -684,7 +695,7 @@ fn run_typed<T: Coord>(
         if incomplete {
             // Some queries stopped early: run the batch again; finished queries return at once.
             let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
-            let ticket = submit_search(&run, slot, &push, queries.len(), false, counting)?;
+            let ticket = submit_search(&run, slot, s, &push, queries.len(), false, counting)?;
             dispatches += 1;
             resumed += 1;
             slot.state = SlotState::Searching {
@@ -703,7 +714,11 @@ fn run_typed<T: Coord>(
         ("index build".into(), index_build),
         ("upload".into(), times.upload),
         ("estimation".into(), times.estimate),
-        ("search kernels (host wait)".into(), times.wait_search),
+        (
+            "search kernels (GPU timestamps)".into(),
+            times.gpu_search.unwrap_or(f64::NAN),
+        ),
+        ("waiting on search (host)".into(), times.wait_search),
         ("result transfers".into(), times.download),
         ("assembly (sink)".into(), times.assemble),
     ];
@@ -712,13 +727,21 @@ fn run_typed<T: Coord>(
         if budget != 0 { format!(", software device: workgroup {workgroup}, loop budget {budget} per thread") } else { String::new() }
     ));
     if times.loop_wall > 0.0 {
+        // Overlap: how much of the batch loop the device spent searching (kernels of one
+        // queue run one after another), and the host work done meanwhile.
+        let busy = times.gpu_search.map_or("no timestamps".to_string(), |g| {
+            format!("GPU searching {:.0}% of it", 100.0 * g / times.loop_wall)
+        });
         report.notes.push(format!(
-            "overlap: {:.2} batches in flight on average over {:.4} s of batch loop ({} queue(s))",
-            times.busy / times.loop_wall,
+            "overlap: batch loop {:.4} s, {busy}; {:.2} batches in flight on average; host \
+             transfers + assembly {:.4} s; {} compute queue(s)",
             times.loop_wall,
+            times.busy / times.loop_wall,
+            times.download + times.assemble,
             ctx.compute_queue_count()
         ));
     }
+
     Ok(report)
 }
 
@@ -775,6 +798,7 @@ fn deliver(
 fn submit_search<T: Coord>(
     run: &Run<'_, T>,
     slot: &mut Slot,
+    slot_index: usize,
     push: &[u8],
     threads: usize,
     fresh: bool,
@@ -788,8 +812,15 @@ fn submit_search<T: Coord>(
     let bindings = run
         .data
         .bindings(&slot.results, &slot.counters, &slot.states);
+    let stamps = run.timer.as_ref().map(|t| (t, 2 * slot_index as u32));
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first)?;
+    }
     slot.stream
         .dispatch_threads(&run.kernel, threads as u64, &bindings, push)?;
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first + 1)?;
+    }
     if let Some(host) = &slot.counters_host {
         slot.stream.barrier()?;
         slot.stream.copy(&slot.counters, 0, host, 0, 8)?;
