@@ -154,7 +154,7 @@ struct Times {
 struct Run<'a, T: Coord> {
     kernel: Kernel,
     /// Two timestamp slots per batch slot (around its search dispatch), where supported.
-    timer: Option<GpuTimer>,
+    timer: Option<&'a GpuTimer>,
     data: &'a DeviceData,
     /// Non-empty cells (grid) or indexed points (brute force).
     n_cells: u32,
@@ -537,13 +537,14 @@ fn run_typed<T: Coord>(
     let stride = estimate_stride(nq);
     let n_samples = nq.div_ceil(stride);
     let max_points = MAX_BATCH_POINTS.max(n_samples).min(nq);
-    let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
-    let thr_reject = reject_threshold(thr, dim);
+    // Declared before the slots: in-flight work (waited for when slots drop) writes it.
     let timer = GpuTimer::new(ctx, 2 * SLOTS as u32).ok();
     times.gpu_search = timer.as_ref().map(|_| 0.0);
+    let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
+    let thr_reject = reject_threshold(thr, dim);
     let run = Run {
         kernel,
-        timer,
+        timer: timer.as_ref(),
         data: &data,
         n_cells,
         log_cells,
@@ -634,7 +635,7 @@ fn run_typed<T: Coord>(
                     let t = Instant::now();
                     ticket.wait()?;
                     times.wait_search += t.elapsed().as_secs_f64();
-                    if let (Some(timer), Some(gpu)) = (&run.timer, times.gpu_search.as_mut()) {
+                    if let (Some(timer), Some(gpu)) = (run.timer, times.gpu_search.as_mut()) {
                         *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
                     }
                     let t = Instant::now();
@@ -812,7 +813,7 @@ fn submit_search<T: Coord>(
     let bindings = run
         .data
         .bindings(&slot.results, &slot.counters, &slot.states);
-    let stamps = run.timer.as_ref().map(|t| (t, 2 * slot_index as u32));
+    let stamps = run.timer.map(|t| (t, 2 * slot_index as u32));
     if let Some((timer, first)) = stamps {
         slot.stream.timestamp(timer, first)?;
     }
