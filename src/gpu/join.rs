@@ -207,8 +207,12 @@ fn new_slot(
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
     let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
     let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
+    // `SIMJOIN_GPU_STAGING=1` takes the discrete-GPU path (copies into pinned buffers) on
+    // a unified-memory device too, so that tests on lavapipe cover it.
+    let staging =
+        !results.is_mapped() || std::env::var("SIMJOIN_GPU_STAGING").is_ok_and(|v| v == "1");
     let pinned = |bytes, name| -> Result<Option<Buffer>> {
-        Ok(if results.is_mapped() {
+        Ok(if !staging {
             None
         } else {
             Some(Buffer::new(ctx, bytes, Memory::Readback, name)?)
