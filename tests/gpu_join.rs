@@ -568,3 +568,20 @@ fn reorder_distance_pass_on_skewed_variance() {
         got.report.notes
     );
 }
+
+#[test]
+fn a_batch_wider_than_one_row_of_workgroups() {
+    // 600k queries in one batch need a 2-D grid of workgroups (more than 65535 in x).
+    // Pairs are known: every position appears twice, neighbours are 1 apart (eps 0.5).
+    let engine = setup();
+    let n = 600_000usize;
+    let x: Vec<f32> = (0..n).map(|i| (i / 2) as f32).collect();
+    let data = Dataset::from_f32(&x, 1).unwrap();
+    let mut o = gpu(0.5, Metric::Euclidean, Algorithm::Grid);
+    o.batch_points = Some(n);
+    let got = engine.self_join(&data, &o).unwrap();
+    let want: Vec<Pair> = (0..n as u32 / 2).map(|p| [2 * p, 2 * p + 1]).collect();
+    assert_eq!(got.pairs().unwrap(), &want[..]);
+    assert_eq!(got.report.batches, 1);
+    assert_no_validation_errors();
+}
