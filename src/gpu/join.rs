@@ -336,159 +336,17 @@ fn run_typed<T: Coord>(
     let window = T::from_f64(T::from_f64(eps).to_f64() * (1.0 + WINDOW_WIDEN));
     let mut times = Times::default();
 
-    // Indexed set R and query set Q. A ⋈ B indexes the smaller set (pairs swapped back).
-    let (data, n_cells, nq, flags, k_spec, sort_dim) = match algorithm {
-        Algorithm::Grid => {
-            let (r, q, swap) = match job.b {
-                None => (job.a, job.a, false),
-                Some(b) if b.len() <= job.a.len() => (b, job.a, false),
-                Some(b) => (job.a, b, true),
-            };
-            let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
-            if let Some(k) = opts.indexed_dims {
-                if k > plan.geom.k() {
-                    report
-                        .notes
-                        .push(format!("indexed_dims {k} reduced to {}", plan.geom.k()));
-                }
-            }
-            report.notes.push(format!(
-                "grid: k = {} indexed dims {:?}{}, SORTIDU on dim {:?}",
-                plan.geom.k(),
-                plan.geom.dims,
-                if plan.costs.is_empty() {
-                    " (forced)"
-                } else {
-                    " (cost model)"
-                },
-                plan.sort_dim
-            ));
-            if !plan.costs.is_empty() {
-                let costs: Vec<String> = plan
-                    .costs
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "k={}: {} cells, {:.3e} ops",
-                            c.k,
-                            c.nonempty_cells,
-                            c.total()
-                        )
-                    })
-                    .collect();
-                report.notes.push(format!(
-                    "cost model (search + compare memory ops): {}",
-                    costs.join("; ")
-                ));
-            }
-            // REORDER in the distance test pays when the variance order is not the dataset's.
-            let share = plan.top_quarter_share;
-            let reorder = variance_order_helps(&plan.variance_order, share);
-            let variance_order = plan.variance_order;
-            let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
-            report.notes.push(format!(
-                "grid: {} non-empty cells over {} points",
-                idx.cell_keys.len(),
-                r.len()
-            ));
-            let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
-            let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
-            meta.extend_from_slice(&idx.mask_offsets);
-            meta.extend(variance_order.iter().map(|&j| j as u32));
-            meta.extend_from_slice(&idx.mask_coords);
-            let (q_order, q_cells) = if self_join {
-                (None, idx.query_cells(&r, &idx.order))
-            } else {
-                // Queries sorted by cell too: neighbouring threads search the same cells.
-                let mut order: Vec<u32> = (0..q.len() as u32).collect();
-                let cells = idx.query_cells(&q, &order);
-                let key = |p: u32| {
-                    idx.geom.linear_id(
-                        &cells[p as usize * idx.k()..(p as usize + 1) * idx.k()]
-                            .iter()
-                            .map(|&c| c as u64)
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                let keys: Vec<u64> = order.iter().map(|&p| key(p)).collect();
-                order.sort_by_key(|&p| (keys[p as usize], p));
-                let sorted_cells = idx.query_cells(&q, &order);
-                (Some(order), sorted_cells)
-            };
-            let t_up = Instant::now();
-            let data = DeviceData {
-                r_coords: upload(ctx, &r_sorted, "indexed points")?,
-                q_coords: match &q_order {
-                    Some(o) => Some(upload(
-                        ctx,
-                        &gather(coords_of::<T>(&q), dim, o),
-                        "query points",
-                    )?),
-                    None => None,
-                },
-                cell_keys: upload(ctx, &idx.cell_keys, "cell ids (B)")?,
-                cell_ranges: upload(ctx, &idx.cell_ranges, "cell ranges (G)")?,
-                r_ids: upload(ctx, &idx.order, "point lookup (A)")?,
-                q_ids: match &q_order {
-                    Some(o) => Some(upload(ctx, o, "query ids")?),
-                    None => None,
-                },
-                q_cells: Some(upload(ctx, &q_cells, "query cells")?),
-                meta: upload(ctx, &meta, "grid masks (M)")?,
-            };
-            times.upload += t_up.elapsed().as_secs_f64();
-            let mut flags = if self_join { FLAG_SELF } else { 0 } | FLAG_SORTIDU;
-            if reorder {
-                flags |= FLAG_REORDER;
-                report
-                    .notes
-                    .push("REORDER: distance rejected in variance order first".into());
-            } else {
-                report.notes.push(format!(
-                    "REORDER: distance in dataset order (top quarter of dims holds {:.0}% of the variance)",
-                    100.0 * share
-                ));
-            }
-            if swap {
-                flags |= FLAG_SWAP;
-            }
-            (
-                data,
-                idx.cell_keys.len() as u32,
-                q.len(),
-                flags,
-                idx.k() as u32,
-                idx.sort_dim.unwrap_or(0) as u32,
-            )
-        }
-        _ => {
-            // Brute force: R = B (or A), Q = A, original order, ids are positions.
-            let r = job.b.unwrap_or(job.a);
-            let t_up = Instant::now();
-            let dummy = [0u32];
-            let data = DeviceData {
-                r_coords: upload(ctx, coords_of::<T>(&r), "points")?,
-                q_coords: match job.b {
-                    Some(_) => Some(upload(ctx, coords_of::<T>(&job.a), "query points")?),
-                    None => None,
-                },
-                cell_keys: upload(ctx, &dummy, "unused")?,
-                cell_ranges: upload(ctx, &dummy, "unused")?,
-                r_ids: upload(ctx, &dummy, "unused")?,
-                q_ids: None,
-                q_cells: None,
-                meta: upload(ctx, &dummy, "unused")?,
-            };
-            times.upload += t_up.elapsed().as_secs_f64();
-            (
-                data,
-                r.len() as u32,
-                na,
-                if self_join { FLAG_SELF } else { 0 },
-                1,
-                0,
-            )
-        }
+    // Indexed set R and query set Q on the device.
+    let Prepared {
+        data,
+        n_cells,
+        nq,
+        flags,
+        k: k_spec,
+        sort_dim,
+    } = match algorithm {
+        Algorithm::Grid => prepare_grid::<T>(ctx, job, &mut report, &mut times)?,
+        _ => prepare_brute::<T>(ctx, job, &mut times)?,
     };
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
 
@@ -748,6 +606,180 @@ fn run_typed<T: Coord>(
     }
 
     Ok(report)
+}
+
+/// The device data of one join and the kernel parameters that come with it.
+struct Prepared {
+    data: DeviceData,
+    /// Non-empty cells (grid) or indexed points (brute force).
+    n_cells: u32,
+    /// Query points.
+    nq: usize,
+    flags: u32,
+    /// Indexed dimensions (spec constant K).
+    k: u32,
+    sort_dim: u32,
+}
+
+/// Grid: plans and builds the index over R (A ⋈ B indexes the smaller set; pairs are
+/// swapped back), sorts the queries by cell, and uploads everything.
+fn prepare_grid<T: Coord>(
+    ctx: &Arc<Context>,
+    job: &Job,
+    report: &mut JoinReport,
+    times: &mut Times,
+) -> Result<Prepared> {
+    let (opts, dim, eps, self_join) = (job.opts, job.a.dim(), job.opts.eps, job.b.is_none());
+    let (r, q, swap) = match job.b {
+        None => (job.a, job.a, false),
+        Some(b) if b.len() <= job.a.len() => (b, job.a, false),
+        Some(b) => (job.a, b, true),
+    };
+    let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
+    if let Some(k) = opts.indexed_dims {
+        if k > plan.geom.k() {
+            report
+                .notes
+                .push(format!("indexed_dims {k} reduced to {}", plan.geom.k()));
+        }
+    }
+    report.notes.push(format!(
+        "grid: k = {} indexed dims {:?}{}, SORTIDU on dim {:?}",
+        plan.geom.k(),
+        plan.geom.dims,
+        if plan.costs.is_empty() {
+            " (forced)"
+        } else {
+            " (cost model)"
+        },
+        plan.sort_dim
+    ));
+    if !plan.costs.is_empty() {
+        let costs: Vec<String> = plan
+            .costs
+            .iter()
+            .map(|c| {
+                format!(
+                    "k={}: {} cells, {:.3e} ops",
+                    c.k,
+                    c.nonempty_cells,
+                    c.total()
+                )
+            })
+            .collect();
+        report.notes.push(format!(
+            "cost model (search + compare memory ops): {}",
+            costs.join("; ")
+        ));
+    }
+    // REORDER in the distance test pays when the variance order is not the dataset's.
+    let share = plan.top_quarter_share;
+    let reorder = variance_order_helps(&plan.variance_order, share);
+    let variance_order = plan.variance_order;
+    let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
+    report.notes.push(format!(
+        "grid: {} non-empty cells over {} points",
+        idx.cell_keys.len(),
+        r.len()
+    ));
+    let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
+    let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
+    meta.extend_from_slice(&idx.mask_offsets);
+    meta.extend(variance_order.iter().map(|&j| j as u32));
+    meta.extend_from_slice(&idx.mask_coords);
+    let (q_order, q_cells) = if self_join {
+        (None, idx.query_cells(&r, &idx.order))
+    } else {
+        // Queries sorted by cell too: neighbouring threads search the same cells.
+        let mut order: Vec<u32> = (0..q.len() as u32).collect();
+        let cells = idx.query_cells(&q, &order);
+        let key = |p: u32| {
+            idx.geom.linear_id(
+                &cells[p as usize * idx.k()..(p as usize + 1) * idx.k()]
+                    .iter()
+                    .map(|&c| c as u64)
+                    .collect::<Vec<_>>(),
+            )
+        };
+        let keys: Vec<u64> = order.iter().map(|&p| key(p)).collect();
+        order.sort_by_key(|&p| (keys[p as usize], p));
+        let sorted_cells = idx.query_cells(&q, &order);
+        (Some(order), sorted_cells)
+    };
+    let t_up = Instant::now();
+    let data = DeviceData {
+        r_coords: upload(ctx, &r_sorted, "indexed points")?,
+        q_coords: match &q_order {
+            Some(o) => Some(upload(
+                ctx,
+                &gather(coords_of::<T>(&q), dim, o),
+                "query points",
+            )?),
+            None => None,
+        },
+        cell_keys: upload(ctx, &idx.cell_keys, "cell ids (B)")?,
+        cell_ranges: upload(ctx, &idx.cell_ranges, "cell ranges (G)")?,
+        r_ids: upload(ctx, &idx.order, "point lookup (A)")?,
+        q_ids: match &q_order {
+            Some(o) => Some(upload(ctx, o, "query ids")?),
+            None => None,
+        },
+        q_cells: Some(upload(ctx, &q_cells, "query cells")?),
+        meta: upload(ctx, &meta, "grid masks (M)")?,
+    };
+    times.upload += t_up.elapsed().as_secs_f64();
+    let mut flags = if self_join { FLAG_SELF } else { 0 } | FLAG_SORTIDU;
+    if reorder {
+        flags |= FLAG_REORDER;
+        report
+            .notes
+            .push("REORDER: distance rejected in variance order first".into());
+    } else {
+        report.notes.push(format!(
+            "REORDER: distance in dataset order (top quarter of dims holds {:.0}% of the variance)",
+            100.0 * share
+        ));
+    }
+    if swap {
+        flags |= FLAG_SWAP;
+    }
+    Ok(Prepared {
+        data,
+        n_cells: idx.cell_keys.len() as u32,
+        nq: q.len(),
+        flags,
+        k: idx.k() as u32,
+        sort_dim: idx.sort_dim.unwrap_or(0) as u32,
+    })
+}
+
+/// Brute force: R = B (or A), Q = A, in input order; ids are positions.
+fn prepare_brute<T: Coord>(ctx: &Arc<Context>, job: &Job, times: &mut Times) -> Result<Prepared> {
+    let r = job.b.unwrap_or(job.a);
+    let t_up = Instant::now();
+    let dummy = [0u32];
+    let data = DeviceData {
+        r_coords: upload(ctx, coords_of::<T>(&r), "points")?,
+        q_coords: match job.b {
+            Some(_) => Some(upload(ctx, coords_of::<T>(&job.a), "query points")?),
+            None => None,
+        },
+        cell_keys: upload(ctx, &dummy, "unused")?,
+        cell_ranges: upload(ctx, &dummy, "unused")?,
+        r_ids: upload(ctx, &dummy, "unused")?,
+        q_ids: None,
+        q_cells: None,
+        meta: upload(ctx, &dummy, "unused")?,
+    };
+    times.upload += t_up.elapsed().as_secs_f64();
+    Ok(Prepared {
+        data,
+        n_cells: r.len() as u32,
+        nq: job.a.len(),
+        flags: if job.b.is_none() { FLAG_SELF } else { 0 },
+        k: 1,
+        sort_dim: 0,
+    })
 }
 
 /// Whether rejecting in variance order first is worth a second (canonical) pass on the
