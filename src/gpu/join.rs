@@ -693,17 +693,22 @@ fn prepare_grid<T: Coord>(
         // Queries sorted by cell too: neighbouring threads search the same cells.
         let mut order: Vec<u32> = (0..q.len() as u32).collect();
         let cells = idx.query_cells(&q, &order);
-        let key = |p: u32| {
-            idx.geom.linear_id(
-                &cells[p as usize * idx.k()..(p as usize + 1) * idx.k()]
-                    .iter()
-                    .map(|&c| c as u64)
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let keys: Vec<u64> = order.iter().map(|&p| key(p)).collect();
-        order.sort_by_key(|&p| (keys[p as usize], p));
-        let sorted_cells = idx.query_cells(&q, &order);
+        let k = idx.k().max(1);
+        // Linear ids of the query cells (the same row-major order as GridGeometry's).
+        let keys: Vec<u64> = cells
+            .chunks(k)
+            .map(|c| {
+                c.iter()
+                    .zip(&idx.geom.cells)
+                    .fold(0u64, |id, (&x, &n)| id * n + x as u64)
+            })
+            .collect();
+        order.sort_unstable_by_key(|&p| (keys[p as usize], p));
+        let sorted_cells: Vec<u32> = order
+            .iter()
+            .flat_map(|&p| &cells[p as usize * k..(p as usize + 1) * k])
+            .copied()
+            .collect();
         (Some(order), sorted_cells)
     };
     let t_up = Instant::now();
