@@ -230,14 +230,17 @@ fn new_slot(
     })
 }
 
-/// Result-buffer capacity: the user's, else the default within the binding limit; halved
-/// on device out-of-memory down to MIN_RESULT_PAIRS.
+/// The three slots. Result-buffer capacity: the user's, else the default within the binding
+/// limit. On device out-of-memory, the result buffers and the batch size (query states)
+/// are halved, down to MIN_RESULT_PAIRS pairs and `min_points` queries, before giving up.
+/// Returns the slots, the capacity and the most queries per batch.
 fn make_slots(
     ctx: &Arc<Context>,
     requested: Option<usize>,
-    max_points: usize,
+    mut max_points: usize,
+    min_points: usize,
     counting: bool,
-) -> Result<(Vec<Slot>, u32)> {
+) -> Result<(Vec<Slot>, u32, usize)> {
     let limit_pairs = ctx.limits().max_storage_buffer_range / 8;
     let mut capacity = match requested {
         Some(c) => (c as u64).min(limit_pairs),
@@ -250,9 +253,13 @@ fn make_slots(
             .map(|i| new_slot(ctx, i, capacity, max_points, counting))
             .collect::<Result<Vec<_>>>()
         {
-            Ok(slots) => return Ok((slots, capacity as u32)),
-            Err(e) if e.kind() == ErrorKind::OutOfDeviceMemory && capacity > MIN_RESULT_PAIRS => {
-                capacity /= 2;
+            Ok(slots) => return Ok((slots, capacity as u32, max_points)),
+            Err(e)
+                if e.kind() == ErrorKind::OutOfDeviceMemory
+                    && (capacity > MIN_RESULT_PAIRS || max_points > min_points) =>
+            {
+                capacity = (capacity / 2).max(MIN_RESULT_PAIRS.min(capacity));
+                max_points = (max_points / 2).max(min_points);
             }
             Err(e) => return Err(e),
         }
@@ -402,7 +409,13 @@ fn run_typed<T: Coord>(
     // Declared before the slots: in-flight work (waited for when slots drop) writes it.
     let timer = GpuTimer::new(ctx, 2 * SLOTS as u32).ok();
     times.gpu_search = timer.as_ref().map(|_| 0.0);
-    let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
+    let (mut slots, capacity, max_points) = make_slots(
+        ctx,
+        opts.result_buffer_pairs,
+        max_points,
+        n_samples,
+        counting,
+    )?;
     let thr_reject = reject_threshold(thr, dim);
     let run = Run {
         kernel,
