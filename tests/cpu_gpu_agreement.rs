@@ -14,7 +14,13 @@ fn engine() -> &'static Engine {
     E.get_or_init(Engine::new)
 }
 
-fn run(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions, backend: Backend, alg: Algorithm) -> Vec<Pair> {
+fn run(
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &JoinOptions,
+    backend: Backend,
+    alg: Algorithm,
+) -> Vec<Pair> {
     let mut o = opts.clone();
     o.backend = backend;
     o.algorithm = alg;
@@ -59,21 +65,46 @@ fn points(seed: u64, n: usize, dim: usize, kind: u8, eps: f64) -> Vec<f64> {
     v
 }
 
-fn check(seed: u64, n: usize, m: usize, dim: usize, kind: u8, eps: f64, metric: Metric, f64_coords: bool, self_join: bool) {
+fn check(
+    seed: u64,
+    n: usize,
+    m: usize,
+    dim: usize,
+    kind: u8,
+    eps: f64,
+    metric: Metric,
+    f64_coords: bool,
+    self_join: bool,
+) {
     let xa = points(seed, n, dim, kind, eps);
     let xb = points(seed ^ 0xabcdef, m, dim, kind, eps);
-    let (a32, b32): (Vec<f32>, Vec<f32>) = (xa.iter().map(|&x| x as f32).collect(), xb.iter().map(|&x| x as f32).collect());
+    let (a32, b32): (Vec<f32>, Vec<f32>) = (
+        xa.iter().map(|&x| x as f32).collect(),
+        xb.iter().map(|&x| x as f32).collect(),
+    );
     let (a, b) = if f64_coords {
-        (Dataset::from_f64(&xa, dim).unwrap(), Dataset::from_f64(&xb, dim).unwrap())
+        (
+            Dataset::from_f64(&xa, dim).unwrap(),
+            Dataset::from_f64(&xb, dim).unwrap(),
+        )
     } else {
-        (Dataset::from_f32(&a32, dim).unwrap(), Dataset::from_f32(&b32, dim).unwrap())
+        (
+            Dataset::from_f32(&a32, dim).unwrap(),
+            Dataset::from_f32(&b32, dim).unwrap(),
+        )
     };
     let mut opts = JoinOptions::new(eps);
     opts.metric = metric;
     let b = if self_join { None } else { Some(&b) };
     let cpu = run(&a, b, &opts, Backend::Cpu, Algorithm::Auto);
     let gpu = run(&a, b, &opts, Backend::Gpu, Algorithm::Grid);
-    assert_eq!(cpu.len(), gpu.len(), "pair counts differ (cpu {}, gpu {})", cpu.len(), gpu.len());
+    assert_eq!(
+        cpu.len(),
+        gpu.len(),
+        "pair counts differ (cpu {}, gpu {})",
+        cpu.len(),
+        gpu.len()
+    );
     assert_eq!(cpu, gpu);
     common::assert_no_validation_errors();
 }
