@@ -149,3 +149,15 @@ pub(crate) fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
     let margin = crate::metric::reject_margin::<T>(dim);
     T::from_f64(thr.to_f64() * (1.0 + 2.0 * margin))
 }
+
+/// Whether the AVX2 variants of the kernels may run (checked once per join).
+pub(crate) fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::env::var_os("SIMJOIN_NO_AVX2").is_none() && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
