@@ -488,7 +488,6 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     } else {
         plan_pair::<T, M>(&ctx, 0, 0, grain, &mut tasks);
     }
-    eprintln!("tasks {}", tasks.len());
     tasks.par_iter().with_max_len(1).for_each(|task| {
         let mut em = out.emitter();
         let mut q = Scratch::new(dim);
@@ -497,8 +496,4 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
             Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
         }
     });
-    eprintln!("stats {:?}", STATS);
 }
-
-pub(crate) static STATS: [std::sync::atomic::AtomicU64; 3] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 3];

@@ -52,6 +52,8 @@ impl<T: Coord> GridIndex<T> {
         let total = geom
             .total_cells()
             .expect("grid plans keep linear cell ids in u64");
+        let mut cell_ids = Vec::new();
+        let mut cell_start = Vec::new();
         let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
             // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
             let mut start = vec![0u32; total as usize + 1];
@@ -59,6 +61,10 @@ impl<T: Coord> GridIndex<T> {
                 start[k as usize + 1] += 1;
             }
             for c in 0..total as usize {
+                if start[c + 1] > 0 {
+                    cell_ids.push(c as u64);
+                    cell_start.push(start[c] as usize);
+                }
                 start[c + 1] += start[c];
             }
             let mut next = start.clone();
@@ -75,17 +81,14 @@ impl<T: Coord> GridIndex<T> {
                 .map(|(i, &k)| (k, i as u32))
                 .collect();
             pairs.par_sort_unstable();
+            for (s, &(id, _)) in pairs.iter().enumerate() {
+                if cell_ids.last() != Some(&id) {
+                    cell_ids.push(id);
+                    cell_start.push(s);
+                }
+            }
             (pairs.into_iter().map(|(_, i)| i).collect(), None)
         };
-        let mut cell_ids = Vec::new();
-        let mut cell_start = Vec::new();
-        for (s, &i) in order.iter().enumerate() {
-            let id = keys[i as usize];
-            if cell_ids.last() != Some(&id) {
-                cell_ids.push(id);
-                cell_start.push(s);
-            }
-        }
         cell_start.push(n);
         let dims: Vec<usize> = (0..dim).collect();
         GridIndex {
@@ -228,7 +231,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
                 };
                 continue;
             }
-            query_cell::<T, M>(
+            query_cell_sized::<T, M>(
                 qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
             );
         }
@@ -258,7 +261,71 @@ unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
-    query_cell::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+    query_cell_sized::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+}
+
+/// `query_cell` with the query in a fixed-size array for 1-4 dimensions, so that the
+/// kernel's dimension loop is unrolled.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_cell_sized<T: Coord, M: MetricKind>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    match q.len() {
+        1 => query_cell::<T, M>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 1],
+        ),
+        2 => query_cell::<T, M>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 2],
+        ),
+        3 => query_cell::<T, M>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 3],
+        ),
+        4 => query_cell::<T, M>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 4],
+        ),
+        _ => query_cell::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+    }
 }
 
 /// Scans the neighbour ranges for every query point of one work item.

@@ -38,6 +38,17 @@ fn load<T: Coord>(cols: &[T], at: usize) -> [T; LANES] {
     unsafe { *(cols.as_ptr().add(at) as *const [T; LANES]) }
 }
 
+/// The columns' base pointer, shared by the gather's workers (which write disjoint slots).
+struct ColumnsPtr<T>(*mut T);
+unsafe impl<T: Send> Send for ColumnsPtr<T> {}
+unsafe impl<T: Send> Sync for ColumnsPtr<T> {}
+impl<T> ColumnsPtr<T> {
+    /// Caller guarantees `at` is in bounds and no other worker touches it.
+    unsafe fn at(&self, at: usize) -> *mut T {
+        self.0.add(at)
+    }
+}
+
 /// Points in a chosen order ("slots"), column-major, with their original ids.
 pub(crate) struct Store<T> {
     pub n: usize,
@@ -56,11 +67,18 @@ impl<T: Coord> Store<T> {
         let n = order.len();
         let stride = n + LANES;
         let mut cols = vec![T::ZERO; stride * dims.len()];
-        cols.par_chunks_mut(stride)
-            .zip(dims.par_iter())
-            .for_each(|(col, &j)| {
-                for (dst, &i) in col.iter_mut().zip(&order) {
-                    *dst = data[i as usize * dim + j];
+        // One pass over the points (each row read once, in slot order), writing every column.
+        let out = ColumnsPtr(cols.as_mut_ptr());
+        order
+            .par_iter()
+            .enumerate()
+            .with_min_len(4096)
+            .for_each(|(s, &i)| {
+                let row = &data[i as usize * dim..(i as usize + 1) * dim];
+                for (c, &j) in dims.iter().enumerate() {
+                    // SAFETY: slot s < n of column c < dims.len() is inside `cols`, and each
+                    // (c, s) is written by exactly one iteration.
+                    unsafe { *out.at(c * stride + s) = row[j] };
                 }
             });
         Store {
