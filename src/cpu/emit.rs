@@ -2,6 +2,7 @@
 //! hands it to the sink in large chunks (one short lock per chunk, none per pair).
 //! Count-only runs (no sink) only count.
 
+use super::store::LANES;
 use crate::error::Error;
 use crate::result::{sink_error, Pair, PairSink};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,9 +90,34 @@ impl Emitter<'_, '_> {
         }
     }
 
+    /// Pushes the pairs `pair_of(l)` for the set bits l of `mask` (l < LANES) without a
+    /// branch per pair: every lane is written, and the end advances only past hits.
+    /// `pair_of` is called for every lane, so it must accept lanes whose bit is clear.
+    #[inline(always)]
+    pub fn push_mask(&mut self, mask: u32, mut pair_of: impl FnMut(usize) -> Pair) {
+        let hits = mask.count_ones() as usize;
+        self.count += hits as u64;
+        if !self.collect {
+            return;
+        }
+        if self.buf.capacity() - self.buf.len() < LANES {
+            self.grow_or_flush();
+        }
+        let len = self.buf.len();
+        let spare = &mut self.buf.spare_capacity_mut()[..LANES];
+        let mut k = 0;
+        for l in 0..LANES {
+            spare[k].write(pair_of(l));
+            k += ((mask >> l) & 1) as usize;
+        }
+        debug_assert_eq!(k, hits);
+        // SAFETY: the first `hits` spare entries were written above.
+        unsafe { self.buf.set_len(len + hits) };
+    }
+
     #[cold]
     fn grow_or_flush(&mut self) {
-        if self.buf.len() >= CHUNK_PAIRS {
+        if self.buf.len() + LANES > CHUNK_PAIRS {
             self.flush();
         } else {
             self.buf

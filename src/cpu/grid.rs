@@ -9,7 +9,7 @@
 //! the query point.
 
 use super::emit::{Collector, Emitter};
-use super::store::{avx2_available, scan, MetricKind, Store};
+use super::store::{avx2_available, scan_blocks, MetricKind, Store};
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -342,24 +342,27 @@ fn query_cell<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
+    // Lanes past the end of the data are masked out; their (unused) ids are clamped.
+    let ids = &idx.store.ids;
+    let last = ids.len().saturating_sub(1);
     for s in span.s0..span.s1 {
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
         if self_join {
-            scan::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |t| {
-                let tid = idx.store.ids[t];
-                em.push(qid.min(tid), qid.max(tid));
-            });
+            let mut emit = |b: usize, mask: u32| {
+                em.push_mask(mask, |l| {
+                    let tid = ids[(b + l).min(last)];
+                    [qid.min(tid), qid.max(tid)]
+                })
+            };
+            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, &mut emit);
             for &(lo, hi) in ranges {
-                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
-                    let tid = idx.store.ids[t];
-                    em.push(qid.min(tid), qid.max(tid));
-                });
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, &mut emit);
             }
         } else {
             for &(lo, hi) in ranges {
-                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
-                    em.push(qid, idx.store.ids[t])
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    em.push_mask(mask, |l| [qid, ids[(b + l).min(last)]])
                 });
             }
         }

@@ -124,6 +124,22 @@ pub(crate) fn scan<T: Coord, M: MetricKind>(
     scan_cols::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
 }
 
+/// `scan` reporting whole blocks (see `scan_cols_blocks`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    hit: impl FnMut(usize, u32),
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols_blocks::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
 /// `scan` over any column-major block: column c of slot s at `cols[c * stride + s]`,
 /// readable up to slot `hi + LANES` in every column.
 #[inline(always)]
@@ -137,6 +153,28 @@ pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
     thr: T,
     early: bool,
     mut hit: impl FnMut(usize),
+) {
+    scan_cols_blocks::<T, M>(q, cols, stride, lo, hi, thr, early, |s, mut mask| {
+        while mask != 0 {
+            hit(s + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+    })
+}
+
+/// `scan_cols` reporting whole blocks: `hit(s, mask)` for the matches among slots
+/// `s..s + LANES` (bit l of `mask` is slot s + l; only slots below `hi` are set).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_cols_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize, u32),
 ) {
     let dim = q.len();
     // Every load below reads column c < dim at slots < hi + LANES <= stride.
@@ -167,9 +205,8 @@ pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
         if s + LANES > hi {
             mask &= (1u32 << (hi - s)) - 1;
         }
-        while mask != 0 {
-            hit(s + mask.trailing_zeros() as usize);
-            mask &= mask - 1;
+        if mask != 0 {
+            hit(s, mask);
         }
         s += LANES;
     }
