@@ -162,7 +162,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let k = geom.k();
     let lead = k - 1;
     let (offsets, zero_row) = row_offsets(k, self_join);
-    let rows = if lead == 0 { 1 } else { offsets.len() / lead };
+    let rows = offsets.len().checked_div(lead).unwrap_or(1);
     let last = k - 1;
     let last_cells = geom.cells[last];
     // Work items: (cell, first slot, end slot) with at most ITEM_POINTS query points.
@@ -179,63 +179,69 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let early = dim > 4;
     let per_task = (items.len() / (threads * 64)).max(1);
     let avx2 = avx2_available();
-    items.par_chunks(per_task).for_each(|chunk| {
-        let mut em = out.emitter();
-        let mut q = vec![T::ZERO; dim];
-        let mut cell = vec![0u64; k];
-        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(rows);
-        let mut own_row_range = (0usize, 0usize);
-        for &(c, s0, s1) in chunk {
-            if em.stopped() {
-                return;
-            }
-            decode(geom, qidx.cell_ids[c as usize], &mut cell);
-            ranges.clear();
-            let x = cell[last];
-            let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
-            'rows: for r in 0..rows {
-                // Linear id of (cell[..lead] + offset, 0).
-                let mut base = 0u64;
-                for a in 0..lead {
-                    let v = cell[a] as i64 + offsets[r * lead + a];
-                    if v < 0 || v as u64 >= geom.cells[a] {
-                        continue 'rows;
+    // Buffers live per rayon job (not per chunk), so output buffers are reused.
+    let scratch = || {
+        let em = out.emitter();
+        (
+            em,
+            vec![T::ZERO; dim],
+            vec![0u64; k],
+            Vec::<(usize, usize)>::with_capacity(rows),
+        )
+    };
+    items
+        .par_chunks(per_task)
+        .for_each_init(scratch, |(em, q, cell, ranges), chunk| {
+            let mut own_row_range = (0usize, 0usize);
+            for &(c, s0, s1) in chunk {
+                if em.stopped() {
+                    return;
+                }
+                decode(geom, qidx.cell_ids[c as usize], cell);
+                ranges.clear();
+                let x = cell[last];
+                let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
+                'rows: for r in 0..rows {
+                    // Linear id of (cell[..lead] + offset, 0).
+                    let mut base = 0u64;
+                    for a in 0..lead {
+                        let v = cell[a] as i64 + offsets[r * lead + a];
+                        if v < 0 || v as u64 >= geom.cells[a] {
+                            continue 'rows;
+                        }
+                        base = base * geom.cells[a] + v as u64;
                     }
-                    base = base * geom.cells[a] + v as u64;
+                    base *= last_cells;
+                    let range = if self_join && r == zero_row {
+                        // Own row: this cell and the next one along the last dimension.
+                        idx.slots(base + x, base + x_hi)
+                    } else {
+                        idx.slots(base + x_lo, base + x_hi)
+                    };
+                    if self_join && r == zero_row {
+                        own_row_range = range;
+                    } else if range.0 < range.1 {
+                        ranges.push(range);
+                    }
                 }
-                base *= last_cells;
-                let range = if self_join && r == zero_row {
-                    // Own row: this cell and the next one along the last dimension.
-                    idx.slots(base + x, base + x_hi)
-                } else {
-                    idx.slots(base + x_lo, base + x_hi)
+                let span = Span {
+                    s0: s0 as usize,
+                    s1: s1 as usize,
+                    own_end: own_row_range.1,
                 };
-                if self_join && r == zero_row {
-                    own_row_range = range;
-                } else if range.0 < range.1 {
-                    ranges.push(range);
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: avx2 was detected at run time.
+                    unsafe {
+                        query_cell_avx2::<T, M>(
+                            qidx, idx, span, ranges, self_join, thr, early, em, q,
+                        )
+                    };
+                    continue;
                 }
+                query_cell_sized::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q);
             }
-            let span = Span {
-                s0: s0 as usize,
-                s1: s1 as usize,
-                own_end: own_row_range.1,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: avx2 was detected at run time.
-                unsafe {
-                    query_cell_avx2::<T, M>(
-                        qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
-                    )
-                };
-                continue;
-            }
-            query_cell_sized::<T, M>(
-                qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
-            );
-        }
-    });
+        });
     Ok(())
 }
 
@@ -349,15 +355,13 @@ fn query_cell<T: Coord, M: MetricKind>(
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
         if self_join {
-            let mut emit = |b: usize, mask: u32| {
-                em.push_mask(mask, |l| {
-                    let tid = ids[(b + l).min(last)];
-                    [qid.min(tid), qid.max(tid)]
-                })
-            };
-            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, &mut emit);
+            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
+                emit_unique(em, ids, last, qid, b, mask)
+            });
             for &(lo, hi) in ranges {
-                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, &mut emit);
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    emit_unique(em, ids, last, qid, b, mask)
+                });
             }
         } else {
             for &(lo, hi) in ranges {
@@ -367,4 +371,13 @@ fn query_cell<T: Coord, M: MetricKind>(
             }
         }
     }
+}
+
+/// Self-join pairs of query `qid` with the block of slots `b..b + LANES` set in `mask`.
+#[inline(always)]
+fn emit_unique(em: &mut Emitter, ids: &[u32], last: usize, qid: u32, b: usize, mask: u32) {
+    em.push_mask(mask, |l| {
+        let tid = ids[(b + l).min(last)];
+        [qid.min(tid), qid.max(tid)]
+    })
 }
