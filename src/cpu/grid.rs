@@ -9,7 +9,7 @@
 //! the query point.
 
 use super::emit::{Collector, Emitter};
-use super::store::{avx2_available, scan_blocks, MetricKind, Store};
+use super::store::{avx2_available, scan_blocks, MetricKind, Store, LANES};
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -239,7 +239,9 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
                     };
                     continue;
                 }
-                query_cell_sized::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q);
+                query_cell_sized::<T, M, false>(
+                    qidx, idx, span, ranges, self_join, thr, early, em, q,
+                );
             }
         });
     Ok(())
@@ -267,14 +269,14 @@ unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
-    query_cell_sized::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+    query_cell_sized::<T, M, true>(qidx, idx, span, ranges, self_join, thr, early, em, q)
 }
 
 /// `query_cell` with the query in a fixed-size array for 1-4 dimensions, so that the
 /// kernel's dimension loop is unrolled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell_sized<T: Coord, M: MetricKind>(
+fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -286,7 +288,7 @@ fn query_cell_sized<T: Coord, M: MetricKind>(
     q: &mut [T],
 ) {
     match q.len() {
-        1 => query_cell::<T, M>(
+        1 => query_cell::<T, M, AVX>(
             qidx,
             idx,
             span,
@@ -297,7 +299,7 @@ fn query_cell_sized<T: Coord, M: MetricKind>(
             em,
             &mut [T::ZERO; 1],
         ),
-        2 => query_cell::<T, M>(
+        2 => query_cell::<T, M, AVX>(
             qidx,
             idx,
             span,
@@ -308,7 +310,7 @@ fn query_cell_sized<T: Coord, M: MetricKind>(
             em,
             &mut [T::ZERO; 2],
         ),
-        3 => query_cell::<T, M>(
+        3 => query_cell::<T, M, AVX>(
             qidx,
             idx,
             span,
@@ -319,7 +321,7 @@ fn query_cell_sized<T: Coord, M: MetricKind>(
             em,
             &mut [T::ZERO; 3],
         ),
-        4 => query_cell::<T, M>(
+        4 => query_cell::<T, M, AVX>(
             qidx,
             idx,
             span,
@@ -330,14 +332,14 @@ fn query_cell_sized<T: Coord, M: MetricKind>(
             em,
             &mut [T::ZERO; 4],
         ),
-        _ => query_cell::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+        _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
     }
 }
 
 /// Scans the neighbour ranges for every query point of one work item.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell<T: Coord, M: MetricKind>(
+fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -348,36 +350,54 @@ fn query_cell<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
-    // Lanes past the end of the data are masked out; their (unused) ids are clamped.
     let ids = &idx.store.ids;
-    let last = ids.len().saturating_sub(1);
     for s in span.s0..span.s1 {
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
         if self_join {
             scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
-                emit_unique(em, ids, last, qid, b, mask)
+                emit_block::<AVX>(em, ids, qid, b, mask, true)
             });
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    emit_unique(em, ids, last, qid, b, mask)
+                    emit_block::<AVX>(em, ids, qid, b, mask, true)
                 });
             }
         } else {
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    em.push_mask(mask, |l| [qid, ids[(b + l).min(last)]])
+                    emit_block::<AVX>(em, ids, qid, b, mask, false)
                 });
             }
         }
     }
 }
 
-/// Self-join pairs of query `qid` with the block of slots `b..b + LANES` set in `mask`.
+/// Pairs of query `qid` with the slots `b + l` for the set bits l of `mask`: `[min, max]`
+/// of the ids when `unique` (self-join), else `[qid, id]`. `ids` is padded by LANES.
 #[inline(always)]
-fn emit_unique(em: &mut Emitter, ids: &[u32], last: usize, qid: u32, b: usize, mask: u32) {
+fn emit_block<const AVX: bool>(
+    em: &mut Emitter,
+    ids: &[u32],
+    qid: u32,
+    b: usize,
+    mask: u32,
+    unique: bool,
+) {
+    let ids = &ids[b..b + LANES];
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+        // LANES values.
+        unsafe { em.push_mask_ids_avx2(mask, ids.as_ptr(), qid, unique) };
+        return;
+    }
     em.push_mask(mask, |l| {
-        let tid = ids[(b + l).min(last)];
-        [qid.min(tid), qid.max(tid)]
+        let id = ids[l];
+        if unique {
+            [qid.min(id), qid.max(id)]
+        } else {
+            [qid, id]
+        }
     })
 }

@@ -56,7 +56,7 @@ pub(crate) struct Store<T> {
     /// Column length: n plus LANES of padding so a kernel step may read past the end.
     stride: usize,
     cols: Vec<T>,
-    /// Original point id of each slot.
+    /// Original point id of each slot (then LANES of padding).
     pub ids: Vec<u32>,
 }
 
@@ -81,12 +81,15 @@ impl<T: Coord> Store<T> {
                     unsafe { *out.at(c * stride + s) = row[j] };
                 }
             });
+        // Ids are padded by LANES too, so whole blocks of them can be loaded.
+        let mut ids = order;
+        ids.resize(n + LANES, 0);
         Store {
             n,
             dim: dims.len(),
             stride,
             cols,
-            ids: order,
+            ids,
         }
     }
 
