@@ -20,6 +20,17 @@ const ITEM_POINTS: usize = 256;
 /// A grid with at most this many cells per point gets a direct cell -> slot table.
 const DENSE_CELLS_PER_POINT: u64 = 4;
 
+/// The sorted order's base pointer, shared by the scatter's workers (disjoint positions).
+struct SlotsPtr(*mut u32);
+unsafe impl Send for SlotsPtr {}
+unsafe impl Sync for SlotsPtr {}
+impl SlotsPtr {
+    /// Caller guarantees `i` is in bounds and no other worker writes it.
+    unsafe fn at(&self, i: usize) -> *mut u32 {
+        self.0.add(i)
+    }
+}
+
 /// Points sorted by grid cell.
 pub(crate) struct GridIndex<T> {
     pub store: Store<T>,
@@ -56,23 +67,48 @@ impl<T: Coord> GridIndex<T> {
         let mut cell_start = Vec::new();
         let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
             // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
-            let mut start = vec![0u32; total as usize + 1];
-            for &k in &keys {
-                start[k as usize + 1] += 1;
-            }
-            for c in 0..total as usize {
-                if start[c + 1] > 0 {
+            // Parallel: each part of the points counts its cells, then scatters its points
+            // to its own (disjoint) positions within each cell, keeping the input order.
+            let total = total as usize;
+            let parts = rayon::current_num_threads().clamp(1, 8);
+            let part_len = n.div_ceil(parts).max(1);
+            let mut next: Vec<Vec<u32>> = keys
+                .par_chunks(part_len)
+                .map(|ks| {
+                    let mut h = vec![0u32; total];
+                    for &k in ks {
+                        h[k as usize] += 1;
+                    }
+                    h
+                })
+                .collect();
+            let mut start = vec![0u32; total + 1];
+            for c in 0..total {
+                let mut acc = start[c];
+                for h in next.iter_mut() {
+                    let count = h[c];
+                    h[c] = acc;
+                    acc += count;
+                }
+                if acc > start[c] {
                     cell_ids.push(c as u64);
                     cell_start.push(start[c] as usize);
                 }
-                start[c + 1] += start[c];
+                start[c + 1] = acc;
             }
-            let mut next = start.clone();
             let mut order = vec![0u32; n];
-            for (i, &k) in keys.iter().enumerate() {
-                order[next[k as usize] as usize] = i as u32;
-                next[k as usize] += 1;
-            }
+            let out = SlotsPtr(order.as_mut_ptr());
+            keys.par_chunks(part_len)
+                .zip(next.par_iter_mut())
+                .enumerate()
+                .for_each(|(p, (ks, pos))| {
+                    for (i, &k) in ks.iter().enumerate() {
+                        let at = &mut pos[k as usize];
+                        // SAFETY: positions come from disjoint prefix-sum ranges, each < n.
+                        unsafe { *out.at(*at as usize) = (p * part_len + i) as u32 };
+                        *at += 1;
+                    }
+                });
             (order, Some(start))
         } else {
             let mut pairs: Vec<(u64, u32)> = keys
