@@ -1,0 +1,221 @@
+//! Result collection shared by the CPU algorithms: each worker fills its own buffer and
+//! hands it to the sink in large chunks (one short lock per chunk, none per pair).
+//! Count-only runs (no sink) only count.
+
+use super::store::LANES;
+use crate::error::Error;
+use crate::result::{sink_error, Pair, PairSink};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Pairs a worker buffers before it takes the sink's lock.
+const CHUNK_PAIRS: usize = 1 << 16;
+
+/// State shared by every worker of one join.
+pub(crate) struct Collector<'s> {
+    sink: Option<Mutex<&'s mut dyn PairSink>>,
+    error: Mutex<Option<Error>>,
+    stopped: AtomicBool,
+    count: AtomicU64,
+}
+
+impl<'s> Collector<'s> {
+    pub fn new(sink: Option<&'s mut dyn PairSink>) -> Self {
+        Collector {
+            sink: sink.map(Mutex::new),
+            error: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// A per-worker emitter; it flushes when full and when dropped.
+    pub fn emitter(&self) -> Emitter<'_, 's> {
+        Emitter {
+            collector: self,
+            buf: Vec::new(),
+            count: 0,
+            collect: self.sink.is_some(),
+        }
+    }
+
+    /// True once the sink failed: workers stop early.
+    #[inline]
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// The number of pairs, or the sink's error (`Cancelled`).
+    pub fn finish(self) -> crate::error::Result<u64> {
+        if let Some(e) = self.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        Ok(self.count.into_inner())
+    }
+
+    fn deliver(&self, chunk: &[Pair]) {
+        if chunk.is_empty() || self.stopped() {
+            return;
+        }
+        let Some(sink) = &self.sink else { return };
+        let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+        if self.stopped() {
+            return;
+        }
+        if let Err(e) = sink.push(chunk) {
+            self.stopped.store(true, Ordering::Relaxed);
+            let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(sink_error(e));
+        }
+    }
+}
+
+/// One worker's output buffer.
+pub(crate) struct Emitter<'c, 's> {
+    collector: &'c Collector<'s>,
+    buf: Vec<Pair>,
+    count: u64,
+    collect: bool,
+}
+
+impl Emitter<'_, '_> {
+    #[inline(always)]
+    pub fn push(&mut self, i: u32, j: u32) {
+        self.count += 1;
+        if self.collect {
+            if self.buf.len() == self.buf.capacity() {
+                self.grow_or_flush();
+            }
+            self.buf.push([i, j]);
+        }
+    }
+
+    /// Pushes the pairs `pair_of(l)` for the set bits l of `mask` (l < LANES) without a
+    /// branch per pair: every lane is written, and the end advances only past hits.
+    /// `pair_of` is called for every lane, so it must accept lanes whose bit is clear.
+    #[inline(always)]
+    pub fn push_mask(&mut self, mask: u32, mut pair_of: impl FnMut(usize) -> Pair) {
+        let hits = mask.count_ones() as usize;
+        self.count += hits as u64;
+        if !self.collect {
+            return;
+        }
+        if self.buf.capacity() - self.buf.len() < LANES {
+            self.grow_or_flush();
+        }
+        let len = self.buf.len();
+        let spare = &mut self.buf.spare_capacity_mut()[..LANES];
+        let mut k = 0;
+        for l in 0..LANES {
+            spare[k].write(pair_of(l));
+            k += ((mask >> l) & 1) as usize;
+        }
+        debug_assert_eq!(k, hits);
+        // SAFETY: the first `hits` spare entries were written above.
+        unsafe { self.buf.set_len(len + hits) };
+    }
+
+    /// `push_mask` for pairs of `qid` with `ids[l]` (`unique`: as `[min, max]`), built and
+    /// left-packed with AVX2 shuffles instead of one store per lane.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `ids` must point at LANES readable u32.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn push_mask_ids_avx2(
+        &mut self,
+        mask: u32,
+        ids: *const u32,
+        qid: u32,
+        unique: bool,
+    ) {
+        use std::arch::x86_64::*;
+        let hits = mask.count_ones() as usize;
+        self.count += hits as u64;
+        if !self.collect {
+            return;
+        }
+        if self.buf.capacity() - self.buf.len() < LANES {
+            self.grow_or_flush();
+        }
+        let v = _mm256_loadu_si256(ids as *const __m256i);
+        let q = _mm256_set1_epi32(qid as i32);
+        let (first, second) = if unique {
+            (_mm256_min_epu32(v, q), _mm256_max_epu32(v, q))
+        } else {
+            (q, v)
+        };
+        // Interleave into pairs 0-3 and 4-7 (unpack works within 128-bit halves).
+        let lo = _mm256_unpacklo_epi32(first, second);
+        let hi = _mm256_unpackhi_epi32(first, second);
+        let pairs03 = _mm256_permute2x128_si256::<0x20>(lo, hi);
+        let pairs47 = _mm256_permute2x128_si256::<0x31>(lo, hi);
+        let (m03, m47) = ((mask & 15) as usize, ((mask >> 4) & 15) as usize);
+        let len = self.buf.len();
+        let base = self.buf.as_mut_ptr();
+        // Each store writes 4 pairs; the spare capacity is >= LANES, so both fit.
+        let pack03 = _mm256_loadu_si256(PACK[m03].as_ptr() as *const __m256i);
+        _mm256_storeu_si256(
+            base.add(len) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(pairs03, pack03),
+        );
+        let after = len + m03.count_ones() as usize;
+        let pack47 = _mm256_loadu_si256(PACK[m47].as_ptr() as *const __m256i);
+        _mm256_storeu_si256(
+            base.add(after) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(pairs47, pack47),
+        );
+        self.buf.set_len(len + hits);
+    }
+
+    #[cold]
+    fn grow_or_flush(&mut self) {
+        if self.buf.len() + LANES > CHUNK_PAIRS {
+            self.flush();
+        } else {
+            self.buf
+                .reserve(CHUNK_PAIRS.min((self.buf.len() * 2).max(1024)) - self.buf.len());
+        }
+    }
+
+    pub fn flush(&mut self) {
+        self.collector.deliver(&self.buf);
+        self.buf.clear();
+    }
+
+    #[inline]
+    pub fn stopped(&self) -> bool {
+        self.collector.stopped()
+    }
+}
+
+impl Drop for Emitter<'_, '_> {
+    fn drop(&mut self) {
+        self.flush();
+        self.collector
+            .count
+            .fetch_add(self.count, Ordering::Relaxed);
+    }
+}
+
+/// For each 4-bit mask, the u32 indices that move the selected 64-bit pairs to the front.
+#[cfg(target_arch = "x86_64")]
+static PACK: [[u32; 8]; 16] = {
+    let mut table = [[0u32; 8]; 16];
+    let mut m = 0;
+    while m < 16 {
+        let mut k = 0;
+        let mut e = 0;
+        while e < 4 {
+            if m & (1 << e) != 0 {
+                table[m][2 * k] = 2 * e as u32;
+                table[m][2 * k + 1] = 2 * e as u32 + 1;
+                k += 1;
+            }
+            e += 1;
+        }
+        m += 1;
+    }
+    table
+};

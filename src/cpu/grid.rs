@@ -1,0 +1,439 @@
+//! Grid-join: an eps-grid over k indexed dimensions (highest variance first), points
+//! sorted by linear cell id (so each cell, and each run of cells along the last indexed
+//! dimension, is one contiguous slice), and a scan of the adjacent cells per query point.
+//!
+//! The 3^k neighbour cells of a cell form 3^(k-1) contiguous slot ranges (one per row along
+//! the last indexed dimension), found by binary search in the sorted list of non-empty
+//! cells. A self-join visits only the rows that are lexicographically >= its own (each
+//! unordered cell pair once, like GPU-SJ's unicomp) and, in its own row, only slots after
+//! the query point.
+
+use super::emit::{Collector, Emitter};
+use super::store::{avx2_available, scan_blocks, MetricKind, Store, LANES};
+use crate::error::Result;
+use crate::grid::GridGeometry;
+use crate::metric::Coord;
+use rayon::prelude::*;
+
+/// Most points of one cell handled by one work item (large cells are split for balance).
+const ITEM_POINTS: usize = 256;
+/// A grid with at most this many cells per point gets a direct cell -> slot table.
+const DENSE_CELLS_PER_POINT: u64 = 4;
+
+/// The sorted order's base pointer, shared by the scatter's workers (disjoint positions).
+struct SlotsPtr(*mut u32);
+unsafe impl Send for SlotsPtr {}
+unsafe impl Sync for SlotsPtr {}
+impl SlotsPtr {
+    /// Caller guarantees `i` is in bounds and no other worker writes it.
+    unsafe fn at(&self, i: usize) -> *mut u32 {
+        self.0.add(i)
+    }
+}
+
+/// Points sorted by grid cell.
+pub(crate) struct GridIndex<T> {
+    pub store: Store<T>,
+    /// Sorted linear ids of the non-empty cells.
+    pub cell_ids: Vec<u64>,
+    /// Slot range of cell c: `cell_start[c]..cell_start[c + 1]`.
+    pub cell_start: Vec<usize>,
+    /// For a dense grid (few cells per point): first slot of every cell, empty or not
+    /// (length total cells + 1), so neighbour rows need no search.
+    dense: Option<Vec<u32>>,
+}
+
+impl<T: Coord> GridIndex<T> {
+    /// Sorts `data` (row-major, `dim` wide) by cell of `geom` (whose total_cells must fit
+    /// u64) and stores it in dataset dimension order.
+    pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
+        let n = data.len() / dim;
+        let keys: Vec<u64> = (0..n)
+            .into_par_iter()
+            .with_min_len(4096)
+            .map(|i| {
+                let p = &data[i * dim..(i + 1) * dim];
+                let mut id = 0u64;
+                for (axis, &j) in geom.dims.iter().enumerate() {
+                    id = id * geom.cells[axis] + geom.coord(axis, p[j].to_f64());
+                }
+                id
+            })
+            .collect();
+        let total = geom
+            .total_cells()
+            .expect("grid plans keep linear cell ids in u64");
+        let mut cell_ids = Vec::new();
+        let mut cell_start = Vec::new();
+        let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
+            // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
+            // Parallel: each part of the points counts its cells, then scatters its points
+            // to its own (disjoint) positions within each cell, keeping the input order.
+            let total = total as usize;
+            let parts = rayon::current_num_threads().clamp(1, 8);
+            let part_len = n.div_ceil(parts).max(1);
+            let mut next: Vec<Vec<u32>> = keys
+                .par_chunks(part_len)
+                .map(|ks| {
+                    let mut h = vec![0u32; total];
+                    for &k in ks {
+                        h[k as usize] += 1;
+                    }
+                    h
+                })
+                .collect();
+            let mut start = vec![0u32; total + 1];
+            for c in 0..total {
+                let mut acc = start[c];
+                for h in next.iter_mut() {
+                    let count = h[c];
+                    h[c] = acc;
+                    acc += count;
+                }
+                if acc > start[c] {
+                    cell_ids.push(c as u64);
+                    cell_start.push(start[c] as usize);
+                }
+                start[c + 1] = acc;
+            }
+            let mut order = vec![0u32; n];
+            let out = SlotsPtr(order.as_mut_ptr());
+            keys.par_chunks(part_len)
+                .zip(next.par_iter_mut())
+                .enumerate()
+                .for_each(|(p, (ks, pos))| {
+                    for (i, &k) in ks.iter().enumerate() {
+                        let at = &mut pos[k as usize];
+                        // SAFETY: positions come from disjoint prefix-sum ranges, each < n.
+                        unsafe { *out.at(*at as usize) = (p * part_len + i) as u32 };
+                        *at += 1;
+                    }
+                });
+            (order, Some(start))
+        } else {
+            let mut pairs: Vec<(u64, u32)> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| (k, i as u32))
+                .collect();
+            pairs.par_sort_unstable();
+            for (s, &(id, _)) in pairs.iter().enumerate() {
+                if cell_ids.last() != Some(&id) {
+                    cell_ids.push(id);
+                    cell_start.push(s);
+                }
+            }
+            (pairs.into_iter().map(|(_, i)| i).collect(), None)
+        };
+        cell_start.push(n);
+        let dims: Vec<usize> = (0..dim).collect();
+        GridIndex {
+            store: Store::gather(data, dim, order, &dims),
+            cell_ids,
+            cell_start,
+            dense,
+        }
+    }
+
+    /// Slot range of the non-empty cells with linear ids in `lo..=hi`.
+    #[inline]
+    fn slots(&self, lo: u64, hi: u64) -> (usize, usize) {
+        if let Some(start) = &self.dense {
+            return (start[lo as usize] as usize, start[hi as usize + 1] as usize);
+        }
+        let a = self.cell_ids.partition_point(|&x| x < lo);
+        let b = a + self.cell_ids[a..].partition_point(|&x| x <= hi);
+        (self.cell_start[a], self.cell_start[b])
+    }
+}
+
+/// Cell coordinates of a linear id (row-major, last indexed dimension fastest).
+fn decode(geom: &GridGeometry, mut id: u64, out: &mut [u64]) {
+    for axis in (0..geom.k()).rev() {
+        out[axis] = id % geom.cells[axis];
+        id /= geom.cells[axis];
+    }
+}
+
+/// Offsets in {-1,0,1}^(k-1) for the leading indexed dimensions; for a self-join only the
+/// lexicographically non-negative ones. Returns (offsets flattened, index of the zero one).
+fn row_offsets(k: usize, self_join: bool) -> (Vec<i64>, usize) {
+    let lead = k - 1;
+    let mut all = Vec::new();
+    let mut zero = usize::MAX;
+    let count = 3usize.pow(lead as u32);
+    for m in 0..count {
+        let mut v = vec![0i64; lead];
+        let mut r = m;
+        for x in v.iter_mut().rev() {
+            *x = (r % 3) as i64 - 1;
+            r /= 3;
+        }
+        let sign = v.iter().find(|&&x| x != 0).copied().unwrap_or(0);
+        if self_join && sign < 0 {
+            continue;
+        }
+        if sign == 0 {
+            zero = all.len() / lead.max(1);
+        }
+        all.extend_from_slice(&v);
+    }
+    if lead == 0 {
+        zero = 0;
+    }
+    (all, zero)
+}
+
+/// Joins query points (grid `qidx`) with the indexed points (`idx`): a self-join when
+/// `self_join` (then `qidx` is `idx`). Pairs go to `out` as original ids.
+pub(crate) fn join<T: Coord, M: MetricKind>(
+    geom: &GridGeometry,
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    self_join: bool,
+    thr: T,
+    out: &Collector,
+    threads: usize,
+) -> Result<()> {
+    let k = geom.k();
+    let lead = k - 1;
+    let (offsets, zero_row) = row_offsets(k, self_join);
+    let rows = offsets.len().checked_div(lead).unwrap_or(1);
+    let last = k - 1;
+    let last_cells = geom.cells[last];
+    // Work items: (cell, first slot, end slot) with at most ITEM_POINTS query points.
+    let mut items: Vec<(u32, u32, u32)> = Vec::with_capacity(qidx.cell_ids.len());
+    for c in 0..qidx.cell_ids.len() {
+        let (mut s, e) = (qidx.cell_start[c], qidx.cell_start[c + 1]);
+        while s < e {
+            let t = (s + ITEM_POINTS).min(e);
+            items.push((c as u32, s as u32, t as u32));
+            s = t;
+        }
+    }
+    let dim = idx.store.dim;
+    let early = dim > 4;
+    let per_task = (items.len() / (threads * 64)).max(1);
+    let avx2 = avx2_available();
+    // Buffers live per rayon job (not per chunk), so output buffers are reused.
+    let scratch = || {
+        let em = out.emitter();
+        (
+            em,
+            vec![T::ZERO; dim],
+            vec![0u64; k],
+            Vec::<(usize, usize)>::with_capacity(rows),
+        )
+    };
+    items
+        .par_chunks(per_task)
+        .for_each_init(scratch, |(em, q, cell, ranges), chunk| {
+            let mut own_row_range = (0usize, 0usize);
+            for &(c, s0, s1) in chunk {
+                if em.stopped() {
+                    return;
+                }
+                decode(geom, qidx.cell_ids[c as usize], cell);
+                ranges.clear();
+                let x = cell[last];
+                let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
+                'rows: for r in 0..rows {
+                    // Linear id of (cell[..lead] + offset, 0).
+                    let mut base = 0u64;
+                    for a in 0..lead {
+                        let v = cell[a] as i64 + offsets[r * lead + a];
+                        if v < 0 || v as u64 >= geom.cells[a] {
+                            continue 'rows;
+                        }
+                        base = base * geom.cells[a] + v as u64;
+                    }
+                    base *= last_cells;
+                    let range = if self_join && r == zero_row {
+                        // Own row: this cell and the next one along the last dimension.
+                        idx.slots(base + x, base + x_hi)
+                    } else {
+                        idx.slots(base + x_lo, base + x_hi)
+                    };
+                    if self_join && r == zero_row {
+                        own_row_range = range;
+                    } else if range.0 < range.1 {
+                        ranges.push(range);
+                    }
+                }
+                let span = Span {
+                    s0: s0 as usize,
+                    s1: s1 as usize,
+                    own_end: own_row_range.1,
+                };
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: avx2 was detected at run time.
+                    unsafe {
+                        query_cell_avx2::<T, M>(
+                            qidx, idx, span, ranges, self_join, thr, early, em, q,
+                        )
+                    };
+                    continue;
+                }
+                query_cell_sized::<T, M, false>(
+                    qidx, idx, span, ranges, self_join, thr, early, em, q,
+                );
+            }
+        });
+    Ok(())
+}
+
+/// Query slots `s0..s1` of one cell; a self-join also scans its own row up to `own_end`.
+#[derive(Clone, Copy)]
+struct Span {
+    s0: usize,
+    s1: usize,
+    own_end: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    query_cell_sized::<T, M, true>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+}
+
+/// `query_cell` with the query in a fixed-size array for 1-4 dimensions, so that the
+/// kernel's dimension loop is unrolled.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    match q.len() {
+        1 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 1],
+        ),
+        2 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 2],
+        ),
+        3 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 3],
+        ),
+        4 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 4],
+        ),
+        _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+    }
+}
+
+/// Scans the neighbour ranges for every query point of one work item.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    let ids = &idx.store.ids;
+    for s in span.s0..span.s1 {
+        qidx.store.point(s, q);
+        let qid = qidx.store.ids[s];
+        if self_join {
+            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
+                emit_block::<AVX>(em, ids, qid, b, mask, true)
+            });
+            for &(lo, hi) in ranges {
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    emit_block::<AVX>(em, ids, qid, b, mask, true)
+                });
+            }
+        } else {
+            for &(lo, hi) in ranges {
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    emit_block::<AVX>(em, ids, qid, b, mask, false)
+                });
+            }
+        }
+    }
+}
+
+/// Pairs of query `qid` with the slots `b + l` for the set bits l of `mask`: `[min, max]`
+/// of the ids when `unique` (self-join), else `[qid, id]`. `ids` is padded by LANES.
+#[inline(always)]
+fn emit_block<const AVX: bool>(
+    em: &mut Emitter,
+    ids: &[u32],
+    qid: u32,
+    b: usize,
+    mask: u32,
+    unique: bool,
+) {
+    let ids = &ids[b..b + LANES];
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+        // LANES values.
+        unsafe { em.push_mask_ids_avx2(mask, ids.as_ptr(), qid, unique) };
+        return;
+    }
+    em.push_mask(mask, |l| {
+        let id = ids[l];
+        if unique {
+            [qid.min(id), qid.max(id)]
+        } else {
+            [qid, id]
+        }
+    })
+}

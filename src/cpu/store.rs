@@ -1,0 +1,253 @@
+//! Points copied into a join-friendly order and layout, and the distance kernel over them.
+//!
+//! Coordinates are stored column by column (one column per stored dimension), so the
+//! kernel compares one query point with LANES consecutive candidates at once: the loop
+//! runs ACROSS candidates and each pair keeps its own accumulation order (vectorised
+//! without reassociating any pair's sum).
+
+use crate::metric::{accumulate, Coord};
+use crate::options::Metric;
+use rayon::prelude::*;
+
+/// Candidates compared per kernel step.
+pub(crate) const LANES: usize = 8;
+
+/// The metric as a type, so each kernel is compiled for one metric (no branch per term).
+pub(crate) trait MetricKind: Send + Sync + 'static {
+    const METRIC: Metric;
+}
+pub(crate) struct Euclid;
+pub(crate) struct Manhattan;
+pub(crate) struct Chebyshev;
+impl MetricKind for Euclid {
+    const METRIC: Metric = Metric::Euclidean;
+}
+impl MetricKind for Manhattan {
+    const METRIC: Metric = Metric::Manhattan;
+}
+impl MetricKind for Chebyshev {
+    const METRIC: Metric = Metric::Chebyshev;
+}
+
+/// LANES values of a column from `cols[at]`. Callers check `at + LANES <= cols.len()` once
+/// per scan (columns are padded by LANES), so the inner loops carry no bounds checks.
+#[inline(always)]
+fn load<T: Coord>(cols: &[T], at: usize) -> [T; LANES] {
+    debug_assert!(at + LANES <= cols.len());
+    // SAFETY: in bounds by the caller's check; [T; LANES] has T's alignment.
+    unsafe { *(cols.as_ptr().add(at) as *const [T; LANES]) }
+}
+
+/// The columns' base pointer, shared by the gather's workers (which write disjoint slots).
+struct ColumnsPtr<T>(*mut T);
+unsafe impl<T: Send> Send for ColumnsPtr<T> {}
+unsafe impl<T: Send> Sync for ColumnsPtr<T> {}
+impl<T> ColumnsPtr<T> {
+    /// Caller guarantees `at` is in bounds and no other worker touches it.
+    unsafe fn at(&self, at: usize) -> *mut T {
+        self.0.add(at)
+    }
+}
+
+/// Points in a chosen order ("slots"), column-major, with their original ids.
+pub(crate) struct Store<T> {
+    pub n: usize,
+    pub dim: usize,
+    /// Column length: n plus LANES of padding so a kernel step may read past the end.
+    stride: usize,
+    cols: Vec<T>,
+    /// Original point id of each slot (then LANES of padding).
+    pub ids: Vec<u32>,
+}
+
+impl<T: Coord> Store<T> {
+    /// Copies `data` (row-major, `dim` wide) in slot order `order` (original ids), column c
+    /// holding dataset dimension `dims[c]`.
+    pub fn gather(data: &[T], dim: usize, order: Vec<u32>, dims: &[usize]) -> Self {
+        let n = order.len();
+        let stride = n + LANES;
+        let mut cols = vec![T::ZERO; stride * dims.len()];
+        // One pass over the points (each row read once, in slot order), writing every column.
+        let out = ColumnsPtr(cols.as_mut_ptr());
+        order
+            .par_iter()
+            .enumerate()
+            .with_min_len(4096)
+            .for_each(|(s, &i)| {
+                let row = &data[i as usize * dim..(i as usize + 1) * dim];
+                for (c, &j) in dims.iter().enumerate() {
+                    // SAFETY: slot s < n of column c < dims.len() is inside `cols`, and each
+                    // (c, s) is written by exactly one iteration.
+                    unsafe { *out.at(c * stride + s) = row[j] };
+                }
+            });
+        // Ids are padded by LANES too, so whole blocks of them can be loaded.
+        let mut ids = order;
+        ids.resize(n + LANES, 0);
+        Store {
+            n,
+            dim: dims.len(),
+            stride,
+            cols,
+            ids,
+        }
+    }
+
+    /// Column c at slots s..s + LANES (padding past n included).
+    #[inline(always)]
+    pub fn block(&self, c: usize, s: usize) -> [T; LANES] {
+        assert!(c < self.dim && s + LANES <= self.stride);
+        load(&self.cols, c * self.stride + s)
+    }
+
+    /// The stored coordinates of slot `s` into `out` (length dim).
+    #[inline]
+    pub fn point(&self, s: usize, out: &mut [T]) {
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = self.cols[c * self.stride + s];
+        }
+    }
+}
+
+/// Calls `hit(s)` for each slot s in `lo..hi` of `store` whose accumulated distance to `q`
+/// (in stored column order) is `<= thr`. With `early`, a block of LANES candidates is
+/// dropped once every lane exceeds `thr` (exact: partial sums never decrease).
+/// In canonical column order this decides exactly like `metric::within`.
+#[inline(always)]
+pub(crate) fn scan<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    hit: impl FnMut(usize),
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
+/// `scan` reporting whole blocks (see `scan_cols_blocks`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    hit: impl FnMut(usize, u32),
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols_blocks::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
+/// `scan` over any column-major block: column c of slot s at `cols[c * stride + s]`,
+/// readable up to slot `hi + LANES` in every column.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize),
+) {
+    scan_cols_blocks::<T, M>(q, cols, stride, lo, hi, thr, early, |s, mut mask| {
+        while mask != 0 {
+            hit(s + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+    })
+}
+
+/// `scan_cols` reporting whole blocks: `hit(s, mask)` for the matches among slots
+/// `s..s + LANES` (bit l of `mask` is slot s + l; only slots below `hi` are set).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_cols_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize, u32),
+) {
+    let dim = q.len();
+    // Every load below reads column c < dim at slots < hi + LANES <= stride.
+    assert!(hi + LANES <= stride && dim * stride <= cols.len());
+    let mut s = lo;
+    'block: while s < hi {
+        let mut acc = [T::ZERO; LANES];
+        let mut c = 0;
+        while c < dim {
+            let end = (c + 4).min(dim);
+            while c < end {
+                let x = load(cols, c * stride + s);
+                let qc = q[c];
+                for l in 0..LANES {
+                    acc[l] = accumulate(M::METRIC, acc[l], qc, x[l]);
+                }
+                c += 1;
+            }
+            if early && c < dim && acc.iter().all(|&a| a > thr) {
+                s += LANES;
+                continue 'block;
+            }
+        }
+        let mut mask = 0u32;
+        for (l, &a) in acc.iter().enumerate() {
+            mask |= ((a <= thr) as u32) << l;
+        }
+        if s + LANES > hi {
+            mask &= (1u32 << (hi - s)) - 1;
+        }
+        if mask != 0 {
+            hit(s, mask);
+        }
+        s += LANES;
+    }
+}
+
+/// The canonical test for slot `s` against `q` (both in stored column order), summing in
+/// dataset dimension order: `canon[j]` is the column holding dataset dimension j.
+#[inline]
+pub(crate) fn confirm<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    s: usize,
+    canon: &[usize],
+    thr: T,
+) -> bool {
+    let mut acc = T::ZERO;
+    for &c in canon {
+        acc = accumulate(M::METRIC, acc, q[c], store.cols[c * store.stride + s]);
+    }
+    acc <= thr
+}
+
+/// `thr` widened so that a sum in any dimension order above it proves the canonical sum
+/// is above `thr` (see `metric::reject_margin`). Twice the margin covers rounding the
+/// widened value to T.
+pub(crate) fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
+    let margin = crate::metric::reject_margin::<T>(dim);
+    T::from_f64(thr.to_f64() * (1.0 + 2.0 * margin))
+}
+
+/// Whether the AVX2 variants of the kernels may run (checked once per join).
+pub(crate) fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::env::var_os("SIMJOIN_NO_AVX2").is_none() && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
