@@ -8,7 +8,7 @@ use crate::result::Pair;
 
 fn self_pairs<T: Coord>(x: &[T], dim: usize, metric: Metric, eps: f64) -> Vec<Pair> {
     let thr: T = threshold(metric, eps);
-    let n = if dim == 0 { 0 } else { x.len() / dim };
+    let n = x.len().checked_div(dim).unwrap_or(0);
     let mut out = Vec::new();
     for i in 0..n {
         let a = &x[i * dim..(i + 1) * dim];

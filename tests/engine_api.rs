@@ -101,7 +101,7 @@ fn output_forms_agree() {
         let c = (i % 3) as f32;
         pts.extend([c + rnd() * 0.5, c + rnd() * 0.5, rnd()]);
     }
-    pts.extend_from_slice(&pts[0..30].to_vec());
+    pts.extend_from_within(0..30);
     let d = Dataset::from_f32(&pts, 3).unwrap();
     let engine = Engine::new();
     for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
