@@ -65,6 +65,7 @@ fn points(seed: u64, n: usize, dim: usize, kind: u8, eps: f64) -> Vec<f64> {
     v
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check(
     seed: u64,
     n: usize,
