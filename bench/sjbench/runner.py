@@ -1,0 +1,153 @@
+"""Running one system on one (data, eps) with repeats and a per-run timeout.
+
+Peers run in a worker process (sjbench.peers) that prints one JSON line per repetition;
+simjoin runs as its CLI (`simjoin self-join DATA.npy --eps E --stats`), one process per
+repetition, or through its Python bindings when they are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BENCH_DIR = Path(__file__).resolve().parent.parent
+REPO_DIR = BENCH_DIR.parent
+
+
+@dataclass
+class Outcome:
+    """What one system did on one (data, eps): every repetition, or why there is none."""
+
+    status: str  # "ok", "timeout", "error" or "skipped"
+    runs: list[dict] = field(default_factory=list)  # each: seconds, pairs (+ simjoin stats)
+    message: str = ""
+
+    @property
+    def pairs(self) -> int | None:
+        return self.runs[0]["pairs"] if self.runs else None
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def run_peer(system: str, data: Path, eps: float, repeats: int, timeout: float) -> Outcome:
+    """Runs a Python peer in a worker; each repetition must finish within `timeout` s."""
+    cmd = [sys.executable, "-m", "sjbench.peers", system, str(data), repr(eps), str(repeats)]
+    proc = subprocess.Popen(
+        cmd, cwd=BENCH_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    runs: list[dict] = []
+    try:
+        while len(runs) < repeats:
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                return Outcome("timeout", runs, f"a run took longer than {timeout:g} s")
+            if line is None:
+                err = proc.stderr.read().strip().splitlines()
+                return Outcome("error", runs, err[-1] if err else f"worker exited ({proc.poll()})")
+            runs.append(json.loads(line))
+        return Outcome("ok", runs)
+    finally:
+        _kill(proc)
+
+
+def simjoin_command(binary: Path, data: Path, eps: float, backend: str, algorithm: str) -> list[str]:
+    return [
+        str(binary), "self-join", str(data), "--eps", repr(eps),
+        "--backend", backend, "--algorithm", algorithm, "--stats",
+    ]  # fmt: skip
+
+
+def parse_stats(stdout: str) -> dict:
+    """The one JSON object `simjoin ... --stats` prints on stdout."""
+    start = stdout.find("{")
+    if start < 0:
+        raise ValueError(f"no JSON object in simjoin's output: {stdout[:200]!r}")
+    stats = json.loads(stdout[start : stdout.rfind("}") + 1])
+    for key in ("pairs", "seconds"):
+        if key not in stats:
+            raise ValueError(f"simjoin --stats output lacks {key!r}: {stats}")
+    return stats
+
+
+def run_simjoin_cli(
+    binary: Path,
+    data: Path,
+    eps: float,
+    repeats: int,
+    timeout: float,
+    backend: str = "cpu",
+    algorithm: str = "auto",
+    device: str | None = None,
+    env_extra: dict | None = None,
+) -> Outcome:
+    """Runs the CLI `repeats` times. `seconds` is the join as simjoin reports it (index build
+    to results in memory, file I/O excluded: the same span the peers are timed over);
+    `wall` is the whole process, .npy load and Vulkan start-up included."""
+    env = dict(os.environ)
+    if device is not None:
+        env["SIMJOIN_DEVICE"] = device
+    env.update(env_extra or {})
+    cmd = simjoin_command(binary, data, eps, backend, algorithm)
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return Outcome("timeout", runs, f"a run took longer than {timeout:g} s")
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            msg = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+            return Outcome("error", runs, msg)
+        try:
+            stats = parse_stats(proc.stdout)
+        except ValueError as e:
+            return Outcome("error", runs, str(e))
+        stats["wall"] = wall
+        runs.append(stats)
+    return Outcome("ok", runs)
+
+
+def list_vulkan_devices(binary: Path, env_extra: dict | None = None) -> list[dict]:
+    """Vulkan devices as `simjoin info --json` lists them: [{index, name, kind, ...}]."""
+    env = dict(os.environ, **(env_extra or {}))
+    try:
+        proc = subprocess.run(
+            [str(binary), "info", "--json"], capture_output=True, text=True, timeout=60, env=env
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    try:
+        info = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return []
+    devices = info.get("devices", info) if isinstance(info, dict) else info
+    return [d for d in devices if isinstance(d, dict) and "name" in d]
+
+
+def is_software(device: dict) -> bool:
+    """lavapipe (llvmpipe) and other CPU-backed Vulkan implementations."""
+    name = device.get("name", "").lower()
+    return device.get("kind") == "cpu" or "llvmpipe" in name or "lavapipe" in name
