@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import runner
 from . import workloads as wl
 from .runner import (
     BENCH_DIR,
@@ -293,10 +295,12 @@ ALL_SYSTEMS = ["simjoin-cpu", "simjoin-vulkan", *PEER_LABELS]
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", type=csv, default=list(wl.WORKLOADS),
                    help=f"comma list of: {', '.join(wl.WORKLOADS)}")  # fmt: skip
-    p.add_argument("--selectivities", type=lambda s: [float(v) for v in csv(s)], default=[1, 5, 25, 100],
+    p.add_argument("--selectivities", type=lambda s: [float(v) for v in csv(s)], default=[1, 10, 100],
                    help="target neighbours per point (self excluded); eps is chosen per workload by sampling")  # fmt: skip
     p.add_argument("--eps", action="append", metavar="WORKLOAD=E1,E2", help="fixed eps for a workload instead of sampling")
     p.add_argument("--repeats", type=int, default=3, help="runs per (system, eps); the median is reported")
+    p.add_argument("--repeat-budget", type=float, default=10.0,
+                   help="stop repeating a (system, eps) once its runs took this many seconds in total")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simjoin-bin", default=str(REPO_DIR / "target/release/simjoin"))
     p.add_argument("--no-build", action="store_true", help="don't run `cargo build --release --bin simjoin` first")
@@ -314,7 +318,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     main.add_argument("--n", type=int, help="points per workload (overrides every default size)")
     main.add_argument("--scale", type=float, default=1.0, help="multiply every default size")
     main.add_argument("--systems", type=csv, default=ALL_SYSTEMS, help=f"comma list of: {', '.join(ALL_SYSTEMS)}")
-    main.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per run")
+    main.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per run")
     main.add_argument("--lavapipe-n", type=int, default=20_000, help="size cap for software Vulkan devices")
     main.add_argument("--lavapipe-timeout", type=float, default=60.0)
     main.add_argument("--faiss-tolerance", type=float, default=1e-3,
@@ -348,6 +352,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build_simjoin(args) -> None:
     if args.no_build:
         return
+    if shutil.which("cargo") is None:
+        log("no cargo on this machine: using the simjoin binary as it is")
+        return
     log("building simjoin: cargo build --release --bin simjoin")
     subprocess.run(["cargo", "build", "--release", "--bin", "simjoin"], cwd=REPO_DIR, check=True)
 
@@ -365,6 +372,7 @@ def find_devices(args) -> list[dict]:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    runner.REPEAT_BUDGET_S = args.repeat_budget
     build_simjoin(args)
     if args.mode == "gpu":
         from .gpu_mode import run_gpu_mode
@@ -380,7 +388,7 @@ def main(argv: list[str]) -> int:
     sizes = [(w, args.n or max(2, int(w.default_n * args.scale))) for w in chosen]
     main_systems = simjoin_systems(args, software=False) + peer_systems(args)
     results = {"machine": machine_info(args), "options": {
-        "repeats": args.repeats, "timeout_s": args.timeout, "selectivities": args.selectivities,
+        "repeats": args.repeats, "repeat_budget_s": args.repeat_budget, "timeout_s": args.timeout, "selectivities": args.selectivities,
         "faiss_tolerance": args.faiss_tolerance, "lavapipe_n": args.lavapipe_n,
         "lavapipe_timeout_s": args.lavapipe_timeout, "seed": args.seed,
         "command": "python3 bench/run.py " + " ".join(argv),

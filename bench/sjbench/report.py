@@ -213,7 +213,8 @@ def generated_markdown(results: dict, img_dir: str) -> str:
     lines.append("")
     lines.append(
         f"Command: `{o['command']}` (took {results['elapsed_s']:.0f} s). Each time is the median of "
-        f"{o['repeats']} runs in seconds, index build included, data already in memory "
+        f"{o['repeats']} runs in seconds (fewer when the runs at that eps passed {o.get('repeat_budget_s', 0):g} s "
+        f"in total; at least one), index build included, data already in memory "
         f"(simjoin: the `seconds` its `--stats` reports). Per-run timeout {o['timeout_s']:g} s; a system "
         f"that times out or fails at one eps is skipped at the larger ones. Selectivity = "
         f"2 x pairs / n (neighbours per point, self excluded). Speed-up = fastest peer's median / "

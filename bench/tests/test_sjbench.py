@@ -187,3 +187,16 @@ def test_report_rewrites_only_the_generated_block(tmp_path):
     assert text.startswith("# Intro") and text.endswith("## Reading\nhand-written\n")
     assert "old" not in text and "**4.00x**" in text and "timeout (>60 s)" in text
     assert (out / "uniform-2d.png").stat().st_size > 0 and (out / "speedup.png").exists()
+
+
+def test_repeat_budget_cuts_repeats_of_long_runs(tmp_path, monkeypatch):
+    from sjbench import runner
+
+    binary = fake_simjoin(tmp_path, """echo '{"pairs": 1, "seconds": 5.0}'\n""")
+    monkeypatch.setattr(runner, "REPEAT_BUDGET_S", 9.0)
+    assert len(run_simjoin_cli(binary, tmp_path / "x.npy", 0.5, 5, timeout=30).runs) == 2
+    path = tmp_path / "x.npy"
+    np.save(path, wl.generate(wl.WORKLOADS["uniform-2d"], 500))
+    monkeypatch.setattr(runner, "REPEAT_BUDGET_S", 0.0)
+    out = run_peer("scipy-ckdtree", path, 1.0, 3, timeout=60)
+    assert out.status == "ok" and len(out.runs) == 1
