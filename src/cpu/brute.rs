@@ -20,7 +20,12 @@ pub(crate) fn run(job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinRepo
     }
 }
 
-fn go<T: Coord>(job: &Job, a: &[T], b: Option<&[T]>, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
+fn go<T: Coord>(
+    job: &Job,
+    a: &[T],
+    b: Option<&[T]>,
+    sink: Option<&mut dyn PairSink>,
+) -> Result<JoinReport> {
     let dim = job.a.dim();
     let thr: T = threshold(job.opts.metric, job.opts.eps);
     let metric = job.opts.metric;
@@ -55,5 +60,9 @@ fn go<T: Coord>(job: &Job, a: &[T], b: Option<&[T]>, sink: Option<&mut dyn PairS
             Ok(count)
         })
         .try_reduce(|| 0, |x, y| Ok(x + y))?;
-    Ok(JoinReport { pairs: total, batches: 1, ..Default::default() })
+    Ok(JoinReport {
+        pairs: total,
+        batches: 1,
+        ..Default::default()
+    })
 }

@@ -34,7 +34,11 @@ impl JoinBackend for CpuBackend {
         let pool = self.pool()?;
         let mut report = match algorithm {
             Algorithm::Brute => pool.install(|| brute::run(job, sink))?,
-            other => return Err(Error::unsupported(format!("the CPU backend has no '{other}' algorithm yet"))),
+            other => {
+                return Err(Error::unsupported(format!(
+                    "the CPU backend has no '{other}' algorithm yet"
+                )))
+            }
         };
         report.backend = "cpu".into();
         report.device = format!("cpu ({} threads)", pool.current_num_threads());

@@ -10,7 +10,10 @@ use std::sync::Arc;
 /// lavapipe included); otherwise only a real (non-CPU) GPU is returned, or None.
 pub(crate) fn backend(_opts: &JoinOptions, explicit: bool) -> Result<Option<Arc<dyn JoinBackend>>> {
     if explicit {
-        Err(Error::new(ErrorKind::Unsupported, "the GPU join is not built yet"))
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            "the GPU join is not built yet",
+        ))
     } else {
         Ok(None)
     }

@@ -1,0 +1,64 @@
+"""Builds simjoin's Rust C library with cargo and ships it inside the Python package.
+
+The package's version is the Rust crate's (Cargo.toml). Set SIMJOIN_LIBRARY to an existing
+libsimjoin.so to skip the cargo build and bundle that file instead.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent  # the Rust crate: bindings/python -> repository root
+LIBRARY = {"darwin": "libsimjoin.dylib", "win32": "simjoin.dll"}.get(sys.platform, "libsimjoin.so")
+
+
+def crate_version():
+    text = (ROOT / "Cargo.toml").read_text()
+    match = re.search(r'^version\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if not match:
+        raise RuntimeError(f"no version in {ROOT / 'Cargo.toml'}")
+    return match.group(1)
+
+
+def build_library():
+    prebuilt = os.environ.get("SIMJOIN_LIBRARY")
+    if prebuilt:
+        return Path(prebuilt)
+    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    subprocess.run([cargo, "build", "--release", "--lib"], cwd=ROOT, check=True)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    if not target.is_absolute():
+        target = ROOT / target
+    return target / "release" / LIBRARY
+
+
+class BuildWithCargo(build_py):
+    def run(self):
+        super().run()
+        library = build_library()
+        if not library.exists():
+            raise RuntimeError(f"{library} not found after the cargo build")
+        dest = Path(self.build_lib) / "simjoin"
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(library, dest / LIBRARY)
+
+
+class BinaryDistribution(Distribution):
+    """The wheel holds a native library: mark it platform-specific."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(
+    version=crate_version(),
+    cmdclass={"build_py": BuildWithCargo},
+    distclass=BinaryDistribution,
+)

@@ -1,0 +1,174 @@
+"""simjoin: similarity (eps-distance) joins on a Vulkan GPU or the CPU.
+
+    >>> import numpy as np, simjoin
+    >>> X = np.array([[0.0, 0.0], [0.5, 0.0], [3.0, 3.0]])
+    >>> simjoin.self_join(X, 0.5)
+    array([[0, 1]], dtype=uint32)
+
+Inputs are 2-D arrays of points (rows) by coordinates (columns). C-contiguous float32 and
+float64 arrays are passed to the engine without a copy; anything else is converted first.
+Pairs come back as (m, 2) uint32 arrays, sorted lexicographically.
+"""
+import atexit
+import ctypes
+
+import numpy as np
+
+from . import _native
+from ._native import lib
+
+__all__ = ["self_join", "join", "Error", "InvalidArgumentError", "__version__"]
+__version__ = lib.simjoin_version().decode()
+
+
+class Error(RuntimeError):
+    """A simjoin failure; `status` is the C status number, the message the engine's."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+class InvalidArgumentError(Error, ValueError):
+    """Bad input: NaN/inf coordinates, eps <= 0, zero dimensions, mismatched shapes, ..."""
+
+
+def _check(status):
+    if status != _native.OK:
+        size = lib.simjoin_last_error_message(None, 0)
+        buf = ctypes.create_string_buffer(size + 1)
+        lib.simjoin_last_error_message(buf, size + 1)
+        message = buf.value.decode(errors="replace")
+        cls = InvalidArgumentError if status == _native.INVALID_ARGUMENT else Error
+        raise cls(status, message)
+
+
+def _as_points(X, name, dtype=None):
+    """The array the engine will read: X itself when already C-contiguous float32/float64
+    (no copy), otherwise a converted copy."""
+    arr = np.asarray(X)
+    if arr.ndim != 2:
+        raise InvalidArgumentError(
+            _native.INVALID_ARGUMENT, f"{name} must be a 2-D array (points x dimensions), got shape {arr.shape}"
+        )
+    if dtype is None:
+        dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else np.float64
+    return np.ascontiguousarray(arr, dtype=dtype)
+
+
+def _matrix(arr):
+    dtype = _native.DTYPE_F32 if arr.dtype == np.float32 else _native.DTYPE_F64
+    data = arr.ctypes.data if arr.size else None
+    return _native.Matrix(data, arr.shape[0], arr.shape[1], dtype)
+
+
+def _lookup(table, what, value):
+    try:
+        return table[value.lower()]
+    except (KeyError, AttributeError):
+        raise InvalidArgumentError(
+            _native.INVALID_ARGUMENT, f"unknown {what} {value!r} (expected one of: {', '.join(table)})"
+        ) from None
+
+
+def _options(eps, metric, backend, algorithm, output, sorted, threads):
+    opts = _native.Options()
+    _check(lib.simjoin_options_init(ctypes.byref(opts)))
+    opts.eps = float(eps)
+    opts.metric = _lookup(_native.METRICS, "metric", metric)
+    opts.backend = _lookup(_native.BACKENDS, "backend", backend)
+    opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)
+    opts.output = _lookup(_native.OUTPUTS, "output", output)
+    opts.sorted = 1 if sorted else 0
+    opts.threads = int(threads or 0)
+    return opts
+
+
+class _Engine:
+    """One process-wide engine (thread-safe); freed at interpreter exit."""
+
+    handle = None
+
+    @classmethod
+    def get(cls):
+        if cls.handle is None:
+            handle = ctypes.c_void_p()
+            _check(lib.simjoin_engine_new(ctypes.byref(handle)))
+            cls.handle = handle
+            atexit.register(lib.simjoin_engine_free, handle)
+        return cls.handle
+
+
+def _collect(result, output, shape):
+    """Copies a result's output into NumPy / SciPy objects (then the result is freed)."""
+    try:
+        if output == "count":
+            return int(lib.simjoin_result_count(result))
+        if output == "pairs":
+            ptr, count = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
+            _check(lib.simjoin_result_pairs(result, ctypes.byref(ptr), ctypes.byref(count)))
+            if count.value == 0:
+                return np.empty((0, 2), dtype=np.uint32)
+            return np.ctypeslib.as_array(ptr, shape=(count.value, 2)).copy()
+        import scipy.sparse
+
+        offsets, rows = ctypes.POINTER(ctypes.c_uint64)(), ctypes.c_size_t()
+        neighbors, nnz = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
+        _check(
+            lib.simjoin_result_csr(
+                result, ctypes.byref(offsets), ctypes.byref(rows), ctypes.byref(neighbors), ctypes.byref(nnz)
+            )
+        )
+        indptr = np.ctypeslib.as_array(offsets, shape=(rows.value + 1,)).astype(np.int64)
+        if nnz.value:
+            indices = np.ctypeslib.as_array(neighbors, shape=(nnz.value,)).astype(np.int64)
+        else:
+            indices = np.empty(0, dtype=np.int64)
+        data = np.ones(nnz.value, dtype=bool)
+        return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape)
+    finally:
+        lib.simjoin_result_free(result)
+
+
+def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
+              sorted=True, threads=None):
+    """All pairs of rows of X within distance `eps` (dist <= eps).
+
+    output="pairs": unique pairs (i < j) as an (m, 2) uint32 array (sorted unless
+    sorted=False); output="csr": the full neighbour table as an (n, n) boolean
+    scipy.sparse.csr_matrix (both directions, no diagonal); output="count": the number of
+    pairs as an int. metric: "euclidean", "manhattan" or "chebyshev"; backend: "auto",
+    "cpu" or "gpu"; algorithm: "auto", "grid", "ego", "brute" or "lss".
+    """
+    points = _as_points(X, "X")
+    opts = _options(eps, metric, backend, algorithm, output, sorted, threads)
+    m = _matrix(points)
+    result = ctypes.c_void_p()
+    _check(lib.simjoin_self_join(_Engine.get(), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
+    return _collect(result, output.lower(), (points.shape[0], points.shape[0]))
+
+
+def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
+         sorted=True, threads=None):
+    """All pairs (i, j), row i of A and row j of B, within distance `eps`.
+
+    output="pairs": an (m, 2) uint32 array of (i, j); output="csr": an (len(A), len(B))
+    boolean scipy.sparse.csr_matrix; output="count": an int. A float32 array joined with a
+    float64 one is joined in float64.
+    """
+    a, b = np.asarray(A), np.asarray(B)
+    common = None
+    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+        common = np.result_type(a.dtype, b.dtype)
+        common = common if common in (np.float32, np.float64) else np.float64
+    a, b = _as_points(a, "A", common), _as_points(b, "B", common)
+    opts = _options(eps, metric, backend, algorithm, output, sorted, threads)
+    ma, mb = _matrix(a), _matrix(b)
+    result = ctypes.c_void_p()
+    _check(
+        lib.simjoin_join(
+            _Engine.get(), ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)
+        )
+    )
+    return _collect(result, output.lower(), (a.shape[0], b.shape[0]))
+

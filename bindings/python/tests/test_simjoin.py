@@ -1,0 +1,178 @@
+"""Python bindings: exact agreement with scipy's cKDTree, every output form, A join B, tiny
+inputs, no-copy input, errors with the engine's message, and the README snippet."""
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse
+from scipy.spatial import cKDTree
+
+import simjoin
+
+P_OF = {"euclidean": 2, "manhattan": 1, "chebyshev": np.inf}
+
+
+def kdtree_pairs(X, eps, metric):
+    pairs = cKDTree(X).query_pairs(eps, p=P_OF[metric], output_type="ndarray")
+    return np.array(sorted(map(tuple, pairs)), dtype=np.int64).reshape(-1, 2)
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "manhattan", "chebyshev"])
+@pytest.mark.parametrize("dim", [1, 2, 3, 8])
+def test_self_join_agrees_with_ckdtree(metric, dim):
+    rng = np.random.default_rng(dim)
+    X = rng.random((1500, dim))
+    # About a thousand pairs under each metric: the balls' volumes differ.
+    eps = {1: 0.001, 2: 0.02, 3: 0.06, 8: 0.35}[dim]
+    eps *= {"euclidean": 1.0, "manhattan": np.sqrt(dim), "chebyshev": 0.5}[metric]
+    want = kdtree_pairs(X, eps, metric)
+    assert len(want) > 50
+    got = simjoin.self_join(X, eps, metric=metric, backend="cpu")
+    assert got.dtype == np.uint32 and got.shape == (len(want), 2)
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    assert simjoin.self_join(X, eps, metric=metric, output="count") == len(want)
+
+
+def test_clustered_and_duplicate_points():
+    rng = np.random.default_rng(7)
+    centres = rng.random((10, 3))
+    X = centres[rng.integers(0, 10, 2000)] + 0.01 * rng.standard_normal((2000, 3))
+    X[-100:] = X[:100]  # exact duplicates (distance 0)
+    want = kdtree_pairs(X, 0.01, "euclidean")
+    np.testing.assert_array_equal(simjoin.self_join(X, 0.01).astype(np.int64), want)
+
+
+def test_boundary_points_exactly_eps_apart():
+    # A lattice with spacing eps (exact in binary): 4-neighbours are exactly eps apart.
+    g = np.arange(20) * 0.25
+    X = np.array([(x, y) for y in g for x in g])
+    pairs = simjoin.self_join(X, 0.25)
+    assert len(pairs) == 2 * 20 * 19
+    np.testing.assert_array_equal(pairs.astype(np.int64), kdtree_pairs(X, 0.25, "euclidean"))
+    X32 = X.astype(np.float32)
+    assert len(simjoin.self_join(X32, 0.25)) == 2 * 20 * 19
+
+
+def test_float32_uses_float32_arithmetic():
+    rng = np.random.default_rng(3)
+    X = rng.random((800, 2)).astype(np.float32)
+    eps = 0.03
+    # The engine's rule in 2-D: (d0*d0 + d1*d1) <= eps32*eps32, all in float32.
+    d = X[:, None, :] - X[None, :, :]
+    d2 = d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]
+    thr = np.float32(eps) * np.float32(eps)
+    i, j = np.nonzero(np.triu(d2 <= thr, k=1))
+    want = np.stack([i, j], axis=1)
+    np.testing.assert_array_equal(simjoin.self_join(X, eps).astype(np.int64), want)
+
+
+def test_csr_is_the_symmetric_neighbour_table():
+    rng = np.random.default_rng(1)
+    X = rng.random((600, 2))
+    pairs = simjoin.self_join(X, 0.05)
+    csr = simjoin.self_join(X, 0.05, output="csr")
+    assert isinstance(csr, scipy.sparse.csr_matrix) and csr.shape == (600, 600)
+    dense = np.zeros((600, 600), dtype=bool)
+    dense[pairs[:, 0], pairs[:, 1]] = True
+    dense[pairs[:, 1], pairs[:, 0]] = True
+    np.testing.assert_array_equal(csr.toarray(), dense)
+
+
+def test_join_agrees_with_ckdtree():
+    rng = np.random.default_rng(2)
+    A, B = rng.random((700, 3)), rng.random((500, 3))
+    eps = 0.08
+    lists = cKDTree(A).query_ball_tree(cKDTree(B), eps)
+    want = np.array(sorted((i, j) for i, js in enumerate(lists) for j in js), dtype=np.int64)
+    got = simjoin.join(A, B, eps)
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+    csr = simjoin.join(A, B, eps, output="csr")
+    assert csr.shape == (700, 500) and csr.nnz == len(want)
+    assert simjoin.join(A, B, eps, output="count") == len(want)
+    # Mixed precisions are joined in float64.
+    np.testing.assert_array_equal(simjoin.join(A, B.astype(np.float32), eps).shape[1], 2)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+def test_tiny_inputs(n):
+    X = np.array([[0.0, 0.0], [0.5, 0.0]])[:n]
+    pairs = simjoin.self_join(X, 0.5)
+    assert pairs.shape == (max(n - 1, 0), 2)
+    assert simjoin.self_join(X, 0.5, output="count") == max(n - 1, 0)
+    assert simjoin.self_join(X, 0.5, output="csr").shape == (n, n)
+
+
+def test_no_copy_for_c_contiguous_float_arrays():
+    X = np.zeros((10, 3), dtype=np.float32)
+    assert simjoin._as_points(X, "X") is X
+    X64 = np.zeros((10, 3))
+    assert simjoin._as_points(X64, "X") is X64
+    F = np.asfortranarray(X64)
+    assert simjoin._as_points(F, "X") is not F  # converted, and the answer is the same
+    ints = np.arange(6).reshape(3, 2)
+    assert simjoin._as_points(ints, "X").dtype == np.float64
+    np.testing.assert_array_equal(simjoin.self_join(F, 0.1), simjoin.self_join(X64, 0.1))
+
+
+def test_errors_carry_the_engine_message():
+    X = np.random.default_rng(0).random((10, 2))
+    bad = X.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(simjoin.InvalidArgumentError, match="not finite"):
+        simjoin.self_join(bad, 0.1)
+    bad[3, 1] = np.inf
+    with pytest.raises(ValueError, match="not finite"):
+        simjoin.self_join(bad, 0.1)
+    for eps in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(simjoin.InvalidArgumentError, match="eps must be a finite number > 0"):
+            simjoin.self_join(X, eps)
+    with pytest.raises(simjoin.InvalidArgumentError, match="at least one dimension"):
+        simjoin.self_join(np.zeros((5, 0)), 0.1)
+    with pytest.raises(simjoin.InvalidArgumentError, match="2 dimensions but B has 3"):
+        simjoin.join(X, np.zeros((4, 3)), 0.1)
+    with pytest.raises(simjoin.InvalidArgumentError, match="2-D array"):
+        simjoin.self_join(np.zeros(5), 0.1)
+    with pytest.raises(simjoin.InvalidArgumentError, match="unknown metric 'cosine'"):
+        simjoin.self_join(X, 0.1, metric="cosine")
+    with pytest.raises(simjoin.InvalidArgumentError, match="unknown output"):
+        simjoin.self_join(X, 0.1, output="dict")
+    with pytest.raises(simjoin.Error) as info:
+        simjoin.self_join(X, 0.1, backend="gpu", algorithm="brute", threads=1)
+    assert info.value.status != 0 and str(info.value)
+
+
+def test_threads_share_the_engine():
+    rng = np.random.default_rng(5)
+    X = rng.random((1000, 2))
+    want = simjoin.self_join(X, 0.03)
+    results = [None] * 4
+
+    def work(k):
+        results[k] = simjoin.self_join(X, 0.03)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in results:
+        np.testing.assert_array_equal(r, want)
+
+
+def test_version_is_the_crate_version():
+    cargo = Path(__file__).resolve().parents[3] / "Cargo.toml"
+    if not cargo.exists():
+        pytest.skip("not run from a source checkout")
+    version = re.search(r'^version\s*=\s*"([^"]+)"', cargo.read_text(), re.MULTILINE).group(1)
+    assert simjoin.__version__ == version
+
+
+def test_readme_python_example_runs():
+    readme = Path(__file__).resolve().parents[3] / "README.md"
+    if not readme.exists():
+        pytest.skip("not run from a source checkout")
+    text = readme.read_text()
+    block = text.split("<!-- python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})

@@ -1,0 +1,33 @@
+# Installs a built simjoin into a prefix so that find_package(simjoin) finds it:
+#   cargo build --release
+#   cmake -DPREFIX=/usr/local [-DLIB_DIR=target/release] -P cmake/install.cmake
+# Layout: PREFIX/include/{simjoin.h,simjoin.hpp}, PREFIX/lib/libsimjoin.{so,a},
+# PREFIX/lib/cmake/simjoin/simjoin{Config,ConfigVersion}.cmake.
+cmake_minimum_required(VERSION 3.16)
+get_filename_component(_root "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
+if(NOT DEFINED PREFIX)
+  message(FATAL_ERROR "usage: cmake -DPREFIX=<dir> [-DLIB_DIR=<cargo output dir>] -P cmake/install.cmake")
+endif()
+if(NOT DEFINED LIB_DIR)
+  set(LIB_DIR "${_root}/target/release")
+endif()
+get_filename_component(PREFIX "${PREFIX}" ABSOLUTE)
+get_filename_component(LIB_DIR "${LIB_DIR}" ABSOLUTE)
+foreach(_lib libsimjoin.so libsimjoin.a)
+  if(NOT EXISTS "${LIB_DIR}/${_lib}")
+    message(FATAL_ERROR "${LIB_DIR}/${_lib} not found: run `cargo build --release` first")
+  endif()
+endforeach()
+
+# The version comes from the generated header, which tests/header.rs keeps equal to Cargo.toml.
+file(STRINGS "${_root}/include/simjoin.h" _line REGEX "^#define SIMJOIN_VERSION_STRING ")
+string(REGEX REPLACE ".*\"(.*)\".*" "\\1" SIMJOIN_VERSION "${_line}")
+
+file(INSTALL "${_root}/include/simjoin.h" "${_root}/bindings/cpp/simjoin.hpp"
+     DESTINATION "${PREFIX}/include")
+file(INSTALL "${LIB_DIR}/libsimjoin.so" "${LIB_DIR}/libsimjoin.a" DESTINATION "${PREFIX}/lib")
+file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/simjoinConfig.cmake" DESTINATION "${PREFIX}/lib/cmake/simjoin")
+include(CMakePackageConfigHelpers)
+write_basic_package_version_file("${PREFIX}/lib/cmake/simjoin/simjoinConfigVersion.cmake"
+  VERSION "${SIMJOIN_VERSION}" COMPATIBILITY SameMinorVersion)
+message(STATUS "simjoin ${SIMJOIN_VERSION} installed in ${PREFIX}")

@@ -1,3 +1,0 @@
-fn main() {
-    println!("simjoin {}", env!("CARGO_PKG_VERSION"));
-}

@@ -1,0 +1,360 @@
+//! The `simjoin` command: self-join and A ⋈ B of point files, device info, and a demo.
+
+mod demo;
+mod input;
+mod output;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use input::{read_points, Points, Precision};
+use simjoin::{
+    Algorithm, Backend, Dataset, Engine, JoinOptions, JoinReport, Metric, OutputForm, Pair,
+};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "simjoin",
+    version,
+    about = "Similarity (eps-distance) joins on a Vulkan GPU or the CPU"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// All pairs (i < j) of points of INPUT within distance eps.
+    SelfJoin {
+        /// Points: .npy (2-D f32/f64), .csv/.txt (comma or whitespace separated), .fvecs.
+        input: PathBuf,
+        #[command(flatten)]
+        join: JoinArgs,
+    },
+    /// All pairs (i in A, j in B) within distance eps.
+    Join {
+        a: PathBuf,
+        b: PathBuf,
+        #[command(flatten)]
+        join: JoinArgs,
+    },
+    /// Vulkan devices, their queues and limits, and the backend `auto` chooses.
+    Info,
+    /// Generates seeded clustered data and runs a real join on it.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct JoinArgs {
+    /// Distance threshold (> 0): a pair matches when dist <= eps.
+    #[arg(long, allow_negative_numbers = true)]
+    eps: f64,
+    /// euclidean, manhattan or chebyshev.
+    #[arg(long, default_value = "euclidean")]
+    metric: Metric,
+    /// auto, gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    backend: Backend,
+    /// auto, grid, ego, brute or lss.
+    #[arg(long, default_value = "auto")]
+    algorithm: Algorithm,
+    /// Write the pairs to FILE (.npy: (m, 2) uint32; .csv: "i,j" lines), sorted. Without
+    /// it, only the pair count is printed.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Print one JSON object with the pair count, timings and what ran.
+    #[arg(long)]
+    stats: bool,
+    /// Coordinate precision for the join (default: as stored; text files are read as f64).
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    /// CPU worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Vulkan device index or name substring.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Number of points.
+    #[arg(long, default_value_t = 200_000)]
+    n: usize,
+    /// Dimensions (2 or 3 make a nice picture; any >= 1 works).
+    #[arg(long, default_value_t = 3)]
+    dim: usize,
+    /// Number of Gaussian clusters.
+    #[arg(long, default_value_t = 100)]
+    clusters: usize,
+    /// Distance threshold.
+    #[arg(long, default_value_t = 0.004)]
+    eps: f64,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// auto, gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    backend: Backend,
+    /// auto, grid, ego, brute or lss.
+    #[arg(long, default_value = "auto")]
+    algorithm: Algorithm,
+    /// Also save the generated points as .npy (an input for `simjoin self-join`).
+    #[arg(long)]
+    save: Option<PathBuf>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::SelfJoin { input, join } => run_join(&[input], &join),
+        Command::Join { a, b, join } => run_join(&[a, b], &join),
+        Command::Info => info(),
+        Command::Demo(args) => run_demo(&args),
+    };
+    if let Err(e) = outcome {
+        // One line: the whole context chain, "outer: inner: cause".
+        eprintln!("simjoin: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// A spinner with elapsed time and pairs found, on stderr, only when it is a terminal.
+struct Progress(Option<indicatif::ProgressBar>);
+
+impl Progress {
+    fn start(what: &str) -> Self {
+        if !std::io::stderr().is_terminal() {
+            return Progress(None);
+        }
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} [{elapsed_precise}]")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.set_message(what.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Progress(Some(bar))
+    }
+    fn pairs_so_far(&self, pairs: usize) {
+        if let Some(bar) = &self.0 {
+            bar.set_message(format!("joining: {pairs} pairs so far"));
+        }
+    }
+    fn finish(self) {
+        if let Some(bar) = self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn options(args: &JoinArgs) -> JoinOptions {
+    let mut opts = JoinOptions::new(args.eps);
+    opts.metric = args.metric;
+    opts.backend = args.backend;
+    opts.algorithm = args.algorithm;
+    opts.threads = args.threads;
+    opts.device = args.device.clone();
+    opts
+}
+
+/// Runs a self-join (one input) or A ⋈ B (two inputs), printing the count, the stats, or
+/// writing the pairs.
+fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
+    let opts = options(args);
+    // Check everything that needs no data first, so a typo fails fast.
+    opts.validate()?;
+    if let Some(path) = &args.output {
+        output::check_output_path(path)?;
+    }
+    let read_start = Instant::now();
+    let sets: Vec<Points> = inputs
+        .iter()
+        .map(|p| read_points(p).map(|x| x.with_precision(args.precision)))
+        .collect::<Result<_>>()?;
+    let datasets: Vec<Dataset> = sets
+        .iter()
+        .zip(inputs)
+        .map(|(s, p)| s.dataset().with_context(|| p.display().to_string()))
+        .collect::<Result<_>>()?;
+    let read_seconds = read_start.elapsed().as_secs_f64();
+    let (a, b) = (&datasets[0], datasets.get(1));
+
+    let engine = Engine::new();
+    let progress = Progress::start("joining");
+    let (report, pairs) = if args.output.is_some() {
+        // Stream into memory so the spinner can show progress.
+        let mut pairs: Vec<Pair> = Vec::new();
+        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
+            pairs.extend_from_slice(chunk);
+            progress.pairs_so_far(pairs.len());
+            Ok(())
+        };
+        let report = match b {
+            None => engine.self_join_stream(a, &opts, &mut sink),
+            Some(b) => engine.join_stream(a, b, &opts, &mut sink),
+        };
+        (report, Some(pairs))
+    } else {
+        let mut count_opts = opts.clone();
+        count_opts.output = OutputForm::Count;
+        let result = match b {
+            None => engine.self_join(a, &count_opts),
+            Some(b) => engine.join(a, b, &count_opts),
+        };
+        (result.map(|r| r.report), None)
+    };
+    progress.finish();
+    let report = report?;
+
+    let mut write_seconds = 0.0;
+    if let (Some(path), Some(mut pairs)) = (&args.output, pairs) {
+        let t = Instant::now();
+        simjoin::result::sort_pairs(&mut pairs);
+        output::write_pairs(path, &pairs)?;
+        write_seconds = t.elapsed().as_secs_f64();
+    }
+    if args.stats {
+        let stats = stats_json(&report, &opts, &datasets, read_seconds, write_seconds);
+        println!("{stats}");
+    } else if args.output.is_none() {
+        println!("{}", report.pairs);
+    }
+    Ok(())
+}
+
+fn stats_json(
+    report: &JoinReport,
+    opts: &JoinOptions,
+    sets: &[Dataset],
+    read_seconds: f64,
+    write_seconds: f64,
+) -> serde_json::Value {
+    let phases: Vec<_> = report
+        .phases
+        .iter()
+        .map(|(name, seconds)| serde_json::json!({ "name": name, "seconds": seconds }))
+        .collect();
+    serde_json::json!({
+        "pairs": report.pairs,
+        "seconds": report.seconds,
+        "backend": report.backend,
+        "device": report.device,
+        "algorithm": report.algorithm.name(),
+        "batches": report.batches,
+        "phases": phases,
+        "notes": report.notes,
+        "points": sets.iter().map(|s| s.len()).collect::<Vec<_>>(),
+        "dim": sets[0].dim(),
+        "eps": opts.eps,
+        "metric": opts.metric.name(),
+        "read_seconds": read_seconds,
+        "write_seconds": write_seconds,
+    })
+}
+
+fn info() -> Result<()> {
+    println!("simjoin {}", env!("CARGO_PKG_VERSION"));
+    let devices = simjoin::devices()?;
+    if devices.is_empty() {
+        println!("Vulkan devices: none found");
+    } else {
+        println!("Vulkan devices:");
+        for d in &devices {
+            println!(
+                "  [{}] {} ({}), Vulkan {}, driver {}",
+                d.index, d.name, d.kind, d.api_version, d.driver
+            );
+            for line in &d.details {
+                println!("      {line}");
+            }
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    println!("CPU: {threads} threads");
+    // Ask the engine what `--backend auto` picks by running a two-point join.
+    let probe = [0.0f32, 1.0];
+    let result = Engine::new().self_join(&Dataset::from_f32(&probe, 1)?, &JoinOptions::new(1.0))?;
+    println!(
+        "backend auto chooses: {} ({})",
+        result.report.backend, result.report.device
+    );
+    Ok(())
+}
+
+fn run_demo(args: &DemoArgs) -> Result<()> {
+    anyhow::ensure!(args.dim >= 1, "--dim must be at least 1");
+    let spread = 0.01;
+    println!(
+        "Generating {} points in {}-D: {} Gaussian clusters (sigma {spread}) + 10% uniform noise, seed {}",
+        args.n, args.dim, args.clusters, args.seed
+    );
+    let points = demo::clustered(args.n, args.dim, args.clusters, spread, args.seed);
+    if let Some(path) = &args.save {
+        anyhow::ensure!(
+            input::extension(path) == "npy",
+            "--save needs a .npy file name"
+        );
+        save_npy(path, &points, args.dim)?;
+        println!("Saved the points to {}", path.display());
+    }
+    let data = Dataset::from_f32(&points, args.dim)?;
+    let mut opts = JoinOptions::new(args.eps);
+    opts.backend = args.backend;
+    opts.algorithm = args.algorithm;
+    opts.sorted = true;
+    println!("Self-join with Euclidean eps = {} ...", args.eps);
+    let progress = Progress::start("joining");
+    let result = Engine::new().self_join(&data, &opts);
+    progress.finish();
+    let result = result?;
+    let r = &result.report;
+    let pairs = result.pairs().unwrap_or(&[]);
+    println!(
+        "Found {} pairs in {:.3} s on {} ({}), algorithm {}, {} batch(es)",
+        r.pairs, r.seconds, r.backend, r.device, r.algorithm, r.batches
+    );
+    println!(
+        "Selectivity: {:.2} neighbours per point on average",
+        2.0 * r.pairs as f64 / args.n.max(1) as f64
+    );
+    for (name, seconds) in &r.phases {
+        println!("  phase {name}: {seconds:.3} s");
+    }
+    println!("Example pairs (i, j, distance):");
+    for &[i, j] in pairs.iter().take(5) {
+        let (p, q) = (
+            &points[i as usize * args.dim..][..args.dim],
+            &points[j as usize * args.dim..][..args.dim],
+        );
+        let d2: f64 = p
+            .iter()
+            .zip(q)
+            .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+            .sum();
+        println!("  ({i}, {j})  {:.6}", d2.sqrt());
+    }
+    println!("Neighbour-count histogram (neighbours: points):");
+    for (label, count) in demo::degree_histogram(pairs, args.n) {
+        println!("  {label:>9}: {count}");
+    }
+    Ok(())
+}
+
+fn save_npy(path: &std::path::Path, points: &[f32], dim: usize) -> Result<()> {
+    use npyz::WriterBuilder;
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&[(points.len() / dim) as u64, dim as u64])
+        .writer(std::io::BufWriter::new(file))
+        .begin_nd()?;
+    w.extend(points.iter().copied())?;
+    w.finish()?;
+    Ok(())
+}

@@ -1,0 +1,448 @@
+//! The `simjoin` command end to end: every input format, both output formats, --stats, A ⋈ B,
+//! the demo, the README's commands, and a clear one-line error for every kind of bad input.
+//! Pair sets are compared exactly with the brute-force oracle.
+
+use simjoin::{oracle, Dataset, Metric, Pair};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_simjoin");
+
+/// A fresh scratch directory per test.
+fn scratch(test: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("simjoin-cli-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("cannot run simjoin")
+}
+
+fn stdout_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "simjoin failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+/// Asserts a clean failure: non-zero exit, one line on stderr naming the problem, no panic.
+fn assert_error(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "not one line: {stderr}"
+    );
+    assert!(stderr.starts_with("simjoin: error: "), "{stderr}");
+    assert!(
+        stderr.contains(needle),
+        "stderr {stderr:?} lacks {needle:?}"
+    );
+}
+
+fn lcg_points(n: usize, dim: usize, seed: u64) -> Vec<f64> {
+    let mut s = seed;
+    (0..n * dim)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        })
+        .collect()
+}
+
+/// Rows as text, every number in Rust's shortest round-trip form (so parsing is exact).
+fn to_text(points: &[f64], dim: usize, sep: &str) -> String {
+    points
+        .chunks(dim)
+        .map(|r| {
+            r.iter()
+                .map(|x| format!("{x:?}"))
+                .collect::<Vec<_>>()
+                .join(sep)
+                + "\n"
+        })
+        .collect()
+}
+
+fn read_npy_pairs(path: &Path) -> Vec<Pair> {
+    let bytes = std::fs::read(path).unwrap();
+    let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
+    assert_eq!(npy.shape().len(), 2);
+    assert_eq!(npy.shape()[1], 2);
+    let flat: Vec<u32> = npy.into_vec().unwrap();
+    flat.chunks(2).map(|c| [c[0], c[1]]).collect()
+}
+
+fn read_csv_pairs(path: &Path) -> Vec<Pair> {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("i,j"));
+    lines
+        .map(|l| {
+            let (i, j) = l.split_once(',').unwrap();
+            [i.parse().unwrap(), j.parse().unwrap()]
+        })
+        .collect()
+}
+
+fn write_npy<T: npyz::Serialize + npyz::AutoSerialize + Copy>(
+    path: &Path,
+    data: &[T],
+    shape: &[u64],
+    fortran: bool,
+) {
+    use npyz::WriterBuilder;
+    let mut opts = npyz::WriteOptions::<T>::new().default_dtype().shape(shape);
+    if fortran {
+        opts = opts.order(npyz::Order::Fortran);
+    }
+    let mut w = opts
+        .writer(std::fs::File::create(path).unwrap())
+        .begin_nd()
+        .unwrap();
+    w.extend(data.iter().copied()).unwrap();
+    w.finish().unwrap();
+}
+
+#[test]
+fn csv_with_header_to_npy_matches_oracle() {
+    let dir = scratch("csv");
+    let pts = lcg_points(400, 2, 1);
+    std::fs::write(
+        dir.join("in.csv"),
+        format!("x,y\n{}", to_text(&pts, 2, ", ")),
+    )
+    .unwrap();
+    let want = oracle::self_join(
+        &Dataset::from_f64(&pts, 2).unwrap(),
+        Metric::Euclidean,
+        0.05,
+    );
+    assert!(want.len() > 100);
+    stdout_ok(&run(
+        &dir,
+        &[
+            "self-join",
+            "in.csv",
+            "--eps",
+            "0.05",
+            "--output",
+            "out.npy",
+        ],
+    ));
+    assert_eq!(read_npy_pairs(&dir.join("out.npy")), want); // sorted, exactly
+    let count = stdout_ok(&run(&dir, &["self-join", "in.csv", "--eps", "0.05"]));
+    assert_eq!(count.trim(), want.len().to_string());
+}
+
+#[test]
+fn whitespace_txt_every_metric_to_csv() {
+    let dir = scratch("txt");
+    let pts = lcg_points(300, 3, 2);
+    std::fs::write(dir.join("in.txt"), to_text(&pts, 3, " \t ")).unwrap();
+    let data = Dataset::from_f64(&pts, 3).unwrap();
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        let want = oracle::self_join(&data, metric, 0.1);
+        let out = run(
+            &dir,
+            &[
+                "self-join",
+                "in.txt",
+                "--eps",
+                "0.1",
+                "--metric",
+                metric.name(),
+                "-o",
+                "out.csv",
+            ],
+        );
+        stdout_ok(&out);
+        assert_eq!(read_csv_pairs(&dir.join("out.csv")), want, "{metric}");
+    }
+}
+
+#[test]
+fn npy_f32_f64_and_fortran_order() {
+    let dir = scratch("npy");
+    let pts = lcg_points(300, 4, 3);
+    let pts32: Vec<f32> = pts.iter().map(|&x| x as f32).collect();
+    write_npy(&dir.join("f64.npy"), &pts, &[300, 4], false);
+    write_npy(&dir.join("f32.npy"), &pts32, &[300, 4], false);
+    // The same points stored column-major.
+    let col_major: Vec<f64> = (0..4)
+        .flat_map(|c| (0..300).map(move |r| (r, c)))
+        .map(|(r, c)| pts[r * 4 + c])
+        .collect();
+    write_npy(&dir.join("fortran.npy"), &col_major, &[300, 4], true);
+    let want64 = oracle::self_join(
+        &Dataset::from_f64(&pts, 4).unwrap(),
+        Metric::Euclidean,
+        0.15,
+    );
+    let want32 = oracle::self_join(
+        &Dataset::from_f32(&pts32, 4).unwrap(),
+        Metric::Euclidean,
+        0.15,
+    );
+    for (file, want) in [
+        ("f64.npy", &want64),
+        ("f32.npy", &want32),
+        ("fortran.npy", &want64),
+    ] {
+        stdout_ok(&run(
+            &dir,
+            &["self-join", file, "--eps", "0.15", "-o", "out.npy"],
+        ));
+        assert_eq!(&read_npy_pairs(&dir.join("out.npy")), want, "{file}");
+    }
+    // --precision f32 on f64 input gives the f32 answer.
+    stdout_ok(&run(
+        &dir,
+        &[
+            "self-join",
+            "f64.npy",
+            "--eps",
+            "0.15",
+            "--precision",
+            "f32",
+            "-o",
+            "out.npy",
+        ],
+    ));
+    assert_eq!(read_npy_pairs(&dir.join("out.npy")), want32);
+}
+
+#[test]
+fn fvecs_input() {
+    let dir = scratch("fvecs");
+    let pts: Vec<f32> = lcg_points(200, 5, 4).iter().map(|&x| x as f32).collect();
+    let mut bytes = Vec::new();
+    for row in pts.chunks(5) {
+        bytes.extend_from_slice(&5i32.to_le_bytes());
+        row.iter()
+            .for_each(|x| bytes.extend_from_slice(&x.to_le_bytes()));
+    }
+    std::fs::write(dir.join("in.fvecs"), &bytes).unwrap();
+    let want = oracle::self_join(&Dataset::from_f32(&pts, 5).unwrap(), Metric::Euclidean, 0.3);
+    stdout_ok(&run(
+        &dir,
+        &["self-join", "in.fvecs", "--eps", "0.3", "-o", "out.npy"],
+    ));
+    assert_eq!(read_npy_pairs(&dir.join("out.npy")), want);
+    // A truncated file is an error.
+    std::fs::write(dir.join("cut.fvecs"), &bytes[..bytes.len() - 3]).unwrap();
+    assert_error(
+        &run(&dir, &["self-join", "cut.fvecs", "--eps", "0.3"]),
+        "truncated",
+    );
+}
+
+#[test]
+fn join_a_b_with_stats() {
+    let dir = scratch("join");
+    let a = lcg_points(250, 2, 5);
+    let b = lcg_points(150, 2, 6);
+    std::fs::write(dir.join("a.csv"), to_text(&a, 2, ",")).unwrap();
+    std::fs::write(dir.join("b.csv"), to_text(&b, 2, ",")).unwrap();
+    let want = oracle::join(
+        &Dataset::from_f64(&a, 2).unwrap(),
+        &Dataset::from_f64(&b, 2).unwrap(),
+        Metric::Euclidean,
+        0.05,
+    );
+    let out = stdout_ok(&run(
+        &dir,
+        &[
+            "join",
+            "a.csv",
+            "b.csv",
+            "--eps",
+            "0.05",
+            "--backend",
+            "cpu",
+            "-o",
+            "out.csv",
+            "--stats",
+        ],
+    ));
+    assert_eq!(read_csv_pairs(&dir.join("out.csv")), want);
+    let stats: serde_json::Value =
+        serde_json::from_str(out.trim()).expect("--stats prints one JSON object");
+    assert_eq!(stats["pairs"], want.len());
+    assert_eq!(stats["backend"], "cpu");
+    assert_eq!(stats["points"], serde_json::json!([250, 150]));
+    assert!(stats["seconds"].as_f64().unwrap() >= 0.0);
+    assert!(stats["batches"].as_u64().unwrap() >= 1);
+    assert!(stats["device"].is_string() && stats["phases"].is_array());
+    assert_ne!(stats["algorithm"], "auto");
+}
+
+#[test]
+fn tiny_inputs_and_exact_boundary() {
+    let dir = scratch("tiny");
+    std::fs::write(dir.join("empty.csv"), "").unwrap();
+    std::fs::write(dir.join("one.csv"), "0.5,0.5\n").unwrap();
+    // Exactly eps = 0.25 apart (dyadic, exact); and a pair just beyond.
+    std::fs::write(dir.join("two.csv"), "0.5,0.5\n0.75,0.5\n").unwrap();
+    std::fs::write(dir.join("far.csv"), "0.5,0.5\n0.7500001,0.5\n").unwrap();
+    for (file, want) in [
+        ("empty.csv", "0"),
+        ("one.csv", "0"),
+        ("two.csv", "1"),
+        ("far.csv", "0"),
+    ] {
+        let out = stdout_ok(&run(&dir, &["self-join", file, "--eps", "0.25"]));
+        assert_eq!(out.trim(), want, "{file}");
+    }
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let dir = scratch("bad");
+    std::fs::write(dir.join("ok.csv"), "1,2\n3,4\n").unwrap();
+    std::fs::write(dir.join("malformed.csv"), "1,2\n3,abc\n").unwrap();
+    std::fs::write(dir.join("ragged.csv"), "1,2\n3,4,5\n").unwrap();
+    std::fs::write(dir.join("nan.csv"), "1,2\nnan,4\n").unwrap();
+    std::fs::write(dir.join("inf.txt"), "1 2\n3 inf\n").unwrap();
+    std::fs::write(dir.join("three.csv"), "1,2,3\n").unwrap();
+    std::fs::write(dir.join("data.xyz"), "1,2\n").unwrap();
+    write_npy(&dir.join("flat.npy"), &[1.0f64, 2.0, 3.0], &[3], false);
+    write_npy(&dir.join("ints.npy"), &[1i32, 2, 3, 4], &[2, 2], false);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["self-join", "missing.csv", "--eps", "1"],
+            "cannot open missing.csv",
+        ),
+        (
+            &["self-join", "malformed.csv", "--eps", "1"],
+            "line 2: 'abc' is not a number",
+        ),
+        (
+            &["self-join", "ragged.csv", "--eps", "1"],
+            "line 2: 3 values, but earlier rows have 2",
+        ),
+        (&["self-join", "nan.csv", "--eps", "1"], "not finite"),
+        (&["self-join", "inf.txt", "--eps", "1"], "not finite"),
+        (
+            &["self-join", "ok.csv", "--eps", "0"],
+            "eps must be a finite number > 0",
+        ),
+        (
+            &["self-join", "ok.csv", "--eps", "-2"],
+            "eps must be a finite number > 0",
+        ),
+        (
+            &["self-join", "ok.csv", "--eps", "NaN"],
+            "eps must be a finite number > 0",
+        ),
+        (
+            &["self-join", "data.xyz", "--eps", "1"],
+            "unknown input format",
+        ),
+        (
+            &["self-join", "ok.csv", "--eps", "1", "-o", "out.txt"],
+            "unknown output format",
+        ),
+        (
+            &["self-join", "flat.npy", "--eps", "1"],
+            "expected a 2-D array",
+        ),
+        (
+            &["self-join", "ints.npy", "--eps", "1"],
+            "unsupported dtype",
+        ),
+        (
+            &["join", "ok.csv", "three.csv", "--eps", "1"],
+            "A has 2 dimensions but B has 3",
+        ),
+        (
+            &[
+                "self-join",
+                "ok.csv",
+                "--eps",
+                "1",
+                "--backend",
+                "gpu",
+                "--device",
+                "no such device",
+            ],
+            "",
+        ),
+    ];
+    for (args, needle) in cases {
+        assert_error(&run(&dir, args), needle);
+    }
+    // Usage errors come from clap (exit 2), still without a panic.
+    let out = run(
+        &dir,
+        &["self-join", "ok.csv", "--eps", "1", "--metric", "cosine"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown Metric 'cosine'"));
+}
+
+#[test]
+fn demo_saves_its_data_and_self_join_agrees() {
+    let dir = scratch("demo");
+    let out = stdout_ok(&run(
+        &dir,
+        &[
+            "demo", "--n", "3000", "--dim", "2", "--eps", "0.01", "--save", "pts.npy",
+        ],
+    ));
+    let found: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("Found ")?.split(' ').next()?.parse().ok())
+        .expect("demo prints 'Found N pairs'");
+    assert!(found > 0, "{out}");
+    assert!(out.contains("Neighbour-count histogram"));
+    let count = stdout_ok(&run(&dir, &["self-join", "pts.npy", "--eps", "0.01"]));
+    assert_eq!(count.trim(), found.to_string());
+}
+
+#[test]
+fn info_names_the_auto_backend() {
+    let out = stdout_ok(&run(&std::env::temp_dir(), &["info"]));
+    assert!(out.contains("backend auto chooses: "), "{out}");
+}
+
+/// Every `simjoin ...` line of the README's CLI example runs as written.
+#[test]
+fn readme_cli_example_runs() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let block = readme
+        .split("<!-- cli-example -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("README.md has a ```sh block after <!-- cli-example -->");
+    let dir = scratch("readme");
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("simjoin ")) {
+        let args: Vec<&str> = line
+            .split_whitespace()
+            .skip(1)
+            .take_while(|w| !w.starts_with('#'))
+            .collect();
+        stdout_ok(&run(&dir, &args));
+        ran += 1;
+    }
+    assert!(ran >= 3, "README CLI example has {ran} commands");
+}
