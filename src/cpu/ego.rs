@@ -1,0 +1,360 @@
+//! EGO*-join (Kalashnikov & Prabhakar, after Böhm et al.'s EGO-join): points sorted in
+//! Epsilon Grid Order (lexicographic order of their eps-grid cell coordinates, dimensions
+//! ordered by decreasing variance), then a recursive join of sequences that halves the
+//! longer sequence and drops pairs of sequences the EGO*-heuristic proves non-joinable:
+//! each sequence is bounded by the rectangle its first and last cells imply (equal leading
+//! cell coordinates, the active dimension between them, the rest unbounded), and two
+//! sequences whose rectangles are >= 2 cells apart in some dimension cannot hold a pair
+//! (cells are at least eps wide; grid.rs proves no rounding case is lost).
+//!
+//! Beyond the paper: the recursion's halvings form a fixed binary tree over the sorted
+//! points, and each node also keeps its true bounding box in real coordinates (built
+//! bottom-up once). Two sequences whose boxes are farther apart than eps (with a rounding
+//! margin) are dropped too. In high dimensions with eps near the data's spread (few cells
+//! per dimension, nearly every cell pair adjacent) the cell rectangles prune little and
+//! the boxes prune almost everything.
+//!
+//! Short sequences are joined by the vectorised kernel in variance order (early exit)
+//! with a safety margin, and every survivor is confirmed in canonical dimension order.
+
+use super::emit::{Collector, Emitter};
+use super::store::{avx2_available, confirm, reject_threshold, scan, MetricKind, Store};
+use crate::metric::reject_margin;
+use crate::options::Metric;
+use crate::grid::GridGeometry;
+use crate::metric::Coord;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Sequences at most this long are joined directly.
+pub(crate) const LEAF: usize = 32;
+
+/// Points in EGO order, and the tree of their recursive halvings.
+pub(crate) struct EgoIndex<T> {
+    pub store: Store<T>,
+    /// Cell coordinates per slot (`k` per point, in `geom.dims` order).
+    cells: Vec<u32>,
+    k: usize,
+    /// Node 0 is the root (when n > 0).
+    nodes: Vec<Node>,
+    /// Bounding box of node i: `lo[i*dim..(i+1)*dim]`, `hi[..]`, in store column order.
+    lo: Vec<T>,
+    hi: Vec<T>,
+}
+
+/// A sequence of consecutive slots; leaves have no children.
+#[derive(Clone, Debug)]
+struct Node {
+    start: usize,
+    end: usize,
+    children: Option<(u32, u32)>,
+}
+
+impl<T: Coord> EgoIndex<T> {
+    /// EGO-sorts `data` (row-major, `dim` wide) by the cells of `geom` (all dimensions,
+    /// variance order); the store keeps columns in `geom.dims` order.
+    pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
+        let n = data.len() / dim;
+        let k = geom.k();
+        let mut raw = vec![0u32; n * k];
+        raw.par_chunks_mut(k).enumerate().for_each(|(i, c)| {
+            for (axis, &j) in geom.dims.iter().enumerate() {
+                c[axis] = geom.coord(axis, data[i * dim + j].to_f64()) as u32;
+            }
+        });
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.par_sort_unstable_by(|&a, &b| {
+            let (a, b) = (a as usize * k, b as usize * k);
+            raw[a..a + k].cmp(&raw[b..b + k])
+        });
+        let mut cells = vec![0u32; n * k];
+        cells
+            .par_chunks_mut(k)
+            .zip(order.par_iter())
+            .for_each(|(dst, &i)| {
+                dst.copy_from_slice(&raw[i as usize * k..(i as usize + 1) * k]);
+            });
+        let store = Store::gather(data, dim, order, &geom.dims);
+        let mut index = EgoIndex { store, cells, k, nodes: Vec::new(), lo: Vec::new(), hi: Vec::new() };
+        if n > 0 {
+            index.build_node(0..n);
+        }
+        index
+    }
+
+    /// Appends the subtree over `r` (same halving as the join's recursion); returns its id.
+    fn build_node(&mut self, r: Range<usize>) -> u32 {
+        let id = self.nodes.len();
+        let dim = self.store.dim;
+        self.nodes.push(Node { start: r.start, end: r.end, children: None });
+        self.lo.extend(std::iter::repeat(T::ZERO).take(dim));
+        self.hi.extend(std::iter::repeat(T::ZERO).take(dim));
+        if r.len() <= LEAF {
+            let mut p = vec![T::ZERO; dim];
+            self.store.point(r.start, &mut p);
+            let (mut lo, mut hi) = (p.clone(), p.clone());
+            for s in r.start + 1..r.end {
+                self.store.point(s, &mut p);
+                for c in 0..dim {
+                    if p[c] < lo[c] {
+                        lo[c] = p[c];
+                    }
+                    if p[c] > hi[c] {
+                        hi[c] = p[c];
+                    }
+                }
+            }
+            self.lo[id * dim..(id + 1) * dim].copy_from_slice(&lo);
+            self.hi[id * dim..(id + 1) * dim].copy_from_slice(&hi);
+        } else {
+            let mid = r.start + r.len() / 2;
+            let left = self.build_node(r.start..mid) as usize;
+            let right = self.build_node(mid..r.end) as usize;
+            self.nodes[id].children = Some((left as u32, right as u32));
+            for c in 0..dim {
+                let (l1, l2) = (self.lo[left * dim + c], self.lo[right * dim + c]);
+                let (h1, h2) = (self.hi[left * dim + c], self.hi[right * dim + c]);
+                self.lo[id * dim + c] = if l2 < l1 { l2 } else { l1 };
+                self.hi[id * dim + c] = if h2 > h1 { h2 } else { h1 };
+            }
+        }
+        id as u32
+    }
+
+    #[inline]
+    fn cell(&self, s: usize) -> &[u32] {
+        &self.cells[s * self.k..(s + 1) * self.k]
+    }
+}
+
+/// EGO*-heuristic: false when sequences `a` (of `x`) and `b` (of `y`) provably hold no pair.
+/// Each sequence's bounding rectangle is exact on the leading dimensions where its first
+/// and last cells agree, spans first..last on the next (active) one, and is unbounded after.
+#[inline]
+fn ego_joinable<T: Coord>(x: &EgoIndex<T>, a: &Node, y: &EgoIndex<T>, b: &Node) -> bool {
+    let (fa, la) = (x.cell(a.start), x.cell(a.end - 1));
+    let (fb, lb) = (y.cell(b.start), y.cell(b.end - 1));
+    for d in 0..x.k {
+        // Cell coordinates are < 2^31, so +1 cannot overflow.
+        if fa[d] > lb[d] + 1 || fb[d] > la[d] + 1 {
+            return false;
+        }
+        // Past either sequence's active dimension its rectangle is unbounded.
+        if fa[d] != la[d] || fb[d] != lb[d] {
+            return true;
+        }
+    }
+    true
+}
+
+/// Lower bound (in f64, for `metric`) of the distance between boxes `[alo, ahi]` and
+/// `[blo, bhi]`, accumulated like the metric (squared for Euclidean).
+#[inline(always)]
+fn box_gap<T: Coord, M: MetricKind>(alo: &[T], ahi: &[T], blo: &[T], bhi: &[T]) -> f64 {
+    let mut acc = 0.0f64;
+    for c in 0..alo.len() {
+        let g1 = blo[c].to_f64() - ahi[c].to_f64();
+        let g2 = alo[c].to_f64() - bhi[c].to_f64();
+        let g = g1.max(g2).max(0.0);
+        acc = match M::METRIC {
+            Metric::Euclidean => acc + g * g,
+            Metric::Manhattan => acc + g,
+            Metric::Chebyshev => acc.max(g),
+        };
+    }
+    acc
+}
+
+/// One join's fixed inputs.
+struct Ctx<'a, T> {
+    x: &'a EgoIndex<T>,
+    y: &'a EgoIndex<T>,
+    self_join: bool,
+    /// Canonical threshold and its widened form for the variance-order kernel.
+    thr: T,
+    reject: T,
+    /// Boxes farther apart than this (f64, metric's accumulation) hold no pair; infinite
+    /// when eps is so small that rounding bounds could fail (underflow).
+    box_reject: f64,
+    /// canon[j] = store column holding dataset dimension j.
+    canon: Vec<usize>,
+    avx2: bool,
+}
+
+impl<T: Coord> Ctx<'_, T> {
+    fn boxes_apart<M: MetricKind>(&self, a: u32, b: u32) -> bool {
+        let dim = self.x.store.dim;
+        let (a, b) = (a as usize * dim, b as usize * dim);
+        let (x, y) = (self.x, self.y);
+        box_gap::<T, M>(&x.lo[a..a + dim], &x.hi[a..a + dim], &y.lo[b..b + dim], &y.hi[b..b + dim]) > self.box_reject
+    }
+
+    /// Self-join of one node: its halves, and the halves against each other.
+    fn self_rec<M: MetricKind>(&self, a: u32, em: &mut Emitter, q: &mut [T]) {
+        let node = &self.x.nodes[a as usize];
+        match node.children {
+            None => self.leaf::<M>(a, a, em, q),
+            Some((l, r)) => {
+                self.self_rec::<M>(l, em, q);
+                self.self_rec::<M>(r, em, q);
+                self.pair_rec::<M>(l, r, em, q);
+            }
+        }
+    }
+
+    /// Join of node `a` (of x) with node `b` (of y), halving the longer one.
+    fn pair_rec<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+        let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
+        if em.stopped() || !ego_joinable(self.x, na, self.y, nb) || self.boxes_apart::<M>(a, b) {
+            return;
+        }
+        let split_a = match (na.children, nb.children) {
+            (None, None) => return self.leaf::<M>(a, b, em, q),
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(_), Some(_)) => na.end - na.start >= nb.end - nb.start,
+        };
+        if split_a {
+            let (l, r) = na.children.unwrap();
+            self.pair_rec::<M>(l, b, em, q);
+            self.pair_rec::<M>(r, b, em, q);
+        } else {
+            let (l, r) = nb.children.unwrap();
+            self.pair_rec::<M>(a, l, em, q);
+            self.pair_rec::<M>(a, r, em, q);
+        }
+    }
+
+    fn leaf<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.avx2 {
+            // SAFETY: avx2 was detected at run time.
+            return unsafe { self.leaf_avx2::<M>(a, b, em, q) };
+        }
+        self.leaf_body::<M>(a, b, em, q)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn leaf_avx2<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+        self.leaf_body::<M>(a, b, em, q)
+    }
+
+    /// Direct join of two leaves (`a == b` in a self-join: pairs inside one leaf). Each
+    /// query point is first tested against the other leaf's box.
+    #[inline(always)]
+    fn leaf_body<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+        let same = self.self_join && a == b;
+        let (xs, ys) = (&self.x.store, &self.y.store);
+        let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
+        let dim = xs.dim;
+        let (blo, bhi) = (&self.y.lo[b as usize * dim..][..dim], &self.y.hi[b as usize * dim..][..dim]);
+        for s in na.start..na.end {
+            xs.point(s, q);
+            if !same && box_gap::<T, M>(q, q, blo, bhi) > self.box_reject {
+                continue;
+            }
+            let qid = xs.ids[s];
+            let lo = if same { s + 1 } else { nb.start };
+            scan::<T, M>(q, ys, lo, nb.end, self.reject, true, |t| {
+                if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
+                    let tid = ys.ids[t];
+                    if self.self_join {
+                        em.push(qid.min(tid), qid.max(tid));
+                    } else {
+                        em.push(qid, tid);
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// A task of the parallel phase: a node's self-join or a pair of nodes.
+enum Task {
+    SelfJoin(u32),
+    Pair(u32, u32),
+}
+
+/// Splits the top of the recursion into tasks of at most `grain` points per side.
+fn plan_self<T: Coord, M: MetricKind>(ctx: &Ctx<T>, a: u32, grain: usize, out: &mut Vec<Task>) {
+    let node = &ctx.x.nodes[a as usize];
+    match node.children {
+        Some((l, r)) if node.end - node.start > grain => {
+            plan_self::<T, M>(ctx, l, grain, out);
+            plan_self::<T, M>(ctx, r, grain, out);
+            plan_pair::<T, M>(ctx, l, r, grain, out);
+        }
+        _ => out.push(Task::SelfJoin(a)),
+    }
+}
+
+fn plan_pair<T: Coord, M: MetricKind>(ctx: &Ctx<T>, a: u32, b: u32, grain: usize, out: &mut Vec<Task>) {
+    let (na, nb) = (&ctx.x.nodes[a as usize], &ctx.y.nodes[b as usize]);
+    if !ego_joinable(ctx.x, na, ctx.y, nb) || ctx.boxes_apart::<M>(a, b) {
+        return;
+    }
+    let (la, lb) = (na.end - na.start, nb.end - nb.start);
+    if la <= grain && lb <= grain {
+        return out.push(Task::Pair(a, b));
+    }
+    match (na.children, nb.children) {
+        (Some((l, r)), _) if la >= lb || nb.children.is_none() => {
+            plan_pair::<T, M>(ctx, l, b, grain, out);
+            plan_pair::<T, M>(ctx, r, b, grain, out);
+        }
+        (_, Some((l, r))) => {
+            plan_pair::<T, M>(ctx, a, l, grain, out);
+            plan_pair::<T, M>(ctx, a, r, grain, out);
+        }
+        _ => out.push(Task::Pair(a, b)),
+    }
+}
+
+/// EGO*-join of `x` with `y` (`self_join`: x is y). `canon` maps dataset dimensions to
+/// store columns.
+pub(crate) fn join<T: Coord, M: MetricKind>(
+    x: &EgoIndex<T>,
+    y: &EgoIndex<T>,
+    self_join: bool,
+    thr: T,
+    canon: Vec<usize>,
+    out: &Collector,
+    threads: usize,
+) {
+    let dim = x.store.dim;
+    let (nx, ny) = (x.store.n, y.store.n);
+    if nx == 0 || ny == 0 {
+        return;
+    }
+    // Box distances are computed in f64 from T values: a pair's canonical T sum is at
+    // least the exact box gap less T's and f64's rounding, both covered by the margins.
+    let tiny = if T::UNIT_ROUNDOFF > 1e-10 { 1e-30 } else { 1e-290 };
+    let margin = 2.0 * reject_margin::<T>(dim) + 4.0 * reject_margin::<f64>(dim);
+    let box_reject = if thr.to_f64() > tiny { thr.to_f64() * (1.0 + margin) } else { f64::INFINITY };
+    let ctx = Ctx {
+        x,
+        y,
+        self_join,
+        thr,
+        reject: reject_threshold(thr, dim),
+        box_reject,
+        canon,
+        avx2: avx2_available(),
+    };
+    let grain = (nx.max(ny) / (threads * 16)).max(LEAF);
+    let mut tasks = Vec::new();
+    if self_join {
+        plan_self::<T, M>(&ctx, 0, grain, &mut tasks);
+    } else {
+        plan_pair::<T, M>(&ctx, 0, 0, grain, &mut tasks);
+    }
+    tasks.par_iter().with_max_len(1).for_each(|task| {
+        let mut em = out.emitter();
+        let mut q = vec![T::ZERO; dim];
+        match *task {
+            Task::SelfJoin(a) => ctx.self_rec::<M>(a, &mut em, &mut q),
+            Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
+        }
+    });
+}

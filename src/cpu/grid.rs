@@ -1,0 +1,204 @@
+//! Grid-join: an eps-grid over k indexed dimensions (highest variance first), points
+//! sorted by linear cell id (so each cell, and each run of cells along the last indexed
+//! dimension, is one contiguous slice), and a scan of the adjacent cells per query point.
+//!
+//! The 3^k neighbour cells of a cell form 3^(k-1) contiguous slot ranges (one per row along
+//! the last indexed dimension), found by binary search in the sorted list of non-empty
+//! cells. A self-join visits only the rows that are lexicographically >= its own (each
+//! unordered cell pair once, like GPU-SJ's unicomp) and, in its own row, only slots after
+//! the query point.
+
+use super::emit::Collector;
+use super::store::{scan, MetricKind, Store};
+use crate::error::Result;
+use crate::grid::GridGeometry;
+use crate::metric::Coord;
+use rayon::prelude::*;
+
+/// Most points of one cell handled by one work item (large cells are split for balance).
+const ITEM_POINTS: usize = 256;
+
+/// Points sorted by grid cell.
+pub(crate) struct GridIndex<T> {
+    pub store: Store<T>,
+    /// Sorted linear ids of the non-empty cells.
+    pub cell_ids: Vec<u64>,
+    /// Slot range of cell c: `cell_start[c]..cell_start[c + 1]`.
+    pub cell_start: Vec<usize>,
+}
+
+impl<T: Coord> GridIndex<T> {
+    /// Sorts `data` (row-major, `dim` wide) by cell of `geom` (whose total_cells must fit
+    /// u64) and stores it in dataset dimension order.
+    pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
+        let n = data.len() / dim;
+        let mut keys: Vec<(u64, u32)> = (0..n)
+            .into_par_iter()
+            .with_min_len(4096)
+            .map(|i| {
+                let p = &data[i * dim..(i + 1) * dim];
+                let mut id = 0u64;
+                for (axis, &j) in geom.dims.iter().enumerate() {
+                    id = id * geom.cells[axis] + geom.coord(axis, p[j].to_f64());
+                }
+                (id, i as u32)
+            })
+            .collect();
+        keys.par_sort_unstable();
+        let mut cell_ids = Vec::new();
+        let mut cell_start = Vec::new();
+        for (s, &(id, _)) in keys.iter().enumerate() {
+            if cell_ids.last() != Some(&id) {
+                cell_ids.push(id);
+                cell_start.push(s);
+            }
+        }
+        cell_start.push(n);
+        let order: Vec<u32> = keys.into_iter().map(|(_, i)| i).collect();
+        let dims: Vec<usize> = (0..dim).collect();
+        GridIndex {
+            store: Store::gather(data, dim, order, &dims),
+            cell_ids,
+            cell_start,
+        }
+    }
+
+    /// Slot range of the non-empty cells with linear ids in `lo..=hi`.
+    #[inline]
+    fn slots(&self, lo: u64, hi: u64) -> (usize, usize) {
+        let a = self.cell_ids.partition_point(|&x| x < lo);
+        let b = a + self.cell_ids[a..].partition_point(|&x| x <= hi);
+        (self.cell_start[a], self.cell_start[b])
+    }
+}
+
+/// Cell coordinates of a linear id (row-major, last indexed dimension fastest).
+fn decode(geom: &GridGeometry, mut id: u64, out: &mut [u64]) {
+    for axis in (0..geom.k()).rev() {
+        out[axis] = id % geom.cells[axis];
+        id /= geom.cells[axis];
+    }
+}
+
+/// Offsets in {-1,0,1}^(k-1) for the leading indexed dimensions; for a self-join only the
+/// lexicographically non-negative ones. Returns (offsets flattened, index of the zero one).
+fn row_offsets(k: usize, self_join: bool) -> (Vec<i64>, usize) {
+    let lead = k - 1;
+    let mut all = Vec::new();
+    let mut zero = usize::MAX;
+    let count = 3usize.pow(lead as u32);
+    for m in 0..count {
+        let mut v = vec![0i64; lead];
+        let mut r = m;
+        for x in v.iter_mut().rev() {
+            *x = (r % 3) as i64 - 1;
+            r /= 3;
+        }
+        let sign = v.iter().find(|&&x| x != 0).copied().unwrap_or(0);
+        if self_join && sign < 0 {
+            continue;
+        }
+        if sign == 0 {
+            zero = all.len() / lead.max(1);
+        }
+        all.extend_from_slice(&v);
+    }
+    if lead == 0 {
+        zero = 0;
+    }
+    (all, zero)
+}
+
+/// Joins query points (grid `qidx`) with the indexed points (`idx`): a self-join when
+/// `self_join` (then `qidx` is `idx`). Pairs go to `out` as original ids.
+pub(crate) fn join<T: Coord, M: MetricKind>(
+    geom: &GridGeometry,
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    self_join: bool,
+    thr: T,
+    out: &Collector,
+    threads: usize,
+) -> Result<()> {
+    let k = geom.k();
+    let lead = k - 1;
+    let (offsets, zero_row) = row_offsets(k, self_join);
+    let rows = if lead == 0 { 1 } else { offsets.len() / lead };
+    let last = k - 1;
+    let last_cells = geom.cells[last];
+    // Work items: (cell, first slot, end slot) with at most ITEM_POINTS query points.
+    let mut items: Vec<(u32, u32, u32)> = Vec::with_capacity(qidx.cell_ids.len());
+    for c in 0..qidx.cell_ids.len() {
+        let (mut s, e) = (qidx.cell_start[c], qidx.cell_start[c + 1]);
+        while s < e {
+            let t = (s + ITEM_POINTS).min(e);
+            items.push((c as u32, s as u32, t as u32));
+            s = t;
+        }
+    }
+    let dim = idx.store.dim;
+    let early = dim > 4;
+    let per_task = (items.len() / (threads * 64)).max(1);
+    items.par_chunks(per_task).for_each(|chunk| {
+        let mut em = out.emitter();
+        let mut q = vec![T::ZERO; dim];
+        let mut cell = vec![0u64; k];
+        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(rows);
+        let mut own_row_range = (0usize, 0usize);
+        for &(c, s0, s1) in chunk {
+            if em.stopped() {
+                return;
+            }
+            decode(geom, qidx.cell_ids[c as usize], &mut cell);
+            ranges.clear();
+            let x = cell[last];
+            let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
+            'rows: for r in 0..rows {
+                // Linear id of (cell[..lead] + offset, 0).
+                let mut base = 0u64;
+                for a in 0..lead {
+                    let v = cell[a] as i64 + offsets[r * lead + a];
+                    if v < 0 || v as u64 >= geom.cells[a] {
+                        continue 'rows;
+                    }
+                    base = base * geom.cells[a] + v as u64;
+                }
+                base *= last_cells;
+                let range = if self_join && r == zero_row {
+                    // Own row: this cell and the next one along the last dimension.
+                    idx.slots(base + x, base + x_hi)
+                } else {
+                    idx.slots(base + x_lo, base + x_hi)
+                };
+                if self_join && r == zero_row {
+                    own_row_range = range;
+                } else if range.0 < range.1 {
+                    ranges.push(range);
+                }
+            }
+            for s in s0 as usize..s1 as usize {
+                qidx.store.point(s, &mut q);
+                let qid = qidx.store.ids[s];
+                if self_join {
+                    scan::<T, M>(&q, &idx.store, s + 1, own_row_range.1, thr, early, |t| {
+                        let tid = idx.store.ids[t];
+                        em.push(qid.min(tid), qid.max(tid));
+                    });
+                    for &(lo, hi) in &ranges {
+                        scan::<T, M>(&q, &idx.store, lo, hi, thr, early, |t| {
+                            let tid = idx.store.ids[t];
+                            em.push(qid.min(tid), qid.max(tid));
+                        });
+                    }
+                } else {
+                    for &(lo, hi) in &ranges {
+                        scan::<T, M>(&q, &idx.store, lo, hi, thr, early, |t| {
+                            em.push(qid, idx.store.ids[t])
+                        });
+                    }
+                }
+            }
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,163 @@
+//! Points copied into a join-friendly order and layout, and the distance kernel over them.
+//!
+//! Coordinates are stored column by column (one column per stored dimension), so the
+//! kernel compares one query point with LANES consecutive candidates at once: the loop
+//! runs ACROSS candidates and each pair keeps its own accumulation order (vectorised
+//! without reassociating any pair's sum).
+
+use crate::metric::{accumulate, Coord};
+use crate::options::Metric;
+use rayon::prelude::*;
+
+/// Candidates compared per kernel step.
+pub(crate) const LANES: usize = 8;
+
+/// The metric as a type, so each kernel is compiled for one metric (no branch per term).
+pub(crate) trait MetricKind: Send + Sync + 'static {
+    const METRIC: Metric;
+}
+pub(crate) struct Euclid;
+pub(crate) struct Manhattan;
+pub(crate) struct Chebyshev;
+impl MetricKind for Euclid {
+    const METRIC: Metric = Metric::Euclidean;
+}
+impl MetricKind for Manhattan {
+    const METRIC: Metric = Metric::Manhattan;
+}
+impl MetricKind for Chebyshev {
+    const METRIC: Metric = Metric::Chebyshev;
+}
+
+/// Points in a chosen order ("slots"), column-major, with their original ids.
+pub(crate) struct Store<T> {
+    pub n: usize,
+    pub dim: usize,
+    /// Column length: n plus LANES of padding so a kernel step may read past the end.
+    stride: usize,
+    cols: Vec<T>,
+    /// Original point id of each slot.
+    pub ids: Vec<u32>,
+}
+
+impl<T: Coord> Store<T> {
+    /// Copies `data` (row-major, `dim` wide) in slot order `order` (original ids), column c
+    /// holding dataset dimension `dims[c]`.
+    pub fn gather(data: &[T], dim: usize, order: Vec<u32>, dims: &[usize]) -> Self {
+        let n = order.len();
+        let stride = n + LANES;
+        let mut cols = vec![T::ZERO; stride * dims.len()];
+        cols.par_chunks_mut(stride)
+            .zip(dims.par_iter())
+            .for_each(|(col, &j)| {
+                for (dst, &i) in col.iter_mut().zip(&order) {
+                    *dst = data[i as usize * dim + j];
+                }
+            });
+        Store {
+            n,
+            dim: dims.len(),
+            stride,
+            cols,
+            ids: order,
+        }
+    }
+
+    /// The stored coordinates of slot `s` into `out` (length dim).
+    #[inline]
+    pub fn point(&self, s: usize, out: &mut [T]) {
+        for (c, o) in out.iter_mut().enumerate() {
+            *o = self.cols[c * self.stride + s];
+        }
+    }
+}
+
+/// Calls `hit(s)` for each slot s in `lo..hi` of `store` whose accumulated distance to `q`
+/// (in stored column order) is `<= thr`. With `early`, a block of LANES candidates is
+/// dropped once every lane exceeds `thr` (exact: partial sums never decrease).
+/// In canonical column order this decides exactly like `metric::within`.
+#[inline(always)]
+pub(crate) fn scan<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize),
+) {
+    let dim = q.len();
+    let stride = store.stride;
+    let cols = &store.cols[..];
+    let mut s = lo;
+    'block: while s < hi {
+        let mut acc = [T::ZERO; LANES];
+        let mut c = 0;
+        while c < dim {
+            let end = (c + 4).min(dim);
+            while c < end {
+                let x: &[T; LANES] = cols[c * stride + s..c * stride + s + LANES]
+                    .try_into()
+                    .unwrap();
+                let qc = q[c];
+                for l in 0..LANES {
+                    acc[l] = accumulate(M::METRIC, acc[l], qc, x[l]);
+                }
+                c += 1;
+            }
+            if early && c < dim && acc.iter().all(|&a| a > thr) {
+                s += LANES;
+                continue 'block;
+            }
+        }
+        let mut mask = 0u32;
+        for (l, &a) in acc.iter().enumerate() {
+            mask |= ((a <= thr) as u32) << l;
+        }
+        if s + LANES > hi {
+            mask &= (1u32 << (hi - s)) - 1;
+        }
+        while mask != 0 {
+            hit(s + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+        s += LANES;
+    }
+}
+
+/// The canonical test for slot `s` against `q` (both in stored column order), summing in
+/// dataset dimension order: `canon[j]` is the column holding dataset dimension j.
+#[inline]
+pub(crate) fn confirm<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    s: usize,
+    canon: &[usize],
+    thr: T,
+) -> bool {
+    let mut acc = T::ZERO;
+    for &c in canon {
+        acc = accumulate(M::METRIC, acc, q[c], store.cols[c * store.stride + s]);
+    }
+    acc <= thr
+}
+
+/// `thr` widened so that a sum in any dimension order above it proves the canonical sum
+/// is above `thr` (see `metric::reject_margin`). Twice the margin covers rounding the
+/// widened value to T.
+pub(crate) fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
+    let margin = crate::metric::reject_margin::<T>(dim);
+    T::from_f64(thr.to_f64() * (1.0 + 2.0 * margin))
+}
+
+/// Whether the AVX2 variants of the kernels may run (checked once per join).
+pub(crate) fn avx2_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::env::var_os("SIMJOIN_NO_AVX2").is_none() && std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}

@@ -1,0 +1,412 @@
+//! CPU backend against the brute-force oracle: exact pair-set equality for every algorithm
+//! (grid, ego, brute, auto) on uniform, clustered, duplicate and lattice/cell-edge data,
+//! 1..128 dimensions, n = 0, 1, 2, self-join and A ⋈ B, each metric, f32 and f64, the
+//! output forms through the Engine, streaming sinks (including a failing one), proptest.
+
+use proptest::prelude::*;
+use simjoin::{
+    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, Metric, OutputForm, Pair,
+};
+
+const ALGOS: [Algorithm; 4] = [
+    Algorithm::Grid,
+    Algorithm::Ego,
+    Algorithm::Brute,
+    Algorithm::Auto,
+];
+const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
+
+/// splitmix64: a tiny deterministic generator, so every case is reproducible.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit().max(1e-300), self.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+}
+
+fn uniform(n: usize, d: usize, scale: f64, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed);
+    (0..n * d).map(|_| r.unit() * scale).collect()
+}
+
+/// Gaussian clusters (sd 0.05) around 5 random centres in [0,1]^d.
+fn clusters(n: usize, d: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed);
+    let centres: Vec<f64> = (0..5 * d).map(|_| r.unit()).collect();
+    let mut out = Vec::with_capacity(n * d);
+    for _ in 0..n {
+        let c = (r.next() % 5) as usize;
+        for j in 0..d {
+            out.push(centres[c * d + j] + 0.05 * r.normal());
+        }
+    }
+    out
+}
+
+/// Few distinct points, each repeated many times.
+fn duplicates(n: usize, d: usize, seed: u64) -> Vec<f64> {
+    let distinct = uniform(7, d, 1.0, seed);
+    let mut r = Rng(seed ^ 1);
+    (0..n)
+        .flat_map(|_| distinct[(r.next() % 7) as usize * d..][..d].to_vec())
+        .collect()
+}
+
+/// A lattice with spacing exactly eps (eps = 0.25 and 0.5 are exact): neighbours are
+/// exactly eps apart and every point lies on a multiple of eps, next to a cell edge.
+fn lattice(side: usize, d: usize, spacing: f64) -> Vec<f64> {
+    let n = side.pow(d as u32);
+    let mut out = Vec::with_capacity(n * d);
+    for i in 0..n {
+        let mut r = i;
+        for _ in 0..d {
+            out.push((r % side) as f64 * spacing);
+            r /= side;
+        }
+    }
+    out
+}
+
+fn opts(eps: f64, metric: Metric, algorithm: Algorithm) -> JoinOptions {
+    let mut o = JoinOptions::new(eps);
+    o.metric = metric;
+    o.algorithm = algorithm;
+    o.backend = Backend::Cpu;
+    o
+}
+
+fn sorted(mut p: Vec<Pair>) -> Vec<Pair> {
+    p.sort_unstable();
+    p
+}
+
+/// Runs the self-join in f64 and in f32 with every algorithm and compares with the oracle.
+fn check_self(x: &[f64], d: usize, eps: f64, metric: Metric, algos: &[Algorithm]) {
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let a64 = Dataset::from_f64(x, d).unwrap();
+    let a32 = Dataset::from_f32(&x32, d).unwrap();
+    for data in [a64, a32] {
+        let want = oracle::self_join(&data, metric, eps);
+        for &alg in algos {
+            let r = Engine::new()
+                .self_join(&data, &opts(eps, metric, alg))
+                .unwrap();
+            let got = sorted(r.pairs().unwrap().to_vec());
+            assert_eq!(
+                got.len(),
+                want.len(),
+                "{alg} {metric} {:?} d={d} n={} eps={eps}: pair count differs ({})",
+                data.precision(),
+                data.len(),
+                r.report.notes.join("; ")
+            );
+            assert!(
+                got == want,
+                "{alg} {metric} {:?} d={d}: pair sets differ",
+                data.precision()
+            );
+            assert_eq!(r.report.pairs, want.len() as u64);
+            assert_ne!(r.report.algorithm, Algorithm::Auto);
+        }
+    }
+}
+
+fn check_ab(x: &[f64], y: &[f64], d: usize, eps: f64, metric: Metric, algos: &[Algorithm]) {
+    let (x32, y32): (Vec<f32>, Vec<f32>) = (
+        x.iter().map(|&v| v as f32).collect(),
+        y.iter().map(|&v| v as f32).collect(),
+    );
+    let sets = [
+        (
+            Dataset::from_f64(x, d).unwrap(),
+            Dataset::from_f64(y, d).unwrap(),
+        ),
+        (
+            Dataset::from_f32(&x32, d).unwrap(),
+            Dataset::from_f32(&y32, d).unwrap(),
+        ),
+    ];
+    for (a, b) in sets {
+        let want = oracle::join(&a, &b, metric, eps);
+        for &alg in algos {
+            let r = Engine::new().join(&a, &b, &opts(eps, metric, alg)).unwrap();
+            let got = sorted(r.pairs().unwrap().to_vec());
+            assert!(
+                got == want,
+                "A⋈B {alg} {metric} {:?} d={d}: got {} pairs, want {}",
+                a.precision(),
+                got.len(),
+                want.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn uniform_every_metric_low_dims() {
+    for d in 1..=6 {
+        let n = 1500;
+        // eps giving a few neighbours per point.
+        let eps = 0.6 * (1.0 / n as f64).powf(1.0 / d as f64) * 1.5;
+        for m in METRICS {
+            check_self(&uniform(n, d, 1.0, d as u64), d, eps, m, &ALGOS);
+        }
+    }
+}
+
+#[test]
+fn uniform_many_dims() {
+    for d in [7, 8, 9, 12, 16, 24, 32, 48, 64, 90, 128] {
+        let n = 600;
+        let eps = 0.3 * (d as f64).sqrt();
+        for m in METRICS {
+            let e = match m {
+                Metric::Euclidean => eps,
+                Metric::Manhattan => eps * (d as f64).sqrt() * 0.8,
+                Metric::Chebyshev => 0.35,
+            };
+            check_self(&uniform(n, d, 1.0, 100 + d as u64), d, e, m, &ALGOS);
+        }
+    }
+}
+
+#[test]
+fn gaussian_clusters() {
+    for d in [2, 3, 5, 8, 16, 32] {
+        let eps = 0.02 * (d as f64).sqrt();
+        for m in METRICS {
+            check_self(&clusters(2000, d, 7 + d as u64), d, eps, m, &ALGOS);
+        }
+        check_ab(
+            &clusters(700, d, 1),
+            &clusters(1100, d, 2),
+            d,
+            eps,
+            Metric::Euclidean,
+            &ALGOS,
+        );
+    }
+}
+
+#[test]
+fn many_duplicates() {
+    for d in [1, 2, 3, 10, 20] {
+        for m in METRICS {
+            // eps small: only copies of the same point match; eps large: everything.
+            for eps in [1e-6, 0.5, 10.0] {
+                check_self(&duplicates(300, d, d as u64), d, eps, m, &ALGOS);
+            }
+        }
+    }
+}
+
+#[test]
+fn lattice_exactly_eps_apart_on_cell_edges() {
+    for (d, side) in [(1, 200), (2, 30), (3, 10), (4, 6), (6, 4), (7, 3), (10, 2)] {
+        for eps in [0.25, 0.5] {
+            for m in METRICS {
+                check_self(&lattice(side, d, eps), d, eps, m, &ALGOS);
+            }
+        }
+    }
+    // Shifted copies: B's points exactly eps from A's along one axis, and between cells.
+    let a = lattice(20, 2, 0.5);
+    let b: Vec<f64> = a
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if i % 2 == 0 { v + 0.5 } else { v + 0.25 })
+        .collect();
+    for m in METRICS {
+        check_ab(&a, &b, 2, 0.5, m, &ALGOS);
+    }
+}
+
+#[test]
+fn tiny_inputs() {
+    for d in [1, 3, 17] {
+        for n in 0..=2 {
+            let x = uniform(n, d, 0.1, 3);
+            for m in METRICS {
+                check_self(&x, d, 0.5, m, &ALGOS);
+                check_ab(&x, &uniform(5, d, 0.1, 4), d, 0.5, m, &ALGOS);
+                check_ab(&uniform(5, d, 0.1, 4), &x, d, 0.5, m, &ALGOS);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_join_b_different_sizes_both_ways() {
+    for d in [1, 2, 3, 4, 6, 10, 16, 40] {
+        let eps = 0.12 * (d as f64).sqrt();
+        let small = uniform(300, d, 1.0, 11);
+        // B partly outside A's bounds: the grid must clamp, not lose pairs.
+        let big = uniform(1700, d, 1.3, 12);
+        for m in METRICS {
+            check_ab(&small, &big, d, eps, m, &ALGOS);
+            check_ab(&big, &small, d, eps, m, &ALGOS);
+        }
+    }
+}
+
+#[test]
+fn output_forms_via_engine() {
+    let d = 3;
+    let x = clusters(3000, d, 5);
+    let data = Dataset::from_f64(&x, d).unwrap();
+    let eps = 0.03;
+    let want = oracle::self_join(&data, Metric::Euclidean, eps);
+    for alg in ALGOS {
+        let mut o = opts(eps, Metric::Euclidean, alg);
+        o.sorted = true;
+        let r = Engine::new().self_join(&data, &o).unwrap();
+        assert_eq!(r.pairs().unwrap(), &want[..], "sorted pairs {alg}");
+        o.output = OutputForm::Count;
+        let r = Engine::new().self_join(&data, &o).unwrap();
+        assert_eq!(r.count(), want.len() as u64, "count {alg}");
+        o.output = OutputForm::Csr;
+        let c = Engine::new()
+            .self_join(&data, &o)
+            .unwrap()
+            .csr()
+            .unwrap()
+            .clone();
+        let expect = simjoin::result::build_csr(&want, true, data.len(), false, true).unwrap();
+        assert_eq!(c, expect, "csr {alg}");
+    }
+}
+
+#[test]
+fn streaming_sink_and_cancellation() {
+    let d = 2;
+    let x = uniform(20000, d, 1.0, 9);
+    let data = Dataset::from_f64(&x, d).unwrap();
+    let eps = 0.02;
+    let want = oracle::self_join(&data, Metric::Euclidean, eps);
+    for alg in ALGOS {
+        let mut got: Vec<Pair> = Vec::new();
+        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
+            got.extend_from_slice(chunk);
+            Ok(())
+        };
+        let rep = Engine::new()
+            .self_join_stream(&data, &opts(eps, Metric::Euclidean, alg), &mut sink)
+            .unwrap();
+        assert_eq!(rep.pairs, want.len() as u64);
+        assert_eq!(sorted(got), want, "stream {alg}");
+        let mut calls = 0;
+        let mut failing = |_: &[Pair]| -> anyhow::Result<()> {
+            calls += 1;
+            anyhow::bail!("disk full")
+        };
+        let err = Engine::new()
+            .self_join_stream(&data, &opts(eps, Metric::Euclidean, alg), &mut failing)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{alg}: {err}");
+        assert!(err.to_string().contains("disk full"));
+        assert_eq!(
+            calls, 1,
+            "{alg}: the sink is not called again after it failed"
+        );
+    }
+}
+
+#[test]
+fn auto_reports_its_choice() {
+    let cases = [
+        (2, 20000, 0.01, Algorithm::Grid),
+        (16, 5000, 0.3, Algorithm::Ego),
+        (3, 50, 0.1, Algorithm::Brute),
+    ];
+    for (d, n, eps, expect) in cases {
+        let x = uniform(n, d, 1.0, 1);
+        let data = Dataset::from_f64(&x, d).unwrap();
+        let r = Engine::new()
+            .self_join(&data, &opts(eps, Metric::Euclidean, Algorithm::Auto))
+            .unwrap();
+        assert_eq!(r.report.algorithm, expect, "{:?}", r.report.notes);
+        assert!(
+            r.report.notes.iter().any(|s| s.starts_with("auto:")),
+            "{:?}",
+            r.report.notes
+        );
+    }
+}
+
+#[test]
+fn threads_option_and_lss_unsupported() {
+    let x = uniform(3000, 3, 1.0, 2);
+    let data = Dataset::from_f64(&x, 3).unwrap();
+    let want = oracle::self_join(&data, Metric::Euclidean, 0.05);
+    let mut o = opts(0.05, Metric::Euclidean, Algorithm::Grid);
+    o.threads = Some(1);
+    let r = Engine::new().self_join(&data, &o).unwrap();
+    assert_eq!(sorted(r.pairs().unwrap().to_vec()), want);
+    assert!(r.report.device.contains("1 threads"));
+    o.algorithm = Algorithm::Lss;
+    assert_eq!(
+        Engine::new().self_join(&data, &o).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+}
+
+#[test]
+fn grid_indexed_dims_option() {
+    let d = 6;
+    let x = uniform(2000, d, 1.0, 21);
+    let data = Dataset::from_f64(&x, d).unwrap();
+    let want = oracle::self_join(&data, Metric::Euclidean, 0.3);
+    for k in 1..=6 {
+        let mut o = opts(0.3, Metric::Euclidean, Algorithm::Grid);
+        o.indexed_dims = Some(k);
+        let r = Engine::new().self_join(&data, &o).unwrap();
+        assert_eq!(sorted(r.pairs().unwrap().to_vec()), want, "k={k}");
+    }
+}
+
+#[test]
+fn huge_extent_does_not_overflow_cells() {
+    // Extents that would overflow linear cell ids with all dims indexed.
+    let mut x = uniform(500, 4, 1.0, 5);
+    x[0] = -1e30;
+    x[5] = 1e30;
+    x.extend_from_slice(&[0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.10001]);
+    for m in METRICS {
+        check_self(&x, 4, 0.05, m, &ALGOS);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+    #[test]
+    fn random_cases(
+        d in 1usize..12,
+        n in 0usize..160,
+        m in 0usize..80,
+        eps in 0.01f64..0.8,
+        grid_step in prop_oneof![Just(0.0f64), Just(0.125), Just(0.1)],
+        metric in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        // Optionally snap coordinates to a lattice so exact-distance ties are common.
+        let snap = |v: Vec<f64>| -> Vec<f64> {
+            if grid_step == 0.0 { v } else { v.into_iter().map(|x| (x / grid_step).round() * grid_step).collect() }
+        };
+        let x = snap(uniform(n, d, 1.0, seed));
+        let y = snap(uniform(m, d, 1.0, seed ^ 0xABCD));
+        let metric = METRICS[metric];
+        check_self(&x, d, eps, metric, &ALGOS);
+        check_ab(&x, &y, d, eps, metric, &ALGOS);
+    }
+}
