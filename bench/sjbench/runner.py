@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -76,11 +78,20 @@ def run_peer(system: str, data: Path, eps: float, repeats: int, timeout: float) 
         _kill(proc)
 
 
+# "pairs": simjoin materialises every pair in memory (as the peers do) and the CLI writes
+# them to a scratch .npy after the timed join; "count": simjoin only counts (no peer can).
+SIMJOIN_OUTPUT = "pairs"
+PAIRS_SCRATCH = Path(tempfile.gettempdir()) / f"simjoin-bench-{os.getpid()}-pairs.npy"
+
+
 def simjoin_command(binary: Path, data: Path, eps: float, backend: str, algorithm: str) -> list[str]:
-    return [
+    cmd = [
         str(binary), "self-join", str(data), "--eps", repr(eps),
         "--backend", backend, "--algorithm", algorithm, "--stats",
     ]  # fmt: skip
+    if SIMJOIN_OUTPUT == "pairs":
+        cmd += ["--output", str(PAIRS_SCRATCH)]
+    return cmd
 
 
 def parse_stats(stdout: str) -> dict:
@@ -129,6 +140,7 @@ def run_simjoin_cli(
             stats = parse_stats(proc.stdout)
         except ValueError as e:
             return Outcome("error", runs, str(e))
+        PAIRS_SCRATCH.unlink(missing_ok=True)
         stats["wall"] = wall
         runs.append(stats)
         if sum(r["seconds"] for r in runs) >= REPEAT_BUDGET_S:
@@ -136,23 +148,27 @@ def run_simjoin_cli(
     return Outcome("ok", runs)
 
 
+DEVICE_LINE = re.compile(r"^\s*\[(\d+)\]\s+(.*)\s+\((\w+)\),\s+Vulkan\s+(\S+)")
+
+
+def parse_info(text: str) -> list[dict]:
+    """Devices from `simjoin info`, whose lines read `  [0] NAME (KIND), Vulkan 1.3.x, driver ...`."""
+    out = []
+    for line in text.splitlines():
+        m = DEVICE_LINE.match(line)
+        if m:
+            out.append({"index": int(m[1]), "name": m[2].strip(), "kind": m[3], "api_version": m[4].rstrip(",")})
+    return out
+
+
 def list_vulkan_devices(binary: Path, env_extra: dict | None = None) -> list[dict]:
-    """Vulkan devices as `simjoin info --json` lists them: [{index, name, kind, ...}]."""
+    """Vulkan devices as `simjoin info` lists them: [{index, name, kind, api_version}]."""
     env = dict(os.environ, **(env_extra or {}))
     try:
-        proc = subprocess.run(
-            [str(binary), "info", "--json"], capture_output=True, text=True, timeout=60, env=env
-        )
+        proc = subprocess.run([str(binary), "info"], capture_output=True, text=True, timeout=120, env=env)
     except (OSError, subprocess.TimeoutExpired):
         return []
-    if proc.returncode != 0:
-        return []
-    try:
-        info = json.loads(proc.stdout)
-    except json.JSONDecodeError:
-        return []
-    devices = info.get("devices", info) if isinstance(info, dict) else info
-    return [d for d in devices if isinstance(d, dict) and "name" in d]
+    return parse_info(proc.stdout) if proc.returncode == 0 else []
 
 
 def is_software(device: dict) -> bool:

@@ -200,3 +200,20 @@ def test_repeat_budget_cuts_repeats_of_long_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "REPEAT_BUDGET_S", 0.0)
     out = run_peer("scipy-ckdtree", path, 1.0, 3, timeout=60)
     assert out.status == "ok" and len(out.runs) == 1
+
+
+def test_parse_info_reads_device_lines():
+    from sjbench.runner import is_software, parse_info
+
+    text = """simjoin 0.1.0
+Vulkan devices:
+  [0] NVIDIA H100 80GB HBM3 (discrete), Vulkan 1.4.312, driver NVIDIA 580.159.4
+      queue families: ...
+  [1] llvmpipe (LLVM 15.0.6, 256 bits) (cpu), Vulkan 1.3.255, driver llvmpipe Mesa 23.2.1
+CPU: 2 threads
+"""
+    devs = parse_info(text)
+    assert [d["index"] for d in devs] == [0, 1]
+    assert devs[0]["name"] == "NVIDIA H100 80GB HBM3" and devs[0]["kind"] == "discrete"
+    assert devs[1]["name"] == "llvmpipe (LLVM 15.0.6, 256 bits)" and is_software(devs[1])
+    assert not is_software(devs[0]) and parse_info("Vulkan devices: none found") == []
