@@ -74,6 +74,9 @@ def simjoin_systems(args, software: bool) -> list[System]:
                     lambda d, e, r, t, algo=algo: run_simjoin_cli(binary, d, e, r, t, "cpu", algo),
                 )
             )
+    if not software and "simjoin-python" in args.systems:
+        out.append(System("simjoin-python", "simjoin CPU via Python bindings", True, True,
+                          lambda d, e, r, t: run_peer("simjoin-python", d, e, r, t)))  # fmt: skip
     if "simjoin-vulkan" not in args.systems:
         return out
     for dev in args.vulkan_devices:
@@ -289,7 +292,8 @@ def csv(s: str) -> list[str]:
     return [x.strip() for x in s.split(",") if x.strip()]
 
 
-ALL_SYSTEMS = ["simjoin-cpu", "simjoin-vulkan", *PEER_LABELS]
+ALL_SYSTEMS = ["simjoin-cpu", "simjoin-vulkan", "simjoin-python", *PEER_LABELS]
+DEFAULT_SYSTEMS = [s for s in ALL_SYSTEMS if s != "simjoin-python"]  # the bindings time the same engine
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -319,7 +323,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     add_common(main)
     main.add_argument("--n", type=int, help="points per workload (overrides every default size)")
     main.add_argument("--scale", type=float, default=1.0, help="multiply every default size")
-    main.add_argument("--systems", type=csv, default=ALL_SYSTEMS, help=f"comma list of: {', '.join(ALL_SYSTEMS)}")
+    main.add_argument("--systems", type=csv, default=DEFAULT_SYSTEMS, help=f"comma list of: {', '.join(ALL_SYSTEMS)}")
     main.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per run")
     main.add_argument("--lavapipe-n", type=int, default=20_000, help="size cap for software Vulkan devices")
     main.add_argument("--lavapipe-timeout", type=float, default=60.0)
@@ -357,8 +361,11 @@ def build_simjoin(args) -> None:
     if shutil.which("cargo") is None:
         log("no cargo on this machine: using the simjoin binary as it is")
         return
-    log("building simjoin: cargo build --release --bin simjoin")
-    subprocess.run(["cargo", "build", "--release", "--bin", "simjoin"], cwd=REPO_DIR, check=True)
+    cmd = ["cargo", "build", "--release", "--bin", "simjoin"]
+    if "simjoin-python" in getattr(args, "systems", []):
+        cmd.append("--lib")  # libsimjoin.so for the Python bindings
+    log("building simjoin: " + " ".join(cmd))
+    subprocess.run(cmd, cwd=REPO_DIR, check=True)
 
 
 def find_devices(args) -> list[dict]:

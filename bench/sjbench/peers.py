@@ -58,11 +58,24 @@ def faiss_count(lims: np.ndarray, labels: np.ndarray) -> int:
     return int(np.count_nonzero(labels > query))
 
 
-RUNNERS = {"scipy-ckdtree": run_scipy, "sklearn-radius-graph": run_sklearn}
+def run_simjoin_python(x: np.ndarray, eps: float) -> int:
+    """simjoin through its Python bindings (ctypes over the C library), CPU backend, pairs
+    materialised as an (m, 2) array like the peers' output (unsorted, as theirs are)."""
+    import simjoin
+
+    return len(simjoin.self_join(x, eps, backend="cpu", sorted=False))
+
+
+RUNNERS = {
+    "scipy-ckdtree": run_scipy,
+    "sklearn-radius-graph": run_sklearn,
+    "simjoin-python": run_simjoin_python,
+}
 MODULES = {
     "scipy-ckdtree": "scipy.spatial",
     "sklearn-radius-graph": "sklearn.neighbors",
     "faiss-flat-range": "faiss",
+    "simjoin-python": "simjoin",
 }
 
 

@@ -46,11 +46,30 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def bindings_env() -> dict:
+    """Lets a worker import simjoin's Python bindings from the source tree with the library
+    cargo built, when they are not installed in the venv."""
+    env = dict(os.environ)
+    library = REPO_DIR / "target/release/libsimjoin.so"
+    try:
+        import importlib.util
+
+        installed = importlib.util.find_spec("simjoin") is not None
+    except ImportError:
+        installed = False
+    if not installed and library.exists():
+        src = str(REPO_DIR / "bindings/python/src")
+        env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("SIMJOIN_LIBRARY", str(library))
+    return env
+
+
 def run_peer(system: str, data: Path, eps: float, repeats: int, timeout: float) -> Outcome:
     """Runs a Python peer in a worker; each repetition must finish within `timeout` s."""
     cmd = [sys.executable, "-m", "sjbench.peers", system, str(data), repr(eps), str(repeats), repr(REPEAT_BUDGET_S)]
+    env = bindings_env() if system == "simjoin-python" else None
     proc = subprocess.Popen(
-        cmd, cwd=BENCH_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        cmd, cwd=BENCH_DIR, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
     lines: queue.Queue = queue.Queue()
 
