@@ -43,7 +43,7 @@ def run_gpu_mode(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = {"mode": "gpu", "machine": machine_info(args), "device": device,
-               "options": {"repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
+               "options": {"device": args.device, "repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
                            "selectivities": args.selectivities, "seed": args.seed},
                "workloads": []}  # fmt: skip
     for name in args.workloads:
@@ -68,7 +68,8 @@ def run_gpu_mode(args) -> int:
                     rows[s.key] = row
                     if row["status"] != "ok":
                         given_up[s.key] = f"{row['status']} at eps = {eps:g}"
-                    log(f"    eps={eps:<10g} {s.label:<30} {row['median'] if row['median'] is not None else row['status']}"
+                    shown = f"{row['median']:.4g} s" if row["median"] is not None else row["status"]
+                    log(f"    eps={eps:<10g} {s.label:<30} {shown}"
                         f"  pairs={row['pairs']} device={row.get('device')} {row['message']}")  # fmt: skip
                     for phase, secs in row.get("phases", []):
                         log(f"        {phase:<40} {secs:.4f} s")
@@ -89,8 +90,8 @@ def run_gpu_mode(args) -> int:
 
 def gpu_markdown(results: dict) -> str:
     m = results["machine"]
-    dev = results["device"] or {}
-    lines = [f"# simjoin GPU mode on {dev.get('name', '?')}", "",
+    dev = results["device"] or {"name": f"{results['options'].get('device')} (not listed by `simjoin info`)"}
+    lines = [f"# simjoin GPU mode on {dev['name']}", "",
              f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`. "
              f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
              f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
@@ -101,7 +102,8 @@ def gpu_markdown(results: dict) -> str:
             for key, r in p["systems"].items():
                 sel = f"{p['selectivity']:.3g}" if p["selectivity"] is not None else "?"
                 if r["status"] != "ok":
-                    lines.append(f"| {p['eps']:g} | {sel} | {p['pairs']} | {key} | {r['status']} | | | {r['message']} |")
+                    pairs = f"{p['pairs']:,}" if p["pairs"] is not None else "?"
+                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | {r['message']} |")
                     continue
                 phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
                 agree = "" if r.get("agrees", True) else " **WRONG COUNT**"

@@ -217,3 +217,23 @@ CPU: 2 threads
     assert devs[0]["name"] == "NVIDIA H100 80GB HBM3" and devs[0]["kind"] == "discrete"
     assert devs[1]["name"] == "llvmpipe (LLVM 15.0.6, 256 bits)" and is_software(devs[1])
     assert not is_software(devs[0]) and parse_info("Vulkan devices: none found") == []
+
+
+SIMJOIN_BIN = Path(__file__).resolve().parents[2] / "target/release/simjoin"
+
+
+@pytest.mark.skipif(not SIMJOIN_BIN.exists(), reason="build the CLI: cargo build --release --bin simjoin")
+@pytest.mark.parametrize("output", ["pairs", "count"])
+def test_real_simjoin_cli_agrees_with_brute_force_through_the_runner(tmp_path, monkeypatch, output):
+    from sjbench import runner
+
+    monkeypatch.setattr(runner, "SIMJOIN_OUTPUT", output)
+    x = boundary_data()
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    for eps in (1.0, 2.0):
+        out = run_simjoin_cli(SIMJOIN_BIN, path, eps, 1, timeout=60, backend="cpu")
+        assert out.status == "ok", out.message
+        assert out.pairs == brute_pairs(x, eps)
+        assert out.runs[0]["backend"] == "cpu" and out.runs[0]["seconds"] > 0
+    assert not runner.PAIRS_SCRATCH.exists()
