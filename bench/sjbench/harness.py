@@ -327,7 +327,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     main.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per run")
     main.add_argument("--lavapipe-n", type=int, default=20_000, help="size cap for software Vulkan devices")
     main.add_argument("--lavapipe-timeout", type=float, default=60.0)
-    main.add_argument("--faiss-tolerance", type=float, default=1e-3,
+    main.add_argument("--faiss-tolerance", type=float, default=1e-2,
                       help="relative pair-count deviation allowed to FAISS (f32, expanded distance)")  # fmt: skip
     main.add_argument("--out", default=str(BENCH_DIR / "results"))
     main.add_argument("--no-markdown", action="store_true", help="don't rewrite BENCHMARKS.md")
@@ -420,10 +420,11 @@ def main(argv: list[str]) -> int:
     from .report import write_report
 
     write_report(results, out, None if args.no_markdown else REPO_DIR / "BENCHMARKS.md")
+    exact = {s.key for s in main_systems + software if s.exact}
     bad = [
         (suite, w["workload"], p["eps"], key)
         for suite, ws in results["suites"].items() for w in ws for p in w["points"]
-        for key, row in p["systems"].items() if row.get("agrees") is False
+        for key, row in p["systems"].items() if row.get("agrees") is False and key in exact
     ]  # fmt: skip
     log(f"done in {results['elapsed_s']} s; results in {out}")
     if bad:

@@ -69,26 +69,38 @@ def plain_log_labels(axis) -> None:
     """Log-axis tick labels as plain numbers (0.2, 5, 100), not 2x10^-1."""
     from matplotlib.ticker import FuncFormatter
 
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(fmt)
-    axis.set_minor_formatter(fmt)
+    def minor(v: float, _pos) -> str:
+        # Over more than a decade label only 2x and 5x, so the axis does not crowd.
+        lo, hi = sorted(axis.get_view_interval())
+        if lo > 0 and hi / lo < 10:
+            return f"{v:.2g}"
+        lead = round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
+        return f"{v:g}" if lead in (2, 5) else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
 
 
-def plot_workload(w: dict, labels: dict, path: Path) -> None:
+def plot_workload(w: dict, labels: dict, path: Path, timeout: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=110)
+    fig, ax = plt.subplots(figsize=(6.4, 5.0), dpi=110)
     eps = [p["eps"] for p in w["points"]]
     markers = "osD^v<>ph*"
     for i, key in enumerate(suite_keys([w])):
         xs = [p["eps"] for p in w["points"] if p["systems"][key]["status"] == "ok"]
         ys = [p["systems"][key]["median"] for p in w["points"] if p["systems"][key]["status"] == "ok"]
-        if xs:
-            style = "-" if key.startswith("simjoin") else "--"
-            ax.plot(xs, ys, style, marker=markers[i % len(markers)], label=labels.get(key, key))
+        label = labels.get(key, key)
+        failed = [p for p in w["points"] if p["systems"][key]["status"] in ("timeout", "error")]
+        if failed:
+            row = failed[0]["systems"][key]
+            what = f"timeout > {timeout:g} s" if row["status"] == "timeout" else "error"
+            label += f" ({what} at eps = {failed[0]['eps']:g})"
+        style = "-" if key.startswith("simjoin") else "--"
+        ax.plot(xs, ys, style, marker=markers[i % len(markers)], label=label)
     ax.set_yscale("log")
     plain_log_labels(ax.yaxis)
     ax.set_xlabel("eps")
@@ -105,11 +117,14 @@ def plot_workload(w: dict, labels: dict, path: Path) -> None:
         ax2.tick_params(axis="y", colors="gray")
         handles, names = ax.get_legend_handles_labels()
         more, more_names = ax2.get_legend_handles_labels()
-        ax.legend(handles + more, names + more_names, fontsize=7, loc="upper left")
+        handles, names = handles + more, names + more_names
     else:
-        ax.legend(fontsize=7, loc="upper left")
+        handles, names = ax.get_legend_handles_labels()
+    # Below the axes, where it hides no data.
+    ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, frameon=False)
     if len(eps) > 1:
-        ax.set_xlim(min(eps) * 0.95, max(eps) * 1.05)
+        span = max(eps) - min(eps)
+        ax.set_xlim(min(eps) - 0.05 * span, max(eps) + 0.05 * span)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -125,7 +140,7 @@ def plot_speedups(suite: list[dict], labels: dict, path: Path) -> bool:
     ours = [k for k in ours if any(speedup(p, k, peers) for w in suite for p in w["points"])]
     if not ours:
         return False
-    fig, axes = plt.subplots(1, len(ours), figsize=(6.4 * len(ours), 4.2), dpi=110, squeeze=False)
+    fig, axes = plt.subplots(1, len(ours), figsize=(7.6 * len(ours), 4.2), dpi=110, squeeze=False)
     for ax, key in zip(axes[0], ours):
         for w in suite:
             pts = [(p["selectivity"], speedup(p, key, peers)) for p in w["points"]]
@@ -136,11 +151,12 @@ def plot_speedups(suite: list[dict], labels: dict, path: Path) -> bool:
         ax.set_xscale("log")
         ax.set_yscale("log")
         plain_log_labels(ax.yaxis)
+        plain_log_labels(ax.xaxis)
         ax.set_xlabel("selectivity (neighbours per point)")
         ax.set_ylabel("speed-up over the best peer (x)")
         ax.set_title(f"{labels.get(key, key)} vs best peer (above 1 = simjoin faster)", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -251,7 +267,7 @@ def generated_markdown(results: dict, img_dir: str) -> str:
 def write_report(results: dict, out: Path, markdown_path: Path | None) -> None:
     labels = results["systems"]
     for w in results["suites"]["main"]:
-        plot_workload(w, labels, out / f"{w['workload']}.png")
+        plot_workload(w, labels, out / f"{w['workload']}.png", results["options"]["timeout_s"])
     results["_speedup_plot"] = plot_speedups(results["suites"]["main"], labels, out / "speedup.png")
     rel = out.resolve()
     try:
