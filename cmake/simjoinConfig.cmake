@@ -14,7 +14,7 @@ get_filename_component(_simjoin_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSO
 
 # What `cargo rustc --lib --crate-type staticlib -- --print native-static-libs` prints
 # (checked by tests/check-static-libs.sh). The same link line is documented in README.md.
-set(SIMJOIN_NATIVE_STATIC_LIBS -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
+set(SIMJOIN_NATIVE_STATIC_LIBS -ldl -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 if(NOT TARGET simjoin::simjoin_shared)
   add_library(simjoin::simjoin_shared SHARED IMPORTED)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Checks that the static link line documented in cmake/simjoinConfig.cmake and README.md is
-# what rustc says libsimjoin.a needs (`--print native-static-libs`).
+# what rustc says libsimjoin.a needs (`--print native-static-libs`), and that the README's
+# static link line, run as written, builds the README's example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 printed=$(cargo rustc --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 |
@@ -18,5 +19,10 @@ grep -qF "libsimjoin.a $printed" README.md || {
   echo "check-static-libs: README.md's static link line does not end with: $printed" >&2
   status=1
 }
-[ $status = 0 ] && echo "check-static-libs: ok ($printed)"
-exit $status
+[ $status = 0 ] || exit 1
+# The README's line, run as written, must build a working program.
+line=$(grep -E '^cc .*libsimjoin\.a' README.md)
+mkdir -p build
+eval "$line"
+[ "$(build/example)" = "$(printf '0 1\n2 3')" ] || { echo "check-static-libs: README's static build misbehaves" >&2; exit 1; }
+echo "check-static-libs: ok ($printed; README's static link line builds and runs)"

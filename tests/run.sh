@@ -1,9 +1,46 @@
 #!/usr/bin/env bash
 # The whole test suite: Rust unit and integration tests (GPU paths on lavapipe with the
-# Vulkan validation layers on), then the C, Python and CLI tests.
+# Vulkan validation layers on; the CLI in tests/cli.rs; the header check in tests/header.rs),
+# then the C/C++ tests under ctest (shared, static, and AddressSanitizer builds), the static
+# link line check, and the Python tests under pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 # Pin the software GPU so GPU-path tests are reproducible on any machine.
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
 export SIMJOIN_VALIDATION=1
+jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== Rust tests"
 cargo test --release
+
+echo "== C and C++ tests (ctest)"
+cargo build --release --lib
+prefix=$root/build/prefix
+cmake -DPREFIX="$prefix" -P cmake/install.cmake >/dev/null
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+for variant in shared static asan; do
+  flags=()
+  case $variant in
+    static) flags=(-DSIMJOIN_STATIC=ON) ;;
+    asan) flags=(-DSIMJOIN_ASAN=ON) ;;
+  esac
+  cmake -S tests/c -B "build/c-$variant" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug \
+    "${flags[@]}" >/dev/null
+  cmake --build "build/c-$variant" -j "$jobs" >/dev/null
+  echo "-- ctest ($variant)"
+  ctest --test-dir "build/c-$variant" --output-on-failure
+done
+bash tests/check-static-libs.sh
+
+echo "== Python tests (pytest)"
+venv=$root/target/pyvenv
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q numpy scipy pytest
+# Reinstall the package (no cache) so it bundles the library just built.
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-cache-dir ./bindings/python
+# Run from outside the source tree so the installed package, not bindings/python/src, is tested.
+(cd /tmp && "$venv/bin/python" -m pytest -q "$root/bindings/python/tests")

@@ -179,6 +179,13 @@ pub struct simjoin_engine {
     engine: Engine,
 }
 
+// What the header promises about threads, checked at compile time.
+const _: () = {
+    const fn shareable<T: Send + Sync>() {}
+    shareable::<simjoin_engine>();
+    shareable::<simjoin_result>();
+};
+
 /// A join result (opaque, immutable): the output (pairs, CSR or count) and a report of
 /// what ran. Pointers it hands out stay valid until `simjoin_result_free`.
 pub struct simjoin_result {
@@ -346,18 +353,9 @@ unsafe fn read_matrix<'a>(name: &str, m: *const simjoin_matrix) -> Result<Datase
             m.rows
         )));
     }
-    let data = if len == 0 {
-        std::ptr::NonNull::dangling().as_ptr()
-    } else {
-        m.data
-    };
     let ds = match m.dtype {
-        SIMJOIN_DTYPE_F32 => {
-            Dataset::from_f32(std::slice::from_raw_parts(data as *const f32, len), m.cols)
-        }
-        SIMJOIN_DTYPE_F64 => {
-            Dataset::from_f64(std::slice::from_raw_parts(data as *const f64, len), m.cols)
-        }
+        SIMJOIN_DTYPE_F32 => Dataset::from_f32(borrow(name, m.data, len)?, m.cols),
+        SIMJOIN_DTYPE_F64 => Dataset::from_f64(borrow(name, m.data, len)?, m.cols),
         other => {
             return Err(Error::invalid(format!(
                 "{name}: unknown dtype value {other}"
@@ -365,6 +363,24 @@ unsafe fn read_matrix<'a>(name: &str, m: *const simjoin_matrix) -> Result<Datase
         }
     };
     ds.map_err(|e| Error::with_kind(e.kind(), anyhow::anyhow!("{name}: {e}")))
+}
+
+/// The caller's `len` coordinates as a slice, refusing what `slice::from_raw_parts` may not
+/// be given: a misaligned pointer or more than isize::MAX bytes.
+unsafe fn borrow<'a, T>(name: &str, data: *const c_void, len: usize) -> Result<&'a [T], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if (data as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Error::invalid(format!(
+            "{name}->data is not aligned for its dtype ({} bytes)",
+            std::mem::align_of::<T>()
+        )));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>() {
+        return Err(Error::invalid(format!("{name}: rows * cols is too large")));
+    }
+    Ok(std::slice::from_raw_parts(data as *const T, len))
 }
 
 fn into_handle(result: JoinResult) -> Box<simjoin_result> {

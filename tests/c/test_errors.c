@@ -73,6 +73,12 @@ int main(void) {
   x.data = NULL;
   expect_self_join_error(&x, &opts, SIMJOIN_INVALID_ARGUMENT, "data is NULL");
 
+  /* A pointer not aligned for the dtype. */
+  x = m64;
+  x.data = (const char *)points64 + 1;
+  x.rows = 1;
+  expect_self_join_error(&x, &opts, SIMJOIN_INVALID_ARGUMENT, "not aligned");
+
   /* NaN and infinite coordinates, in both precisions. */
   bad[3] = NAN;
   x = m;

@@ -1,0 +1,5 @@
+#version 460
+// Bitonic sort stage for u32 keys with u32 values (see bitonic.glsl).
+#define KEY_T uint
+#define KEY_MAX 0xffffffffu
+#include "bitonic.glsl"

@@ -1,0 +1,265 @@
+//! Kernels: a SPIR-V compute module + specialization constants + push constants, with its
+//! storage buffers at set 0, bindings 0..n. Pipelines are cached per context.
+
+use super::context::Context;
+use crate::error::{Error, Result};
+use ash::vk;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+/// How to build a kernel's pipeline.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelSpec {
+    /// Specialization constant 0: the kernel declares `layout(local_size_x_id = 0) in;`.
+    pub workgroup_size: u32,
+    /// Further specialization constants `(constant_id, value)` (ids >= 1), e.g. the
+    /// dimensionality. Bools are 0/1; floats as `f32::to_bits`.
+    pub constants: Vec<(u32, u32)>,
+    /// Number of storage buffers at set 0, bindings 0..bindings.
+    pub bindings: u32,
+    /// Size of the push-constant block in bytes (a multiple of 4, at most 128 is portable).
+    pub push_bytes: u32,
+}
+
+impl KernelSpec {
+    pub fn new(workgroup_size: u32) -> Self {
+        KernelSpec {
+            workgroup_size,
+            constants: Vec::new(),
+            bindings: 0,
+            push_bytes: 0,
+        }
+    }
+    pub fn bindings(mut self, n: u32) -> Self {
+        self.bindings = n;
+        self
+    }
+    pub fn push_bytes(mut self, n: u32) -> Self {
+        self.push_bytes = n;
+        self
+    }
+    pub fn constant(mut self, id: u32, value: u32) -> Self {
+        self.constants.push((id, value));
+        self
+    }
+}
+
+/// The Vulkan objects behind a kernel; owned by the context's cache, destroyed with it.
+pub(crate) struct KernelObjects {
+    module: vk::ShaderModule,
+    pub(crate) set_layout: vk::DescriptorSetLayout,
+    pub(crate) pipeline_layout: vk::PipelineLayout,
+    pub(crate) pipeline: vk::Pipeline,
+}
+
+#[derive(PartialEq, Eq, Hash)]
+struct KernelKey {
+    spirv_hash: u64,
+    spirv_len: usize,
+    spec: KernelSpec,
+}
+
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    map: Mutex<HashMap<KernelKey, Arc<KernelObjects>>>,
+}
+
+impl KernelCache {
+    /// Called by the context's Drop after the device is idle.
+    pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, k) in map.drain() {
+            device.destroy_pipeline(k.pipeline, None);
+            device.destroy_pipeline_layout(k.pipeline_layout, None);
+            device.destroy_descriptor_set_layout(k.set_layout, None);
+            device.destroy_shader_module(k.module, None);
+        }
+    }
+}
+
+/// A compute pipeline ready to dispatch on a [`super::Stream`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Kernel {
+    pub(crate) ctx: Arc<Context>,
+    pub(crate) objects: Arc<KernelObjects>,
+    name: Arc<str>,
+    spec: Arc<KernelSpec>,
+}
+
+impl Kernel {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn spec(&self) -> &KernelSpec {
+        &self.spec
+    }
+    pub fn workgroup_size(&self) -> u32 {
+        self.spec.workgroup_size
+    }
+}
+
+impl Context {
+    /// The kernel for `spirv` (e.g. `vk::shaders::NAME`) specialized by `spec`; built once
+    /// per context and spec, then served from the cache.
+    pub fn kernel(self: &Arc<Self>, name: &str, spirv: &[u8], spec: &KernelSpec) -> Result<Kernel> {
+        let l = self.limits();
+        let wg = spec.workgroup_size;
+        if wg == 0
+            || wg > l.max_compute_work_group_size[0]
+            || wg > l.max_compute_work_group_invocations
+        {
+            return Err(Error::unsupported(format!(
+                "kernel {name}: workgroup size {wg} outside 1..={} on this device",
+                l.max_compute_work_group_size[0].min(l.max_compute_work_group_invocations)
+            )));
+        }
+        if spec.push_bytes % 4 != 0 || spec.push_bytes > l.max_push_constants_size {
+            return Err(Error::unsupported(format!(
+                "kernel {name}: {} push-constant bytes (must be a multiple of 4, at most {})",
+                spec.push_bytes, l.max_push_constants_size
+            )));
+        }
+        if spec.bindings > l.max_per_stage_storage_buffers {
+            return Err(Error::unsupported(format!(
+                "kernel {name}: {} storage buffers, the device allows {}",
+                spec.bindings, l.max_per_stage_storage_buffers
+            )));
+        }
+        if spec.constants.iter().any(|&(id, _)| id == 0) {
+            return Err(Error::invalid(format!(
+                "kernel {name}: constant_id 0 is the workgroup size"
+            )));
+        }
+        let mut h = DefaultHasher::new();
+        spirv.hash(&mut h);
+        let key = KernelKey {
+            spirv_hash: h.finish(),
+            spirv_len: spirv.len(),
+            spec: spec.clone(),
+        };
+        let mut map = self.kernels.map.lock().unwrap_or_else(|p| p.into_inner());
+        let objects = match map.get(&key) {
+            Some(o) => o.clone(),
+            None => {
+                let o = Arc::new(self.build_pipeline(name, spirv, spec)?);
+                map.insert(key, o.clone());
+                o
+            }
+        };
+        Ok(Kernel {
+            ctx: self.clone(),
+            objects,
+            name: name.into(),
+            spec: Arc::new(spec.clone()),
+        })
+    }
+
+    fn build_pipeline(&self, name: &str, spirv: &[u8], spec: &KernelSpec) -> Result<KernelObjects> {
+        let device = &self.device;
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(spirv))
+            .map_err(|e| Error::invalid(format!("kernel {name}: not SPIR-V: {e}")))?;
+        let module = unsafe {
+            device.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
+        }
+        .map_err(super::vkr("creating a shader module"))?;
+        let bindings: Vec<_> = (0..spec.bindings)
+            .map(|b| {
+                vk::DescriptorSetLayoutBinding::default()
+                    .binding(b)
+                    .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                    .descriptor_count(1)
+                    .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            })
+            .collect();
+        let set_layout = unsafe {
+            device.create_descriptor_set_layout(
+                &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
+                None,
+            )
+        };
+        let set_layout = match set_layout {
+            Ok(s) => s,
+            Err(r) => {
+                unsafe { device.destroy_shader_module(module, None) };
+                return Err(super::vk_error(r, "creating a descriptor set layout"));
+            }
+        };
+        let push = [vk::PushConstantRange::default()
+            .stage_flags(vk::ShaderStageFlags::COMPUTE)
+            .offset(0)
+            .size(spec.push_bytes)];
+        let set_layouts = [set_layout];
+        let mut layout_info = vk::PipelineLayoutCreateInfo::default();
+        if spec.bindings > 0 {
+            layout_info = layout_info.set_layouts(&set_layouts);
+        }
+        if spec.push_bytes > 0 {
+            layout_info = layout_info.push_constant_ranges(&push);
+        }
+        let pipeline_layout = match unsafe { device.create_pipeline_layout(&layout_info, None) } {
+            Ok(l) => l,
+            Err(r) => {
+                unsafe {
+                    device.destroy_descriptor_set_layout(set_layout, None);
+                    device.destroy_shader_module(module, None);
+                }
+                return Err(super::vk_error(r, "creating a pipeline layout"));
+            }
+        };
+        let mut values = vec![spec.workgroup_size];
+        let mut entries = vec![vk::SpecializationMapEntry {
+            constant_id: 0,
+            offset: 0,
+            size: 4,
+        }];
+        for (i, &(id, v)) in spec.constants.iter().enumerate() {
+            values.push(v);
+            entries.push(vk::SpecializationMapEntry {
+                constant_id: id,
+                offset: 4 * (i as u32 + 1),
+                size: 4,
+            });
+        }
+        let spec_data: &[u8] = bytemuck::cast_slice(&values);
+        let spec_info = vk::SpecializationInfo::default()
+            .map_entries(&entries)
+            .data(spec_data);
+        let stage = vk::PipelineShaderStageCreateInfo::default()
+            .stage(vk::ShaderStageFlags::COMPUTE)
+            .module(module)
+            .name(c"main")
+            .specialization_info(&spec_info);
+        let info = vk::ComputePipelineCreateInfo::default()
+            .stage(stage)
+            .layout(pipeline_layout);
+        match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) } {
+            Ok(p) => Ok(KernelObjects {
+                module,
+                set_layout,
+                pipeline_layout,
+                pipeline: p[0],
+            }),
+            Err((_, r)) => {
+                unsafe {
+                    device.destroy_pipeline_layout(pipeline_layout, None);
+                    device.destroy_descriptor_set_layout(set_layout, None);
+                    device.destroy_shader_module(module, None);
+                }
+                Err(super::vk_error(
+                    r,
+                    &format!("creating compute pipeline {name}"),
+                ))
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel")
+            .field("name", &self.name)
+            .field("spec", &*self.spec)
+            .finish()
+    }
+}

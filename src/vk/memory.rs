@@ -1,0 +1,371 @@
+//! Buffers with explicit placement, a pool of pinned staging buffers, and synchronous
+//! upload/download helpers that take the zero-copy path where device memory is mappable.
+
+use super::context::Context;
+use super::stream::Stream;
+use crate::error::{Error, ErrorKind, Result};
+use ash::vk;
+use bytemuck::Pod;
+use gpu_allocator::vulkan::{Allocation, AllocationCreateDesc, AllocationScheme};
+use gpu_allocator::{AllocationError, MemoryLocation};
+use std::sync::{Arc, Mutex, Weak};
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Memory {
+    /// Device-local: fastest for kernels. Also host-mapped on unified-memory devices
+    /// (lavapipe, integrated GPUs): check [`Buffer::is_mapped`] for the zero-copy path.
+    Device,
+    /// Host-visible and coherent, written by the host, read by the device (upload staging).
+    /// Device-local too where the device offers it (resizable BAR).
+    Upload,
+    /// Host-visible, coherent and host-cached where available: device writes, host reads.
+    Readback,
+}
+
+/// A Vulkan buffer and its memory. Holds its context alive. The caller keeps a buffer alive
+/// until the GPU work that uses it has finished (wait on the [`super::Ticket`]).
+pub struct Buffer {
+    ctx: Arc<Context>,
+    raw: vk::Buffer,
+    allocation: Option<Allocation>,
+    /// Size the caller asked for (Vulkan buffers cannot be empty: 0 is backed by 4 bytes).
+    size: u64,
+    memory: Memory,
+    address: u64,
+    coherent_map: bool,
+}
+
+/// A byte window of a buffer, as bound to a kernel's storage-buffer binding.
+#[derive(Clone, Copy)]
+pub struct BufferRange<'a> {
+    pub buffer: &'a Buffer,
+    pub offset: u64,
+    pub size: u64,
+}
+
+fn alloc_error(e: AllocationError, name: &str, size: u64) -> Error {
+    let kind = match e {
+        AllocationError::OutOfMemory => ErrorKind::OutOfDeviceMemory,
+        _ => ErrorKind::Internal,
+    };
+    Error::new(
+        kind,
+        format!("allocating {size} bytes for buffer {name:?}: {e}"),
+    )
+}
+
+impl Buffer {
+    /// A buffer of `size` bytes usable as storage buffer, copy source/destination, indirect
+    /// arguments and by device address.
+    pub fn new(ctx: &Arc<Context>, size: u64, memory: Memory, name: &str) -> Result<Buffer> {
+        let limit = ctx.limits().max_memory_allocation_size;
+        if limit > 0 && size > limit {
+            return Err(Error::new(
+                ErrorKind::OutOfDeviceMemory,
+                format!("buffer {name:?} of {size} bytes exceeds maxMemoryAllocationSize ({limit} bytes)"),
+            ));
+        }
+        let families = ctx.buffer_families();
+        let mut info = vk::BufferCreateInfo::default().size(size.max(4)).usage(
+            vk::BufferUsageFlags::STORAGE_BUFFER
+                | vk::BufferUsageFlags::TRANSFER_SRC
+                | vk::BufferUsageFlags::TRANSFER_DST
+                | vk::BufferUsageFlags::INDIRECT_BUFFER
+                | vk::BufferUsageFlags::SHADER_DEVICE_ADDRESS,
+        );
+        // Used from the compute and the transfer family without ownership transfers.
+        info = if families.len() > 1 {
+            info.sharing_mode(vk::SharingMode::CONCURRENT)
+                .queue_family_indices(&families)
+        } else {
+            info.sharing_mode(vk::SharingMode::EXCLUSIVE)
+        };
+        let device = &ctx.device;
+        let raw = unsafe { device.create_buffer(&info, None) }
+            .map_err(super::vkr("creating a buffer"))?;
+        let requirements = unsafe { device.get_buffer_memory_requirements(raw) };
+        let location = match memory {
+            Memory::Device => MemoryLocation::GpuOnly,
+            Memory::Upload => MemoryLocation::CpuToGpu,
+            Memory::Readback => MemoryLocation::GpuToCpu,
+        };
+        let desc = AllocationCreateDesc {
+            name,
+            requirements,
+            location,
+            linear: true,
+            allocation_scheme: AllocationScheme::GpuAllocatorManaged,
+        };
+        let allocation = match ctx.allocator().allocate(&desc) {
+            Ok(a) => a,
+            Err(e) => {
+                unsafe { device.destroy_buffer(raw, None) };
+                return Err(alloc_error(e, name, size));
+            }
+        };
+        let mut buffer = Buffer {
+            ctx: ctx.clone(),
+            raw,
+            allocation: None,
+            size,
+            memory,
+            address: 0,
+            coherent_map: allocation.mapped_ptr().is_some()
+                && allocation
+                    .memory_properties()
+                    .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
+                && (memory != Memory::Device || ctx.zero_copy()),
+        };
+        let (memory_handle, offset) = unsafe { (allocation.memory(), allocation.offset()) };
+        buffer.allocation = Some(allocation); // from here on, Drop frees both
+        unsafe { device.bind_buffer_memory(raw, memory_handle, offset) }
+            .map_err(super::vkr("binding buffer memory"))?;
+        buffer.address = unsafe {
+            device.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(raw))
+        };
+        Ok(buffer)
+    }
+
+    /// The size asked for, in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn memory(&self) -> Memory {
+        self.memory
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub fn raw(&self) -> vk::Buffer {
+        self.raw
+    }
+
+    /// The buffer's GPU address (for `GL_EXT_buffer_reference`; no range limit applies).
+    pub fn device_address(&self) -> u64 {
+        self.address
+    }
+
+    /// Host-mapped and coherent: [`Buffer::write`] / [`Buffer::read`] work directly.
+    pub fn is_mapped(&self) -> bool {
+        self.coherent_map
+    }
+
+    /// The whole buffer as a binding.
+    pub fn all(&self) -> BufferRange<'_> {
+        BufferRange {
+            buffer: self,
+            offset: 0,
+            size: self.size,
+        }
+    }
+
+    /// Bytes `offset..offset + size` as a binding (checked when bound).
+    pub fn slice(&self, offset: u64, size: u64) -> BufferRange<'_> {
+        BufferRange {
+            buffer: self,
+            offset,
+            size,
+        }
+    }
+
+    fn mapped_bytes(&self, offset: u64, len: u64, what: &str) -> Result<*mut u8> {
+        if !self.coherent_map {
+            return Err(Error::new(
+                ErrorKind::Internal,
+                format!("{what}: buffer is not host-mapped (use a staging copy)"),
+            ));
+        }
+        if offset.checked_add(len).map_or(true, |end| end > self.size) {
+            return Err(Error::invalid(format!(
+                "{what}: bytes {offset}..{} outside a buffer of {} bytes",
+                offset.saturating_add(len),
+                self.size
+            )));
+        }
+        let base = self
+            .allocation
+            .as_ref()
+            .and_then(|a| a.mapped_ptr())
+            .expect("checked coherent_map");
+        Ok(unsafe { (base.as_ptr() as *mut u8).add(offset as usize) })
+    }
+
+    /// Writes `data` at element index `first` (in units of `T`) of a mapped buffer. The
+    /// write happens now, on the host: the device must not be using these bytes.
+    pub fn write<T: Pod>(&self, first: usize, data: &[T]) -> Result<()> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let dst = self.mapped_bytes(
+            (first * size_of::<T>()) as u64,
+            bytes.len() as u64,
+            "Buffer::write",
+        )?;
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
+        Ok(())
+    }
+
+    /// Reads `out.len()` elements starting at element `first` of a mapped buffer.
+    pub fn read<T: Pod>(&self, first: usize, out: &mut [T]) -> Result<()> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        let src = self.mapped_bytes(
+            (first * size_of::<T>()) as u64,
+            bytes.len() as u64,
+            "Buffer::read",
+        )?;
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, bytes.as_mut_ptr(), bytes.len()) };
+        Ok(())
+    }
+
+    /// Reads `count` elements starting at element `first` of a mapped buffer.
+    pub fn read_vec<T: Pod>(&self, first: usize, count: usize) -> Result<Vec<T>> {
+        let mut out = vec![T::zeroed(); count];
+        self.read(first, &mut out)?;
+        Ok(out)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        unsafe { self.ctx.device.destroy_buffer(self.raw, None) };
+        if let Some(a) = self.allocation.take() {
+            let _ = self.ctx.allocator().free(a);
+        }
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer")
+            .field("size", &self.size)
+            .field("memory", &self.memory)
+            .field("mapped", &self.coherent_map)
+            .finish()
+    }
+}
+
+/// Reuses pinned host staging buffers across batches (allocating pinned memory is slow).
+/// Buffers come back to the pool when the [`PooledBuffer`] is dropped.
+pub struct StagingPool {
+    ctx: Arc<Context>,
+    free: Mutex<Vec<Buffer>>,
+}
+
+/// A staging buffer on loan from a [`StagingPool`]; derefs to [`Buffer`].
+pub struct PooledBuffer {
+    buffer: Option<Buffer>,
+    pool: Weak<StagingPool>,
+}
+
+/// Pooled buffers are at least this big and sized in powers of two so they get reused.
+const MIN_STAGING_BYTES: u64 = 64 << 10;
+/// Free buffers kept per pool; beyond this, returned buffers are freed.
+const MAX_RETAINED: usize = 16;
+
+impl StagingPool {
+    pub fn new(ctx: &Arc<Context>) -> Arc<StagingPool> {
+        Arc::new(StagingPool {
+            ctx: ctx.clone(),
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A host-visible buffer of at least `bytes` (`memory` is `Upload` or `Readback`).
+    pub fn acquire(self: &Arc<Self>, bytes: u64, memory: Memory) -> Result<PooledBuffer> {
+        if memory == Memory::Device {
+            return Err(Error::invalid(
+                "StagingPool hands out Upload or Readback buffers, not Device",
+            ));
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let best = free
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.memory == memory && b.size >= bytes)
+            .min_by_key(|(_, b)| b.size)
+            .map(|(i, _)| i);
+        let buffer = match best {
+            Some(i) => free.swap_remove(i),
+            None => {
+                drop(free);
+                let size = bytes
+                    .max(MIN_STAGING_BYTES)
+                    .checked_next_power_of_two()
+                    .unwrap_or(bytes);
+                Buffer::new(&self.ctx, size, memory, "staging")?
+            }
+        };
+        Ok(PooledBuffer {
+            buffer: Some(buffer),
+            pool: Arc::downgrade(self),
+        })
+    }
+
+    /// Buffers currently idle in the pool.
+    pub fn idle_count(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl std::ops::Deref for PooledBuffer {
+    type Target = Buffer;
+    fn deref(&self) -> &Buffer {
+        self.buffer.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let (Some(buffer), Some(pool)) = (self.buffer.take(), self.pool.upgrade()) {
+            let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
+            if free.len() < MAX_RETAINED {
+                free.push(buffer);
+            }
+        }
+    }
+}
+
+impl Context {
+    /// A device-local buffer holding `data`: written in place where device memory is
+    /// mapped (zero-copy), else through a staging buffer and a copy (waited for).
+    pub fn upload<T: Pod>(self: &Arc<Self>, data: &[T], name: &str) -> Result<Buffer> {
+        let bytes = std::mem::size_of_val(data) as u64;
+        let buffer = Buffer::new(self, bytes, Memory::Device, name)?;
+        if buffer.is_mapped() {
+            buffer.write(0, data)?;
+        } else if bytes > 0 {
+            let staging = Buffer::new(self, bytes, Memory::Upload, "upload staging")?;
+            staging.write(0, data)?;
+            let mut stream = Stream::new(self, 0)?;
+            stream.copy(&staging, 0, &buffer, 0, bytes)?;
+            stream.submit()?.wait()?;
+        }
+        Ok(buffer)
+    }
+
+    /// Reads `count` elements of `T` from element `first` of any buffer: directly where it
+    /// is mapped, else through a read-back staging copy (waited for). The caller makes
+    /// sure the device has finished writing it.
+    pub fn download<T: Pod>(
+        self: &Arc<Self>,
+        buffer: &Buffer,
+        first: usize,
+        count: usize,
+    ) -> Result<Vec<T>> {
+        if buffer.is_mapped() {
+            return buffer.read_vec(first, count);
+        }
+        let bytes = (count * size_of::<T>()) as u64;
+        let offset = (first * size_of::<T>()) as u64;
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = Buffer::new(self, bytes, Memory::Readback, "download staging")?;
+        let mut stream = Stream::new(self, 0)?;
+        stream.copy(buffer, offset, &staging, 0, bytes)?;
+        stream.submit()?.wait()?;
+        staging.read_vec(0, count)
+    }
+}

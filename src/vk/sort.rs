@@ -1,0 +1,151 @@
+//! Bitonic sort of (key, value) pairs on the device: u32 or u64 keys, u32 values, any
+//! length. Pairs end up ordered by key, then value, so the result is unique (and equals a
+//! CPU sort of the pairs). Shared-memory stages sort and merge tiles of `2 * workgroup`
+//! elements; global stages merge across tiles.
+
+use super::{shaders, Buffer, Context, KernelSpec, Stream};
+use crate::error::{Error, Result};
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+const MODE_LOCAL_SORT: u32 = 0;
+const MODE_LOCAL_MERGE: u32 = 1;
+const MODE_GLOBAL_STEP: u32 = 2;
+
+/// Matches `Params` in glsl/bitonic.glsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    keys: u64,
+    values: u64,
+    n: u32,
+    half_span: u32,
+    flip: u32,
+    unused: u32,
+}
+
+/// Largest power-of-two workgroup (at most 256) whose tile fits the device's limits.
+fn workgroup_size(ctx: &Context, key_bytes: u32) -> u32 {
+    let l = ctx.limits();
+    let mut wg = 256u32;
+    while wg > 1
+        && (wg > l.max_compute_work_group_size[0]
+            || wg > l.max_compute_work_group_invocations
+            || 2 * wg * (key_bytes + 4) > l.max_compute_shared_memory_size)
+    {
+        wg /= 2;
+    }
+    wg
+}
+
+/// Records a sort of the first `n` (u32 key, u32 value) pairs of `keys` / `values`, in
+/// place. Barriers before and after make it see earlier writes of the stream and its
+/// results visible to later commands. Submit the stream to run it.
+pub fn sort_pairs_u32(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
+    sort_pairs(stream, keys, values, n, false)
+}
+
+/// As [`sort_pairs_u32`] with u64 keys.
+pub fn sort_pairs_u64(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
+    sort_pairs(stream, keys, values, n, true)
+}
+
+fn sort_pairs(
+    stream: &mut Stream,
+    keys: &Buffer,
+    values: &Buffer,
+    n: usize,
+    key64: bool,
+) -> Result<()> {
+    let key_bytes: u32 = if key64 { 8 } else { 4 };
+    if n > 1 << 31 {
+        return Err(Error::invalid(format!(
+            "sort: {n} elements exceed the 2^31 limit"
+        )));
+    }
+    if keys.size() < n as u64 * key_bytes as u64 || values.size() < n as u64 * 4 {
+        return Err(Error::invalid(format!(
+            "sort: {n} pairs need {} key bytes and {} value bytes; the buffers have {} and {}",
+            n as u64 * key_bytes as u64,
+            n as u64 * 4,
+            keys.size(),
+            values.size()
+        )));
+    }
+    if n <= 1 {
+        return Ok(());
+    }
+    let ctx: Arc<Context> = stream.context().clone();
+    let wg = workgroup_size(&ctx, key_bytes);
+    let tile = 2 * wg as usize;
+    let (name, spirv) = if key64 {
+        ("bitonic_u64", shaders::BITONIC_U64)
+    } else {
+        ("bitonic_u32", shaders::BITONIC_U32)
+    };
+    let kernel = |mode| {
+        ctx.kernel(
+            name,
+            spirv,
+            &KernelSpec::new(wg)
+                .constant(1, mode)
+                .push_bytes(size_of::<Params>() as u32),
+        )
+    };
+    let local_sort = kernel(MODE_LOCAL_SORT)?;
+    let local_merge = kernel(MODE_LOCAL_MERGE)?;
+    let global_step = kernel(MODE_GLOBAL_STEP)?;
+    let params = |half_span: usize, flip: bool| Params {
+        keys: keys.device_address(),
+        values: values.device_address(),
+        n: n as u32,
+        half_span: half_span as u32,
+        flip: flip as u32,
+        unused: 0,
+    };
+    let tiles = n.div_ceil(tile) as u64;
+    let local_threads = tiles * wg as u64;
+    let padded = n.next_power_of_two();
+
+    stream.barrier()?;
+    stream.dispatch_threads(
+        &local_sort,
+        local_threads,
+        &[],
+        bytemuck::bytes_of(&params(0, false)),
+    )?;
+    stream.barrier()?;
+    let mut block = 2 * tile;
+    while block <= padded {
+        // First stage of the merge: compare mirror images across the block halves.
+        let global_threads = (padded / 2) as u64;
+        stream.dispatch_threads(
+            &global_step,
+            global_threads,
+            &[],
+            bytemuck::bytes_of(&params(block / 2, true)),
+        )?;
+        stream.barrier()?;
+        let mut stride = block / 4;
+        while stride >= tile {
+            stream.dispatch_threads(
+                &global_step,
+                global_threads,
+                &[],
+                bytemuck::bytes_of(&params(stride, false)),
+            )?;
+            stream.barrier()?;
+            stride /= 2;
+        }
+        // Strides below the tile size stay inside one tile: finish in shared memory.
+        stream.dispatch_threads(
+            &local_merge,
+            local_threads,
+            &[],
+            bytemuck::bytes_of(&params(0, false)),
+        )?;
+        stream.barrier()?;
+        block *= 2;
+    }
+    Ok(())
+}

@@ -1,0 +1,725 @@
+//! Streams: in-order sequences of copies, fills, dispatches and barriers on one queue,
+//! submitted as command buffers that signal a per-stream timeline semaphore. A [`Ticket`]
+//! is one signalled value: wait on it from the host, or make another stream wait for it.
+
+use super::context::{Context, QueueId};
+use super::kernel::Kernel;
+use super::memory::{Buffer, BufferRange};
+use super::vkr;
+use crate::error::{Error, Result};
+use ash::vk;
+use std::any::Any;
+use std::sync::Arc;
+
+/// A timeline semaphore; lives as long as any stream or ticket refers to it.
+struct Timeline {
+    ctx: Arc<Context>,
+    semaphore: vk::Semaphore,
+}
+
+impl Timeline {
+    fn new(ctx: &Arc<Context>) -> Result<Timeline> {
+        let mut ty = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
+        let semaphore = unsafe { ctx.device.create_semaphore(&info, None) }
+            .map_err(vkr("creating a timeline semaphore"))?;
+        Ok(Timeline {
+            ctx: ctx.clone(),
+            semaphore,
+        })
+    }
+
+    fn completed(&self) -> Result<u64> {
+        unsafe { self.ctx.device.get_semaphore_counter_value(self.semaphore) }
+            .map_err(vkr("reading a timeline semaphore"))
+    }
+
+    fn wait(&self, value: u64, timeout_ns: u64) -> Result<bool> {
+        let semaphores = [self.semaphore];
+        let values = [value];
+        let info = vk::SemaphoreWaitInfo::default()
+            .semaphores(&semaphores)
+            .values(&values);
+        match unsafe { self.ctx.device.wait_semaphores(&info, timeout_ns) } {
+            Ok(()) => Ok(true),
+            Err(vk::Result::TIMEOUT) => Ok(false),
+            Err(r) => Err(super::vk_error(r, "waiting for GPU work")),
+        }
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        unsafe { self.ctx.device.destroy_semaphore(self.semaphore, None) };
+    }
+}
+
+/// Completion of one submission: the stream's timeline reaching `value`.
+#[derive(Clone)]
+pub struct Ticket {
+    timeline: Arc<Timeline>,
+    value: u64,
+}
+
+impl Ticket {
+    /// Blocks until the submission (and everything before it on its stream) has finished.
+    pub fn wait(&self) -> Result<()> {
+        self.timeline.wait(self.value, u64::MAX).map(|_| ())
+    }
+
+    /// Waits at most `timeout`; `Ok(false)` when it has not finished yet.
+    pub fn wait_timeout(&self, timeout: std::time::Duration) -> Result<bool> {
+        self.timeline
+            .wait(self.value, timeout.as_nanos().min(u64::MAX as u128) as u64)
+    }
+
+    /// Non-blocking completion check.
+    pub fn is_done(&self) -> Result<bool> {
+        Ok(self.timeline.completed()? >= self.value)
+    }
+}
+
+/// One command buffer plus what it needs until the GPU has executed it.
+struct Frame {
+    cmd: vk::CommandBuffer,
+    descriptor_pools: Vec<DescriptorPool>,
+    /// Timeline value the submission signals (0 while recording).
+    value: u64,
+    /// Timelines waited on and user resources: kept alive until the frame is recycled.
+    held: Vec<Box<dyn Any + Send + Sync>>,
+}
+
+struct DescriptorPool {
+    raw: vk::DescriptorPool,
+    sets_left: u32,
+    buffers_left: u32,
+}
+
+const POOL_SETS: u32 = 64;
+const POOL_BUFFERS: u32 = 512;
+
+/// An in-order command stream on one queue. Streams on different queues run concurrently;
+/// order them with [`Stream::wait_for`]. `Send`: record on any thread, one thread at a time.
+pub struct Stream {
+    ctx: Arc<Context>,
+    queue: QueueId,
+    pool: vk::CommandPool,
+    timeline: Arc<Timeline>,
+    last_signalled: u64,
+    recording: Option<Frame>,
+    in_flight: Vec<Frame>,
+    waits: Vec<(Arc<Timeline>, u64)>,
+}
+
+impl Stream {
+    /// A stream on compute queue `index % compute_queue_count()`: streams 0, 1, 2 get
+    /// distinct queues where the device has them and share one otherwise.
+    pub fn new(ctx: &Arc<Context>, index: usize) -> Result<Stream> {
+        Self::on_queue(ctx, QueueId::Compute(index % ctx.compute_queue_count()))
+    }
+
+    /// A stream for copies on the dedicated transfer queue (falls back to compute queue 0).
+    /// Only copies, fills and barriers may be recorded on it.
+    pub fn transfer(ctx: &Arc<Context>) -> Result<Stream> {
+        Self::on_queue(
+            ctx,
+            if ctx.has_transfer_queue() {
+                QueueId::Transfer
+            } else {
+                QueueId::Compute(0)
+            },
+        )
+    }
+
+    fn on_queue(ctx: &Arc<Context>, queue: QueueId) -> Result<Stream> {
+        let info = vk::CommandPoolCreateInfo::default()
+            .queue_family_index(ctx.queue_family(queue))
+            .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        let pool = unsafe { ctx.device.create_command_pool(&info, None) }
+            .map_err(vkr("creating a command pool"))?;
+        let timeline = match Timeline::new(ctx) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                unsafe { ctx.device.destroy_command_pool(pool, None) };
+                return Err(e);
+            }
+        };
+        Ok(Stream {
+            ctx: ctx.clone(),
+            queue,
+            pool,
+            timeline,
+            last_signalled: 0,
+            recording: None,
+            in_flight: Vec::new(),
+            waits: Vec::new(),
+        })
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// True for a stream on the dedicated transfer queue.
+    pub fn is_transfer(&self) -> bool {
+        self.queue == QueueId::Transfer
+    }
+
+    /// The frame being recorded, starting one (recycling a finished one) if needed.
+    fn frame(&mut self) -> Result<&mut Frame> {
+        if self.recording.is_none() {
+            let device = &self.ctx.device;
+            let done = self.timeline.completed()?;
+            let frame = match self.in_flight.iter().position(|f| f.value <= done) {
+                Some(i) => {
+                    let mut f = self.in_flight.swap_remove(i);
+                    unsafe {
+                        device
+                            .reset_command_buffer(f.cmd, vk::CommandBufferResetFlags::empty())
+                            .map_err(vkr("resetting a command buffer"))?;
+                        for p in &mut f.descriptor_pools {
+                            device
+                                .reset_descriptor_pool(p.raw, vk::DescriptorPoolResetFlags::empty())
+                                .map_err(vkr("resetting a descriptor pool"))?;
+                            p.sets_left = POOL_SETS;
+                            p.buffers_left = POOL_BUFFERS;
+                        }
+                    }
+                    f.held.clear();
+                    f.value = 0;
+                    f
+                }
+                None => {
+                    let info = vk::CommandBufferAllocateInfo::default()
+                        .command_pool(self.pool)
+                        .level(vk::CommandBufferLevel::PRIMARY)
+                        .command_buffer_count(1);
+                    let cmd = unsafe { device.allocate_command_buffers(&info) }
+                        .map_err(vkr("allocating a command buffer"))?[0];
+                    Frame {
+                        cmd,
+                        descriptor_pools: Vec::new(),
+                        value: 0,
+                        held: Vec::new(),
+                    }
+                }
+            };
+            let begin = vk::CommandBufferBeginInfo::default()
+                .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            let started = unsafe { device.begin_command_buffer(frame.cmd, &begin) };
+            // Keep the frame either way so its command buffer is not leaked.
+            self.recording = Some(frame);
+            started.map_err(vkr("beginning a command buffer"))?;
+        }
+        Ok(self.recording.as_mut().expect("just set"))
+    }
+
+    fn check_range(&self, buffer: &Buffer, offset: u64, size: u64, what: &str) -> Result<()> {
+        if !Arc::ptr_eq(buffer.context(), &self.ctx) {
+            return Err(Error::invalid(format!(
+                "{what}: buffer belongs to another context"
+            )));
+        }
+        if offset
+            .checked_add(size)
+            .map_or(true, |end| end > buffer.size())
+        {
+            return Err(Error::invalid(format!(
+                "{what}: bytes {offset}..{} outside a buffer of {} bytes",
+                offset.saturating_add(size),
+                buffer.size()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Copies `size` bytes from `src[src_offset..]` to `dst[dst_offset..]`.
+    pub fn copy(
+        &mut self,
+        src: &Buffer,
+        src_offset: u64,
+        dst: &Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) -> Result<()> {
+        self.check_range(src, src_offset, size, "copy source")?;
+        self.check_range(dst, dst_offset, size, "copy destination")?;
+        if size == 0 {
+            return Ok(());
+        }
+        let cmd = self.frame()?.cmd;
+        let region = vk::BufferCopy {
+            src_offset,
+            dst_offset,
+            size,
+        };
+        unsafe {
+            self.ctx
+                .device
+                .cmd_copy_buffer(cmd, src.raw(), dst.raw(), &[region])
+        };
+        Ok(())
+    }
+
+    /// Fills `size` bytes at `offset` with the 32-bit `value` (both multiples of 4).
+    pub fn fill(&mut self, buffer: &Buffer, offset: u64, size: u64, value: u32) -> Result<()> {
+        self.check_range(buffer, offset, size, "fill")?;
+        if offset % 4 != 0 || size % 4 != 0 {
+            return Err(Error::invalid(format!(
+                "fill: offset {offset} and size {size} must be multiples of 4"
+            )));
+        }
+        if size == 0 {
+            return Ok(());
+        }
+        let cmd = self.frame()?.cmd;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_fill_buffer(cmd, buffer.raw(), offset, size, value)
+        };
+        Ok(())
+    }
+
+    /// Makes every earlier write of this stream (kernels, copies, fills) visible to every
+    /// later command of it (kernels, copies, indirect arguments). Between two dependent
+    /// commands you need one; independent commands may run concurrently without.
+    pub fn barrier(&mut self) -> Result<()> {
+        let transfer_only = self.is_transfer();
+        let cmd = self.frame()?.cmd;
+        let (src_stage, dst_stage) = if transfer_only {
+            (
+                vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::TRANSFER,
+            )
+        } else {
+            (
+                vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER,
+                vk::PipelineStageFlags::COMPUTE_SHADER
+                    | vk::PipelineStageFlags::TRANSFER
+                    | vk::PipelineStageFlags::DRAW_INDIRECT,
+            )
+        };
+        let mut dst_access = vk::AccessFlags::TRANSFER_READ | vk::AccessFlags::TRANSFER_WRITE;
+        if !transfer_only {
+            dst_access |= vk::AccessFlags::SHADER_READ
+                | vk::AccessFlags::SHADER_WRITE
+                | vk::AccessFlags::INDIRECT_COMMAND_READ;
+        }
+        let src_access = if transfer_only {
+            vk::AccessFlags::TRANSFER_WRITE
+        } else {
+            vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE
+        };
+        let barrier = vk::MemoryBarrier::default()
+            .src_access_mask(src_access)
+            .dst_access_mask(dst_access);
+        unsafe {
+            self.ctx.device.cmd_pipeline_barrier(
+                cmd,
+                src_stage,
+                dst_stage,
+                vk::DependencyFlags::empty(),
+                &[barrier],
+                &[],
+                &[],
+            )
+        };
+        Ok(())
+    }
+
+    /// Records `kernel` over `groups` workgroups with `bindings` at set 0 and `push` as
+    /// push constants (exactly `spec.push_bytes` bytes).
+    pub fn dispatch(
+        &mut self,
+        kernel: &Kernel,
+        groups: [u32; 3],
+        bindings: &[BufferRange],
+        push: &[u8],
+    ) -> Result<()> {
+        let infos = self.check_kernel_args(kernel, bindings, push)?;
+        let limits = self.ctx.limits();
+        for (i, g) in groups.iter().enumerate() {
+            if *g > limits.max_compute_work_group_count[i] {
+                return Err(Error::invalid(format!(
+                    "kernel {}: {g} workgroups in dimension {i}, the device allows {} (use dispatch_threads)",
+                    kernel.name(),
+                    limits.max_compute_work_group_count[i]
+                )));
+            }
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let cmd = self.bind(kernel, &infos, push)?;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_dispatch(cmd, groups[0], groups[1], groups[2])
+        };
+        Ok(())
+    }
+
+    /// Dispatches at least `threads` invocations of a 1-D kernel: one row of workgroups when
+    /// they fit in `maxComputeWorkGroupCount[0]`, else a 2-D grid. The kernel takes its index
+    /// from `linear_invocation()` (glsl/common.glsl) and skips indices >= its thread count.
+    pub fn dispatch_threads(
+        &mut self,
+        kernel: &Kernel,
+        threads: u64,
+        bindings: &[BufferRange],
+        push: &[u8],
+    ) -> Result<()> {
+        let groups = self.grid_for(kernel, threads)?;
+        self.dispatch(kernel, groups, bindings, push)
+    }
+
+    /// The workgroup grid [`Stream::dispatch_threads`] uses for `threads` invocations.
+    pub fn grid_for(&self, kernel: &Kernel, threads: u64) -> Result<[u32; 3]> {
+        let wg = kernel.workgroup_size() as u64;
+        let limits = self.ctx.limits();
+        if threads > u32::MAX as u64 {
+            return Err(Error::invalid(format!(
+                "kernel {}: {threads} threads exceed 2^32 - 1",
+                kernel.name()
+            )));
+        }
+        let groups = threads.div_ceil(wg);
+        let max_x = limits.max_compute_work_group_count[0] as u64;
+        if groups <= max_x {
+            return Ok([groups as u32, 1, 1]);
+        }
+        let rows = groups.div_ceil(max_x);
+        if rows > limits.max_compute_work_group_count[1] as u64 {
+            return Err(Error::invalid(format!(
+                "kernel {}: {threads} threads exceed the dispatch grid",
+                kernel.name()
+            )));
+        }
+        Ok([max_x as u32, rows as u32, 1])
+    }
+
+    /// Dispatches with the workgroup counts read on the device from `args` at `offset`
+    /// (three u32, written by an earlier kernel, made visible by [`Stream::barrier`]).
+    pub fn dispatch_indirect(
+        &mut self,
+        kernel: &Kernel,
+        args: &Buffer,
+        offset: u64,
+        bindings: &[BufferRange],
+        push: &[u8],
+    ) -> Result<()> {
+        self.check_range(args, offset, 12, "indirect arguments")?;
+        if offset % 4 != 0 {
+            return Err(Error::invalid(
+                "indirect arguments offset must be a multiple of 4",
+            ));
+        }
+        let infos = self.check_kernel_args(kernel, bindings, push)?;
+        let cmd = self.bind(kernel, &infos, push)?;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_dispatch_indirect(cmd, args.raw(), offset)
+        };
+        Ok(())
+    }
+
+    /// Checks a dispatch's arguments against the kernel and the device limits; returns the
+    /// descriptor contents.
+    fn check_kernel_args(
+        &self,
+        kernel: &Kernel,
+        bindings: &[BufferRange],
+        push: &[u8],
+    ) -> Result<Vec<vk::DescriptorBufferInfo>> {
+        let name = kernel.name();
+        if self.is_transfer() {
+            return Err(Error::invalid(format!(
+                "kernel {name}: cannot dispatch on a transfer stream"
+            )));
+        }
+        if !Arc::ptr_eq(&kernel.ctx, &self.ctx) {
+            return Err(Error::invalid(format!(
+                "kernel {name} belongs to another context"
+            )));
+        }
+        let spec = kernel.spec();
+        if bindings.len() != spec.bindings as usize {
+            return Err(Error::invalid(format!(
+                "kernel {name}: {} buffers given, it binds {}",
+                bindings.len(),
+                spec.bindings
+            )));
+        }
+        if push.len() != spec.push_bytes as usize {
+            return Err(Error::invalid(format!(
+                "kernel {name}: {} push-constant bytes given, it takes {}",
+                push.len(),
+                spec.push_bytes
+            )));
+        }
+        let limits = self.ctx.limits();
+        let mut infos = Vec::with_capacity(bindings.len());
+        for (i, b) in bindings.iter().enumerate() {
+            self.check_range(
+                b.buffer,
+                b.offset,
+                b.size,
+                &format!("kernel {name} binding {i}"),
+            )?;
+            if b.offset % limits.min_storage_buffer_offset_alignment != 0 {
+                return Err(Error::invalid(format!(
+                    "kernel {name} binding {i}: offset {} not a multiple of minStorageBufferOffsetAlignment {}",
+                    b.offset, limits.min_storage_buffer_offset_alignment
+                )));
+            }
+            if b.size > limits.max_storage_buffer_range {
+                return Err(Error::invalid(format!(
+                    "kernel {name} binding {i}: {} bytes exceed maxStorageBufferRange {} (bind a window or use the device address)",
+                    b.size, limits.max_storage_buffer_range
+                )));
+            }
+            // An empty range still needs a valid (non-zero) descriptor; buffers have >= 4 bytes.
+            let (offset, range) = if b.size == 0 {
+                (0, 4)
+            } else {
+                (b.offset, b.size)
+            };
+            infos.push(vk::DescriptorBufferInfo {
+                buffer: b.buffer.raw(),
+                offset,
+                range,
+            });
+        }
+        Ok(infos)
+    }
+
+    /// Binds the pipeline, a descriptor set holding `infos`, and the push constants.
+    fn bind(
+        &mut self,
+        kernel: &Kernel,
+        infos: &[vk::DescriptorBufferInfo],
+        push: &[u8],
+    ) -> Result<vk::CommandBuffer> {
+        let set = if infos.is_empty() {
+            None
+        } else {
+            Some(self.descriptor_set(kernel)?)
+        };
+        let cmd = self.frame()?.cmd;
+        let device = &self.ctx.device;
+        let objects = &kernel.objects;
+        unsafe {
+            if let Some(set) = set {
+                let writes: Vec<_> = infos
+                    .iter()
+                    .enumerate()
+                    .map(|(i, info)| {
+                        vk::WriteDescriptorSet::default()
+                            .dst_set(set)
+                            .dst_binding(i as u32)
+                            .descriptor_type(vk::DescriptorType::STORAGE_BUFFER)
+                            .buffer_info(std::slice::from_ref(info))
+                    })
+                    .collect();
+                device.update_descriptor_sets(&writes, &[]);
+                device.cmd_bind_descriptor_sets(
+                    cmd,
+                    vk::PipelineBindPoint::COMPUTE,
+                    objects.pipeline_layout,
+                    0,
+                    &[set],
+                    &[],
+                );
+            }
+            device.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, objects.pipeline);
+            if !push.is_empty() {
+                device.cmd_push_constants(
+                    cmd,
+                    objects.pipeline_layout,
+                    vk::ShaderStageFlags::COMPUTE,
+                    0,
+                    push,
+                );
+            }
+        }
+        Ok(cmd)
+    }
+
+    fn descriptor_set(&mut self, kernel: &Kernel) -> Result<vk::DescriptorSet> {
+        let needed = kernel.spec().bindings;
+        let device = self.ctx.device.clone();
+        let frame = self.frame()?;
+        let fits = |p: &DescriptorPool| p.sets_left >= 1 && p.buffers_left >= needed;
+        if !frame.descriptor_pools.last().is_some_and(fits) {
+            let buffers = POOL_BUFFERS.max(needed);
+            let sizes = [vk::DescriptorPoolSize {
+                ty: vk::DescriptorType::STORAGE_BUFFER,
+                descriptor_count: buffers,
+            }];
+            let info = vk::DescriptorPoolCreateInfo::default()
+                .max_sets(POOL_SETS)
+                .pool_sizes(&sizes);
+            let raw = unsafe { device.create_descriptor_pool(&info, None) }
+                .map_err(vkr("creating a descriptor pool"))?;
+            frame.descriptor_pools.push(DescriptorPool {
+                raw,
+                sets_left: POOL_SETS,
+                buffers_left: buffers,
+            });
+        }
+        let pool = frame.descriptor_pools.last_mut().expect("just ensured");
+        let layouts = [kernel.objects.set_layout];
+        let info = vk::DescriptorSetAllocateInfo::default()
+            .descriptor_pool(pool.raw)
+            .set_layouts(&layouts);
+        let set = unsafe { device.allocate_descriptor_sets(&info) }
+            .map_err(vkr("allocating a descriptor set"))?[0];
+        pool.sets_left -= 1;
+        pool.buffers_left -= needed;
+        Ok(set)
+    }
+
+    /// Keeps `thing` (e.g. an `Arc<Buffer>`) alive until the work recorded so far has run.
+    pub fn keep_alive<T: Send + Sync + 'static>(&mut self, thing: T) -> Result<()> {
+        self.frame()?.held.push(Box::new(thing));
+        Ok(())
+    }
+
+    /// The next submission of this stream starts only after `ticket` (from any stream,
+    /// any queue) has completed; its writes are then visible to this stream.
+    pub fn wait_for(&mut self, ticket: &Ticket) {
+        if Arc::ptr_eq(&ticket.timeline, &self.timeline) {
+            return; // a stream is in order with itself
+        }
+        match self
+            .waits
+            .iter_mut()
+            .find(|(t, _)| Arc::ptr_eq(t, &ticket.timeline))
+        {
+            Some((_, v)) => *v = (*v).max(ticket.value),
+            None => self.waits.push((ticket.timeline.clone(), ticket.value)),
+        }
+    }
+
+    /// Submits what was recorded (possibly nothing) and returns its ticket. Submissions of
+    /// one stream run in order: each waits for the previous one.
+    pub fn submit(&mut self) -> Result<Ticket> {
+        let transfer_only = self.is_transfer();
+        let device = self.ctx.device.clone();
+        let frame = self.frame()?;
+        let cmd = frame.cmd;
+        // Make this submission's writes visible to the host once its ticket is waited on.
+        let src_stage = if transfer_only {
+            vk::PipelineStageFlags::TRANSFER
+        } else {
+            vk::PipelineStageFlags::COMPUTE_SHADER | vk::PipelineStageFlags::TRANSFER
+        };
+        let to_host = vk::MemoryBarrier::default()
+            .src_access_mask(if transfer_only {
+                vk::AccessFlags::TRANSFER_WRITE
+            } else {
+                vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE
+            })
+            .dst_access_mask(vk::AccessFlags::HOST_READ);
+        unsafe {
+            device.cmd_pipeline_barrier(
+                cmd,
+                src_stage,
+                vk::PipelineStageFlags::HOST,
+                vk::DependencyFlags::empty(),
+                &[to_host],
+                &[],
+                &[],
+            );
+        }
+        let ended = unsafe { device.end_command_buffer(cmd) };
+        if let Err(r) = ended {
+            // Drop the broken recording; its command buffer goes back with the pool.
+            self.recording = None;
+            return Err(super::vk_error(r, "ending a command buffer"));
+        }
+        let value = self.last_signalled + 1;
+        let mut wait_semaphores = Vec::new();
+        let mut wait_values = Vec::new();
+        if self.last_signalled > 0 {
+            wait_semaphores.push(self.timeline.semaphore);
+            wait_values.push(self.last_signalled);
+        }
+        let waits = std::mem::take(&mut self.waits);
+        for (t, v) in &waits {
+            wait_semaphores.push(t.semaphore);
+            wait_values.push(*v);
+        }
+        let wait_stages = vec![vk::PipelineStageFlags::ALL_COMMANDS; wait_semaphores.len()];
+        let signal = [self.timeline.semaphore];
+        let signal_values = [value];
+        let mut timeline_info = vk::TimelineSemaphoreSubmitInfo::default()
+            .wait_semaphore_values(&wait_values)
+            .signal_semaphore_values(&signal_values);
+        let cmds = [cmd];
+        let submit = vk::SubmitInfo::default()
+            .wait_semaphores(&wait_semaphores)
+            .wait_dst_stage_mask(&wait_stages)
+            .command_buffers(&cmds)
+            .signal_semaphores(&signal)
+            .push_next(&mut timeline_info);
+        let result = {
+            let queue = self.ctx.lock_queue(self.queue);
+            unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
+        };
+        let mut frame = self.recording.take().expect("recording");
+        if let Err(r) = result {
+            // Not submitted: the frame can be reused at once.
+            frame.value = 0;
+            self.in_flight.push(frame);
+            return Err(super::vk_error(r, "submitting to a queue"));
+        }
+        frame.value = value;
+        for (t, _) in waits {
+            frame.held.push(Box::new(t));
+        }
+        self.in_flight.push(frame);
+        self.last_signalled = value;
+        Ok(Ticket {
+            timeline: self.timeline.clone(),
+            value,
+        })
+    }
+
+    /// Submits and waits: the recorded work has finished when this returns.
+    pub fn finish(&mut self) -> Result<()> {
+        self.submit()?.wait()
+    }
+
+    /// A ticket for everything submitted so far (completes at once when nothing was).
+    pub fn last_ticket(&self) -> Ticket {
+        Ticket {
+            timeline: self.timeline.clone(),
+            value: self.last_signalled,
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // Work still queued uses this stream's command buffers and descriptor sets.
+        let _ = self.timeline.wait(self.last_signalled, u64::MAX);
+        let device = &self.ctx.device;
+        unsafe {
+            if let Some(f) = self.recording.take() {
+                let _ = device.end_command_buffer(f.cmd);
+                self.in_flight.push(f);
+            }
+            for f in self.in_flight.drain(..) {
+                for p in f.descriptor_pools {
+                    device.destroy_descriptor_pool(p.raw, None);
+                }
+            }
+            device.destroy_command_pool(self.pool, None);
+        }
+    }
+}

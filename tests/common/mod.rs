@@ -1,0 +1,51 @@
+//! Shared setup for tests that touch Vulkan: pins lavapipe and turns validation on before
+//! the first Vulkan call, and checks that the validation layers reported no error.
+#![allow(dead_code)]
+
+use std::sync::Once;
+
+static SETUP: Once = Once::new();
+
+/// Lavapipe's ICD manifest on Debian/Ubuntu x86-64.
+pub const LAVAPIPE_ICD: &str = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json";
+
+/// Idempotent: sets `VK_DRIVER_FILES` to lavapipe when unset and `SIMJOIN_VALIDATION=1`.
+/// Call it first in every GPU test.
+pub fn gpu_test_setup() {
+    SETUP.call_once(|| {
+        // Safe enough: runs once, before any test in this binary has touched Vulkan.
+        if std::env::var_os("VK_DRIVER_FILES").is_none()
+            && std::env::var_os("VK_ICD_FILENAMES").is_none()
+        {
+            std::env::set_var("VK_DRIVER_FILES", LAVAPIPE_ICD);
+        }
+        std::env::set_var("SIMJOIN_VALIDATION", "1");
+    });
+}
+
+/// Fails the test when the validation layers have reported any error so far in this process
+/// (messages are on stderr; run with `--nocapture` to see them).
+pub fn assert_no_validation_errors() {
+    let errors = simjoin::vk::validation_error_count();
+    assert_eq!(
+        errors, 0,
+        "{errors} Vulkan validation error(s); rerun with --nocapture to see them"
+    );
+}
+
+/// One shared context per test binary (contexts are expensive on lavapipe).
+pub fn shared_context() -> std::sync::Arc<simjoin::vk::Context> {
+    static CTX: std::sync::OnceLock<std::sync::Arc<simjoin::vk::Context>> =
+        std::sync::OnceLock::new();
+    gpu_test_setup();
+    CTX.get_or_init(|| {
+        let ctx =
+            simjoin::vk::Context::new(&Default::default()).expect("a Vulkan context on lavapipe");
+        assert!(
+            ctx.validation_enabled(),
+            "tests must run with validation on"
+        );
+        ctx
+    })
+    .clone()
+}

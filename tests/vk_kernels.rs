@@ -1,0 +1,608 @@
+//! The Vulkan layer on lavapipe with validation on: context, buffers, kernels, streams, and
+//! the sort and scan kernels against CPU references. A validation error fails every test.
+
+mod common;
+
+use common::{assert_no_validation_errors, gpu_test_setup, shared_context};
+use simjoin::vk::{
+    self, shaders, Buffer, Context, ContextOptions, KernelSpec, Memory, StagingPool, Stream,
+};
+use simjoin::ErrorKind;
+
+fn iota_kernel(ctx: &std::sync::Arc<Context>, workgroup: u32) -> vk::Kernel {
+    ctx.kernel(
+        "iota",
+        shaders::IOTA,
+        &KernelSpec::new(workgroup).bindings(1).push_bytes(8),
+    )
+    .unwrap()
+}
+
+#[test]
+fn context_on_lavapipe() {
+    let ctx = shared_context();
+    assert!(
+        ctx.device_name().to_lowercase().contains("llvmpipe"),
+        "{}",
+        ctx.device_name()
+    );
+    assert!(ctx.is_software());
+    assert!(ctx.has_unified_memory());
+    let l = ctx.limits();
+    assert_eq!(l.max_storage_buffer_range, 128 << 20);
+    assert!(l.max_compute_work_group_count[0] >= 65535);
+    assert!(l.subgroup_size >= 1);
+    assert!(ctx.compute_queue_count() >= 1);
+    assert!(ctx.features().shader_float64);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn devices_lists_lavapipe() {
+    gpu_test_setup();
+    let devices = simjoin::devices().unwrap();
+    let lvp = devices
+        .iter()
+        .find(|d| d.name.contains("llvmpipe"))
+        .expect("lavapipe listed");
+    assert_eq!(lvp.kind, "cpu");
+    assert!(lvp.api_version.starts_with("1."));
+    assert!(lvp
+        .details
+        .iter()
+        .any(|l| l.contains("maxStorageBufferRange")));
+    assert!(lvp.details.iter().any(|l| l == "usable by simjoin: yes"));
+    assert_no_validation_errors();
+}
+
+#[test]
+fn device_selection_by_index_and_name() {
+    gpu_test_setup();
+    let by_name = Context::new(&ContextOptions {
+        device: Some("LLVMPIPE".into()),
+        validation: None,
+    })
+    .unwrap();
+    assert!(by_name.device_name().contains("llvmpipe"));
+    let index = simjoin::devices()
+        .unwrap()
+        .iter()
+        .find(|d| d.name.contains("llvmpipe"))
+        .unwrap()
+        .index;
+    let by_index = Context::new(&ContextOptions {
+        device: Some(index.to_string()),
+        validation: None,
+    })
+    .unwrap();
+    assert_eq!(by_index.device_name(), by_name.device_name());
+    let missing = Context::new(&ContextOptions {
+        device: Some("no such gpu".into()),
+        validation: None,
+    })
+    .unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::NoDevice);
+    assert!(missing.to_string().contains("no such gpu"), "{missing}");
+    let bad_index = Context::new(&ContextOptions {
+        device: Some("99".into()),
+        validation: None,
+    })
+    .unwrap_err();
+    assert_eq!(bad_index.kind(), ErrorKind::NoDevice);
+    drop((by_name, by_index));
+    assert_no_validation_errors();
+}
+
+#[test]
+fn buffers_mapped_upload_download_and_staging_copies() {
+    let ctx = shared_context();
+    let data: Vec<u32> = (0..10_007).map(|i| i * 7 + 1).collect();
+    // Zero-copy path (lavapipe memory is device-local and mapped).
+    let dev = ctx.upload(&data, "data").unwrap();
+    assert!(dev.is_mapped());
+    assert_eq!(ctx.download::<u32>(&dev, 0, data.len()).unwrap(), data);
+    assert_eq!(ctx.download::<u32>(&dev, 5, 3).unwrap(), &data[5..8]);
+    // Staging path: upload buffer -> device buffer -> read-back buffer by queue copies.
+    let pool = StagingPool::new(&ctx);
+    let up = pool.acquire(40_028, Memory::Upload).unwrap();
+    up.write(0, &data).unwrap();
+    let mid = Buffer::new(&ctx, 40_028, Memory::Device, "mid").unwrap();
+    let down = pool.acquire(40_028, Memory::Readback).unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.copy(&up, 0, &mid, 0, 40_028).unwrap();
+    s.barrier().unwrap();
+    s.copy(&mid, 8, &down, 0, 40_020).unwrap();
+    s.finish().unwrap();
+    assert_eq!(down.read_vec::<u32>(0, 10_005).unwrap(), &data[2..]);
+    // Pooled buffers come back and are reused.
+    drop((up, down));
+    assert_eq!(pool.idle_count(), 2);
+    let again = pool.acquire(1000, Memory::Upload).unwrap();
+    assert!(again.size() >= 40_028, "reused the pooled upload buffer");
+    assert_eq!(pool.idle_count(), 1);
+    // Empty data works.
+    let empty = ctx.upload::<u32>(&[], "empty").unwrap();
+    assert_eq!(empty.size(), 0);
+    assert!(ctx.download::<u32>(&empty, 0, 0).unwrap().is_empty());
+    assert_no_validation_errors();
+}
+
+#[test]
+fn bad_buffer_access_is_a_clear_error() {
+    let ctx = shared_context();
+    let b = Buffer::new(&ctx, 16, Memory::Device, "small").unwrap();
+    assert_eq!(
+        b.write(3, &[1u32, 2]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        b.read_vec::<u32>(0, 5).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    assert_eq!(
+        s.copy(&b, 8, &b, 0, 16).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.fill(&b, 2, 4, 0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    let huge = Buffer::new(&ctx, u64::MAX / 2, Memory::Device, "huge").unwrap_err();
+    assert_eq!(huge.kind(), ErrorKind::OutOfDeviceMemory);
+    let pool = StagingPool::new(&ctx);
+    assert!(pool.acquire(4, Memory::Device).is_err());
+    assert_no_validation_errors();
+}
+
+#[test]
+fn kernel_dispatch_and_argument_checks() {
+    let ctx = shared_context();
+    let iota = iota_kernel(&ctx, 64);
+    let n = 1000u32;
+    let out = Buffer::new(&ctx, n as u64 * 4, Memory::Device, "out").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.dispatch_threads(
+        &iota,
+        n as u64,
+        &[out.all()],
+        bytemuck::cast_slice(&[n, 10u32]),
+    )
+    .unwrap();
+    s.finish().unwrap();
+    let expect: Vec<u32> = (10..10 + n).collect();
+    assert_eq!(ctx.download::<u32>(&out, 0, n as usize).unwrap(), expect);
+    // A window of a buffer, bound with an offset.
+    s.dispatch_threads(
+        &iota,
+        100,
+        &[out.slice(256, 400)],
+        bytemuck::cast_slice(&[100u32, 5000]),
+    )
+    .unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u32>(&out, 63, 3).unwrap();
+    assert_eq!(got, vec![10 + 63, 5000, 5001]);
+    // Wrong argument counts and sizes are errors, not undefined behaviour.
+    let params = [n, 0u32];
+    let push = bytemuck::cast_slice(&params);
+    assert_eq!(
+        s.dispatch_threads(&iota, 4, &[], push).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.dispatch_threads(&iota, 4, &[out.all()], &[0; 4])
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.dispatch_threads(&iota, 4, &[out.slice(3996, 8)], push)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.dispatch_threads(&iota, 4, &[out.slice(4, 8)], push)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.dispatch(&iota, [1 << 31, 1, 1], &[out.all()], push)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    let too_wide = ctx.kernel(
+        "iota",
+        shaders::IOTA,
+        &KernelSpec::new(1 << 20).bindings(1).push_bytes(8),
+    );
+    assert_eq!(too_wide.unwrap_err().kind(), ErrorKind::Unsupported);
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}
+
+#[test]
+fn dispatch_beyond_max_workgroup_count_uses_a_2d_grid() {
+    let ctx = shared_context();
+    // Workgroups of 1 so that a modest thread count exceeds maxComputeWorkGroupCount[0].
+    let iota = iota_kernel(&ctx, 1);
+    let n = ctx.limits().max_compute_work_group_count[0] as u64 + 1234;
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    assert_eq!(s.grid_for(&iota, n).unwrap()[1], 2);
+    let out = Buffer::new(&ctx, n * 4, Memory::Device, "out").unwrap();
+    s.dispatch_threads(
+        &iota,
+        n,
+        &[out.all()],
+        bytemuck::cast_slice(&[n as u32, 0u32]),
+    )
+    .unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u32>(&out, 0, n as usize).unwrap();
+    assert!(got.iter().enumerate().all(|(i, &v)| v == i as u32));
+    assert_no_validation_errors();
+}
+
+#[test]
+fn streams_chain_across_queues_with_tickets() {
+    let ctx = shared_context();
+    let n = 4096u32;
+    let a = Buffer::new(&ctx, n as u64 * 4, Memory::Device, "a").unwrap();
+    let b = Buffer::new(&ctx, n as u64 * 4, Memory::Device, "b").unwrap();
+    let iota = iota_kernel(&ctx, 128);
+    let mut compute = Stream::new(&ctx, 1).unwrap();
+    let mut copier = Stream::transfer(&ctx).unwrap();
+    let mut last = Stream::new(&ctx, 2).unwrap();
+    compute
+        .dispatch_threads(
+            &iota,
+            n as u64,
+            &[a.all()],
+            bytemuck::cast_slice(&[n, 1u32]),
+        )
+        .unwrap();
+    let t1 = compute.submit().unwrap();
+    copier.wait_for(&t1);
+    copier.copy(&a, 0, &b, 0, n as u64 * 4).unwrap();
+    let t2 = copier.submit().unwrap();
+    last.wait_for(&t2);
+    last.fill(&a, 0, 16, 0xdead).unwrap();
+    let t3 = last.submit().unwrap();
+    t3.wait().unwrap();
+    assert!(t1.is_done().unwrap() && t2.is_done().unwrap());
+    let got_b = ctx.download::<u32>(&b, 0, n as usize).unwrap();
+    assert!(got_b.iter().enumerate().all(|(i, &v)| v == i as u32 + 1));
+    assert_eq!(
+        ctx.download::<u32>(&a, 0, 5).unwrap(),
+        vec![0xdead, 0xdead, 0xdead, 0xdead, 5]
+    );
+    // Consecutive submissions of one stream run in order; frames are recycled.
+    for round in 0..5u32 {
+        compute
+            .dispatch_threads(
+                &iota,
+                n as u64,
+                &[a.all()],
+                bytemuck::cast_slice(&[n, round * 100]),
+            )
+            .unwrap();
+        compute.submit().unwrap();
+    }
+    compute.last_ticket().wait().unwrap();
+    assert_eq!(ctx.download::<u32>(&a, 7, 1).unwrap(), vec![407]);
+    // An empty submission still yields a ticket.
+    copier.submit().unwrap().wait().unwrap();
+    assert_no_validation_errors();
+}
+
+#[test]
+fn context_is_shared_across_threads() {
+    let ctx = shared_context();
+    let iota = iota_kernel(&ctx, 64);
+    std::thread::scope(|scope| {
+        for t in 0..4u32 {
+            let ctx = ctx.clone();
+            let iota = iota.clone();
+            scope.spawn(move || {
+                let mut s = Stream::new(&ctx, t as usize).unwrap();
+                let out = Buffer::new(&ctx, 4 * 5000, Memory::Device, "out").unwrap();
+                for round in 0..3u32 {
+                    let start = t * 1_000_000 + round;
+                    s.dispatch_threads(
+                        &iota,
+                        5000,
+                        &[out.all()],
+                        bytemuck::cast_slice(&[5000u32, start]),
+                    )
+                    .unwrap();
+                    s.finish().unwrap();
+                    let got = ctx.download::<u32>(&out, 0, 5000).unwrap();
+                    assert!(got.iter().enumerate().all(|(i, &v)| v == start + i as u32));
+                }
+            });
+        }
+    });
+    assert_no_validation_errors();
+}
+
+#[test]
+fn buffers_larger_than_max_storage_buffer_range() {
+    let ctx = shared_context();
+    let range = ctx.limits().max_storage_buffer_range;
+    let size = range + (32 << 20);
+    let big = Buffer::new(&ctx, size, Memory::Device, "big").unwrap();
+    let iota = iota_kernel(&ctx, 64);
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    // Binding the whole buffer is refused with a clear error ...
+    let params = [16u32, 0];
+    let push = bytemuck::cast_slice(&params);
+    let err = s
+        .dispatch_threads(&iota, 16, &[big.all()], push)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert!(err.to_string().contains("maxStorageBufferRange"), "{err}");
+    // ... while windows past the limit work.
+    let tail = size - 4096;
+    s.dispatch_threads(
+        &iota,
+        1024,
+        &[big.slice(tail, 4096)],
+        bytemuck::cast_slice(&[1024u32, 77]),
+    )
+    .unwrap();
+    s.fill(&big, 0, 8, 3).unwrap();
+    s.finish().unwrap();
+    assert_eq!(
+        ctx.download::<u32>(&big, (tail / 4) as usize + 1023, 1)
+            .unwrap(),
+        vec![77 + 1023]
+    );
+    assert_eq!(ctx.download::<u32>(&big, 0, 2).unwrap(), vec![3, 3]);
+    assert!(big.device_address() != 0);
+    assert_no_validation_errors();
+}
+
+// ---- sort and scan against CPU references ----
+
+/// Deterministic pseudo-random numbers (splitmix64) so failures reproduce.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Lengths the issue asks for: 0, 1, 2, odd, 2^k +- 1 around the tile sizes, and a
+/// length that is not a multiple of anything.
+const LENGTHS: &[usize] = &[
+    0, 1, 2, 3, 7, 31, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 4095, 4097, 65535, 65537,
+    100_003,
+];
+
+/// Key distributions: many duplicates, wide random, already sorted, reversed, extremes.
+fn keys_u64(n: usize, kind: usize, seed: u64) -> Vec<u64> {
+    let mut s = seed;
+    (0..n)
+        .map(|i| match kind {
+            0 => splitmix(&mut s) % 17,
+            1 => splitmix(&mut s),
+            2 => i as u64,
+            3 => (n - i) as u64,
+            _ => [0, u64::MAX, u32::MAX as u64, 1][i % 4],
+        })
+        .collect()
+}
+
+fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool) {
+    let keys = keys_u64(n, kind, n as u64 * 31 + kind as u64);
+    let values: Vec<u32> = {
+        let mut s = n as u64 + 7;
+        (0..n)
+            .map(|i| {
+                if kind == 0 {
+                    (splitmix(&mut s) % 5) as u32
+                } else {
+                    i as u32
+                }
+            })
+            .collect()
+    };
+    let mut s = Stream::new(ctx, 0).unwrap();
+    let vbuf = ctx.upload(&values, "values").unwrap();
+    if key64 {
+        let kbuf = ctx.upload(&keys, "keys").unwrap();
+        vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, n).unwrap();
+        s.finish().unwrap();
+        let mut expect: Vec<(u64, u32)> =
+            keys.iter().copied().zip(values.iter().copied()).collect();
+        expect.sort_unstable();
+        let got_k = ctx.download::<u64>(&kbuf, 0, n).unwrap();
+        let got_v = ctx.download::<u32>(&vbuf, 0, n).unwrap();
+        let got: Vec<(u64, u32)> = got_k.into_iter().zip(got_v).collect();
+        assert!(
+            got == expect,
+            "u64 sort wrong: n = {n}, distribution {kind}"
+        );
+    } else {
+        let keys32: Vec<u32> = keys.iter().map(|&k| (k ^ (k >> 32)) as u32).collect();
+        let kbuf = ctx.upload(&keys32, "keys").unwrap();
+        vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, n).unwrap();
+        s.finish().unwrap();
+        let mut expect: Vec<(u32, u32)> =
+            keys32.iter().copied().zip(values.iter().copied()).collect();
+        expect.sort_unstable();
+        let got_k = ctx.download::<u32>(&kbuf, 0, n).unwrap();
+        let got_v = ctx.download::<u32>(&vbuf, 0, n).unwrap();
+        let got: Vec<(u32, u32)> = got_k.into_iter().zip(got_v).collect();
+        assert!(
+            got == expect,
+            "u32 sort wrong: n = {n}, distribution {kind}"
+        );
+    }
+}
+
+#[test]
+fn sort_u32_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS {
+        for kind in 0..5 {
+            check_sort(&ctx, n, kind, false);
+        }
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_u64_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS {
+        for kind in 0..5 {
+            check_sort(&ctx, n, kind, true);
+        }
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_one_million_and_more() {
+    let ctx = shared_context();
+    check_sort(&ctx, (1 << 20) + 3, 1, false);
+    check_sort(&ctx, 1 << 20, 0, true);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_leaves_elements_past_n_alone_and_checks_sizes() {
+    let ctx = shared_context();
+    let keys: Vec<u32> = vec![9, 8, 7, 6, 5, 4, 3, 2, 1, 0];
+    let kbuf = ctx.upload(&keys, "keys").unwrap();
+    let vbuf = ctx.upload(&keys, "values").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, 7).unwrap();
+    s.finish().unwrap();
+    assert_eq!(
+        ctx.download::<u32>(&kbuf, 0, 10).unwrap(),
+        vec![3, 4, 5, 6, 7, 8, 9, 2, 1, 0]
+    );
+    let err = vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, 6).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    let err = vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, 11).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}
+
+fn check_scan(ctx: &std::sync::Arc<Context>, counts: &[u32]) {
+    let n = counts.len();
+    let cbuf = ctx.upload(counts, "counts").unwrap();
+    let obuf = Buffer::new(ctx, (n as u64 + 1) * 8, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(ctx, 0).unwrap();
+    s.fill(&obuf, 0, obuf.size(), 0xAAAA_AAAA).unwrap();
+    vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, n).unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u64>(&obuf, 0, n + 1).unwrap();
+    let mut expect = Vec::with_capacity(n + 1);
+    let mut running = 0u64;
+    for &c in counts {
+        expect.push(running);
+        running += c as u64;
+    }
+    expect.push(running);
+    if got != expect {
+        let first = got.iter().zip(&expect).position(|(a, b)| a != b).unwrap();
+        panic!(
+            "scan wrong at n = {n}: index {first}: got {} expected {}",
+            got[first], expect[first]
+        );
+    }
+}
+
+#[test]
+fn scan_matches_cpu_at_many_lengths() {
+    let ctx = shared_context();
+    for &n in LENGTHS
+        .iter()
+        .chain(&[1 << 20, (1 << 20) + 1, 3 * 1024 * 1024 - 5])
+    {
+        let mut s = n as u64;
+        let small: Vec<u32> = (0..n).map(|_| (splitmix(&mut s) % 100) as u32).collect();
+        check_scan(&ctx, &small);
+        let ones = vec![1u32; n];
+        check_scan(&ctx, &ones);
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_totals_beyond_u32_do_not_overflow() {
+    let ctx = shared_context();
+    // 2^20 + 1 counts near u32::MAX: the total is ~2^52.
+    let mut s = 99u64;
+    let big: Vec<u32> = (0..(1 << 20) + 1)
+        .map(|_| u32::MAX - (splitmix(&mut s) % 1000) as u32)
+        .collect();
+    check_scan(&ctx, &big);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_of_data_larger_than_max_storage_buffer_range() {
+    let ctx = shared_context();
+    // 36M counts: 144 MiB in and 288 MiB out, both above lavapipe's 128 MiB binding limit.
+    let n = 36 << 20;
+    assert!(n as u64 * 4 > ctx.limits().max_storage_buffer_range);
+    let counts: Vec<u32> = (0..n as u32).map(|i| i % 3).collect();
+    check_scan(&ctx, &counts);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn scan_checks_sizes() {
+    let ctx = shared_context();
+    let cbuf = ctx.upload(&[1u32, 2, 3], "counts").unwrap();
+    let obuf = Buffer::new(&ctx, 24, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    let err = vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, 3).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}
+
+#[test]
+fn staged_path_as_on_a_discrete_gpu() {
+    gpu_test_setup();
+    // A context of its own: zero-copy off makes device buffers unmapped, as on a discrete
+    // GPU, so upload/download take staging copies through the queue.
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    ctx.set_zero_copy(false);
+    let data: Vec<u64> = (0..70_001u64).map(|i| i * i).collect();
+    let dev = ctx.upload(&data, "data").unwrap();
+    assert!(!dev.is_mapped());
+    assert_eq!(
+        dev.write(0, &[1u64]).unwrap_err().kind(),
+        ErrorKind::Internal
+    );
+    assert_eq!(ctx.download::<u64>(&dev, 0, data.len()).unwrap(), data);
+    assert_eq!(
+        ctx.download::<u64>(&dev, 69_999, 2).unwrap(),
+        &data[69_999..]
+    );
+    let counts: Vec<u32> = (0..5000).map(|i| i % 7).collect();
+    let cbuf = ctx.upload(&counts, "counts").unwrap();
+    let obuf = Buffer::new(&ctx, 5001 * 8, Memory::Device, "offsets").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    vk::scan::exclusive_scan_u32_to_u64(&mut s, &cbuf, &obuf, 5000).unwrap();
+    s.finish().unwrap();
+    let got = ctx.download::<u64>(&obuf, 0, 5001).unwrap();
+    assert_eq!(got[5000], counts.iter().map(|&c| c as u64).sum::<u64>());
+    assert_eq!(
+        got[1234],
+        counts[..1234].iter().map(|&c| c as u64).sum::<u64>()
+    );
+    drop((s, dev, cbuf, obuf));
+    assert_no_validation_errors();
+}
