@@ -18,11 +18,18 @@ fn main() -> anyhow::Result<()> {
     let as_f32 = args.get(5).is_some_and(|s| s == "f32");
     let file = npyz::NpyFile::new(std::io::BufReader::new(std::fs::File::open(&args[1])?))?;
     let shape = file.shape().to_vec();
-    anyhow::ensure!(shape.len() == 2, "expected a 2-D array (n, d), got shape {shape:?}");
+    anyhow::ensure!(
+        shape.len() == 2,
+        "expected a 2-D array (n, d), got shape {shape:?}"
+    );
     let dim = shape[1] as usize;
     let x: Vec<f64> = file.into_vec()?;
     let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let data = if as_f32 { Dataset::from_f32(&x32, dim)? } else { Dataset::from_f64(&x, dim)? };
+    let data = if as_f32 {
+        Dataset::from_f32(&x32, dim)?
+    } else {
+        Dataset::from_f64(&x, dim)?
+    };
     let mut opts = JoinOptions::new(eps);
     opts.backend = Backend::Cpu;
     opts.algorithm = algorithm;
@@ -38,7 +45,11 @@ fn main() -> anyhow::Result<()> {
         report = Some(r.report);
     }
     let report = report.expect("at least one run");
-    let phases: Vec<String> = report.phases.iter().map(|(k, v)| format!("\"{k}\": {v:.4}")).collect();
+    let phases: Vec<String> = report
+        .phases
+        .iter()
+        .map(|(k, v)| format!("\"{k}\": {v:.4}"))
+        .collect();
     let notes: Vec<String> = report.notes.iter().map(|s| format!("{:?}", s)).collect();
     println!(
         "{{\"pairs\": {pairs}, \"times\": {times:?}, \"algorithm\": \"{}\", \"device\": \"{}\", \"phases\": {{{}}}, \"notes\": [{}]}}",

@@ -18,16 +18,19 @@
 //! with a safety margin, and every survivor is confirmed in canonical dimension order.
 
 use super::emit::{Collector, Emitter};
-use super::store::{avx2_available, confirm, reject_threshold, scan, MetricKind, Store};
-use crate::metric::reject_margin;
-use crate::options::Metric;
+use super::store::{
+    avx2_available, confirm, reject_threshold, scan, scan_cols, MetricKind, Store, LANES,
+};
 use crate::grid::GridGeometry;
+use crate::metric::accumulate;
+use crate::metric::reject_margin;
 use crate::metric::Coord;
+use crate::options::Metric;
 use rayon::prelude::*;
 use std::ops::Range;
 
 /// Sequences at most this long are joined directly.
-pub(crate) const LEAF: usize = 32;
+pub(crate) const LEAF: usize = 128;
 
 /// Points in EGO order, and the tree of their recursive halvings.
 pub(crate) struct EgoIndex<T> {
@@ -75,7 +78,14 @@ impl<T: Coord> EgoIndex<T> {
                 dst.copy_from_slice(&raw[i as usize * k..(i as usize + 1) * k]);
             });
         let store = Store::gather(data, dim, order, &geom.dims);
-        let mut index = EgoIndex { store, cells, k, nodes: Vec::new(), lo: Vec::new(), hi: Vec::new() };
+        let mut index = EgoIndex {
+            store,
+            cells,
+            k,
+            nodes: Vec::new(),
+            lo: Vec::new(),
+            hi: Vec::new(),
+        };
         if n > 0 {
             index.build_node(0..n);
         }
@@ -86,7 +96,11 @@ impl<T: Coord> EgoIndex<T> {
     fn build_node(&mut self, r: Range<usize>) -> u32 {
         let id = self.nodes.len();
         let dim = self.store.dim;
-        self.nodes.push(Node { start: r.start, end: r.end, children: None });
+        self.nodes.push(Node {
+            start: r.start,
+            end: r.end,
+            children: None,
+        });
         self.lo.extend(std::iter::repeat(T::ZERO).take(dim));
         self.hi.extend(std::iter::repeat(T::ZERO).take(dim));
         if r.len() <= LEAF {
@@ -186,11 +200,16 @@ impl<T: Coord> Ctx<'_, T> {
         let dim = self.x.store.dim;
         let (a, b) = (a as usize * dim, b as usize * dim);
         let (x, y) = (self.x, self.y);
-        box_gap::<T, M>(&x.lo[a..a + dim], &x.hi[a..a + dim], &y.lo[b..b + dim], &y.hi[b..b + dim]) > self.box_reject
+        box_gap::<T, M>(
+            &x.lo[a..a + dim],
+            &x.hi[a..a + dim],
+            &y.lo[b..b + dim],
+            &y.hi[b..b + dim],
+        ) > self.box_reject
     }
 
     /// Self-join of one node: its halves, and the halves against each other.
-    fn self_rec<M: MetricKind>(&self, a: u32, em: &mut Emitter, q: &mut [T]) {
+    fn self_rec<M: MetricKind>(&self, a: u32, em: &mut Emitter, q: &mut Scratch<T>) {
         let node = &self.x.nodes[a as usize];
         match node.children {
             None => self.leaf::<M>(a, a, em, q),
@@ -203,7 +222,7 @@ impl<T: Coord> Ctx<'_, T> {
     }
 
     /// Join of node `a` (of x) with node `b` (of y), halving the longer one.
-    fn pair_rec<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+    fn pair_rec<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut Scratch<T>) {
         let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
         if em.stopped() || !ego_joinable(self.x, na, self.y, nb) || self.boxes_apart::<M>(a, b) {
             return;
@@ -225,7 +244,7 @@ impl<T: Coord> Ctx<'_, T> {
         }
     }
 
-    fn leaf<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+    fn leaf<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut Scratch<T>) {
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: avx2 was detected at run time.
@@ -236,38 +255,144 @@ impl<T: Coord> Ctx<'_, T> {
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    unsafe fn leaf_avx2<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
+    unsafe fn leaf_avx2<M: MetricKind>(
+        &self,
+        a: u32,
+        b: u32,
+        em: &mut Emitter,
+        q: &mut Scratch<T>,
+    ) {
         self.leaf_body::<M>(a, b, em, q)
     }
 
-    /// Direct join of two leaves (`a == b` in a self-join: pairs inside one leaf). Each
-    /// query point is first tested against the other leaf's box.
+    /// Direct join of two leaves (`a == b` in a self-join: pairs inside one leaf). Across
+    /// two leaves, each side's points are first screened, LANES at a time, against the
+    /// other leaf's box; only survivors meet, the candidates copied into a small block.
     #[inline(always)]
-    fn leaf_body<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut [T]) {
-        let same = self.self_join && a == b;
+    fn leaf_body<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, sc: &mut Scratch<T>) {
         let (xs, ys) = (&self.x.store, &self.y.store);
         let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
         let dim = xs.dim;
-        let (blo, bhi) = (&self.y.lo[b as usize * dim..][..dim], &self.y.hi[b as usize * dim..][..dim]);
-        for s in na.start..na.end {
-            xs.point(s, q);
-            if !same && box_gap::<T, M>(q, q, blo, bhi) > self.box_reject {
-                continue;
-            }
-            let qid = xs.ids[s];
-            let lo = if same { s + 1 } else { nb.start };
-            scan::<T, M>(q, ys, lo, nb.end, self.reject, true, |t| {
-                if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
-                    let tid = ys.ids[t];
-                    if self.self_join {
+        if self.self_join && a == b {
+            for s in na.start..na.end {
+                xs.point(s, &mut sc.q);
+                let qid = xs.ids[s];
+                let q = &sc.q;
+                scan::<T, M>(q, ys, s + 1, nb.end, self.reject, true, |t| {
+                    if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
+                        let tid = ys.ids[t];
                         em.push(qid.min(tid), qid.max(tid));
-                    } else {
-                        em.push(qid, tid);
                     }
+                });
+            }
+            return;
+        }
+        let (alo, ahi) = (
+            &self.x.lo[a as usize * dim..][..dim],
+            &self.x.hi[a as usize * dim..][..dim],
+        );
+        let (blo, bhi) = (
+            &self.y.lo[b as usize * dim..][..dim],
+            &self.y.hi[b as usize * dim..][..dim],
+        );
+        // Candidates of b near a's box, copied column-major into sc.cand.
+        let stride = LEAF + LANES;
+        let mut found = 0;
+        let mut t0 = nb.start;
+        while t0 < nb.end {
+            let mut mask = box_screen::<T, M>(ys, t0, alo, ahi, self.reject);
+            if t0 + LANES > nb.end {
+                mask &= (1u32 << (nb.end - t0)) - 1;
+            }
+            while mask != 0 {
+                let t = t0 + mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                for c in 0..dim {
+                    sc.cand[c * stride + found] = ys.block(c, t)[0];
                 }
-            });
+                sc.slot[found] = t as u32;
+                found += 1;
+            }
+            t0 += LANES;
+        }
+        if found == 0 {
+            return;
+        }
+        let mut s0 = na.start;
+        while s0 < na.end {
+            let mut mask = box_screen::<T, M>(xs, s0, blo, bhi, self.reject);
+            if s0 + LANES > na.end {
+                mask &= (1u32 << (na.end - s0)) - 1;
+            }
+            while mask != 0 {
+                let s = s0 + mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                xs.point(s, &mut sc.q);
+                let qid = xs.ids[s];
+                let (q, slot) = (&sc.q, &sc.slot);
+                scan_cols::<T, M>(q, &sc.cand, stride, 0, found, self.reject, true, |k| {
+                    let t = slot[k] as usize;
+                    if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
+                        let tid = ys.ids[t];
+                        if self.self_join {
+                            em.push(qid.min(tid), qid.max(tid));
+                        } else {
+                            em.push(qid, tid);
+                        }
+                    }
+                });
+            }
+            s0 += LANES;
         }
     }
+}
+
+/// Per-worker buffers of the leaf join.
+struct Scratch<T> {
+    /// The query point, store column order.
+    q: Vec<T>,
+    /// Screened candidates, column-major with stride LEAF + LANES.
+    cand: Vec<T>,
+    /// Their slots.
+    slot: [u32; LEAF],
+}
+
+impl<T: Coord> Scratch<T> {
+    fn new(dim: usize) -> Self {
+        Scratch {
+            q: vec![T::ZERO; dim],
+            cand: vec![T::ZERO; dim * (LEAF + LANES)],
+            slot: [0; LEAF],
+        }
+    }
+}
+
+/// Mask of the LANES slots from `s` whose distance to the box `[lo, hi]`, accumulated in
+/// T in store order, is `<= reject`. Safe to drop the others: each per-dimension gap is at
+/// most the pair's rounded difference (rounding is monotone), so this sum is at most the
+/// pair's sum in the same order, and `reject` covers the change to canonical order.
+#[inline(always)]
+fn box_screen<T: Coord, M: MetricKind>(
+    xs: &Store<T>,
+    s: usize,
+    lo: &[T],
+    hi: &[T],
+    reject: T,
+) -> u32 {
+    let mut acc = [T::ZERO; LANES];
+    for c in 0..lo.len() {
+        let x = xs.block(c, s);
+        let (l, h) = (lo[c], hi[c]);
+        for k in 0..LANES {
+            let gap = (l - x[k]).max(x[k] - h).max(T::ZERO);
+            acc[k] = accumulate(M::METRIC, acc[k], gap, T::ZERO);
+        }
+    }
+    let mut mask = 0u32;
+    for (k, &a) in acc.iter().enumerate() {
+        mask |= ((a <= reject) as u32) << k;
+    }
+    mask
 }
 
 /// A task of the parallel phase: a node's self-join or a pair of nodes.
@@ -289,7 +414,13 @@ fn plan_self<T: Coord, M: MetricKind>(ctx: &Ctx<T>, a: u32, grain: usize, out: &
     }
 }
 
-fn plan_pair<T: Coord, M: MetricKind>(ctx: &Ctx<T>, a: u32, b: u32, grain: usize, out: &mut Vec<Task>) {
+fn plan_pair<T: Coord, M: MetricKind>(
+    ctx: &Ctx<T>,
+    a: u32,
+    b: u32,
+    grain: usize,
+    out: &mut Vec<Task>,
+) {
     let (na, nb) = (&ctx.x.nodes[a as usize], &ctx.y.nodes[b as usize]);
     if !ego_joinable(ctx.x, na, ctx.y, nb) || ctx.boxes_apart::<M>(a, b) {
         return;
@@ -329,9 +460,17 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     }
     // Box distances are computed in f64 from T values: a pair's canonical T sum is at
     // least the exact box gap less T's and f64's rounding, both covered by the margins.
-    let tiny = if T::UNIT_ROUNDOFF > 1e-10 { 1e-30 } else { 1e-290 };
+    let tiny = if T::UNIT_ROUNDOFF > 1e-10 {
+        1e-30
+    } else {
+        1e-290
+    };
     let margin = 2.0 * reject_margin::<T>(dim) + 4.0 * reject_margin::<f64>(dim);
-    let box_reject = if thr.to_f64() > tiny { thr.to_f64() * (1.0 + margin) } else { f64::INFINITY };
+    let box_reject = if thr.to_f64() > tiny {
+        thr.to_f64() * (1.0 + margin)
+    } else {
+        f64::INFINITY
+    };
     let ctx = Ctx {
         x,
         y,
@@ -349,12 +488,17 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     } else {
         plan_pair::<T, M>(&ctx, 0, 0, grain, &mut tasks);
     }
+    eprintln!("tasks {}", tasks.len());
     tasks.par_iter().with_max_len(1).for_each(|task| {
         let mut em = out.emitter();
-        let mut q = vec![T::ZERO; dim];
+        let mut q = Scratch::new(dim);
         match *task {
             Task::SelfJoin(a) => ctx.self_rec::<M>(a, &mut em, &mut q),
             Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
         }
     });
+    eprintln!("stats {:?}", STATS);
 }
+
+pub(crate) static STATS: [std::sync::atomic::AtomicU64; 3] =
+    [const { std::sync::atomic::AtomicU64::new(0) }; 3];

@@ -8,8 +8,8 @@
 //! unordered cell pair once, like GPU-SJ's unicomp) and, in its own row, only slots after
 //! the query point.
 
-use super::emit::Collector;
-use super::store::{scan, MetricKind, Store};
+use super::emit::{Collector, Emitter};
+use super::store::{avx2_available, scan, MetricKind, Store};
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -17,6 +17,8 @@ use rayon::prelude::*;
 
 /// Most points of one cell handled by one work item (large cells are split for balance).
 const ITEM_POINTS: usize = 256;
+/// A grid with at most this many cells per point gets a direct cell -> slot table.
+const DENSE_CELLS_PER_POINT: u64 = 4;
 
 /// Points sorted by grid cell.
 pub(crate) struct GridIndex<T> {
@@ -25,6 +27,9 @@ pub(crate) struct GridIndex<T> {
     pub cell_ids: Vec<u64>,
     /// Slot range of cell c: `cell_start[c]..cell_start[c + 1]`.
     pub cell_start: Vec<usize>,
+    /// For a dense grid (few cells per point): first slot of every cell, empty or not
+    /// (length total cells + 1), so neighbour rows need no search.
+    dense: Option<Vec<u32>>,
 }
 
 impl<T: Coord> GridIndex<T> {
@@ -32,7 +37,7 @@ impl<T: Coord> GridIndex<T> {
     /// u64) and stores it in dataset dimension order.
     pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
         let n = data.len() / dim;
-        let mut keys: Vec<(u64, u32)> = (0..n)
+        let keys: Vec<u64> = (0..n)
             .into_par_iter()
             .with_min_len(4096)
             .map(|i| {
@@ -41,31 +46,62 @@ impl<T: Coord> GridIndex<T> {
                 for (axis, &j) in geom.dims.iter().enumerate() {
                     id = id * geom.cells[axis] + geom.coord(axis, p[j].to_f64());
                 }
-                (id, i as u32)
+                id
             })
             .collect();
-        keys.par_sort_unstable();
+        let total = geom
+            .total_cells()
+            .expect("grid plans keep linear cell ids in u64");
+        let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
+            // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
+            let mut start = vec![0u32; total as usize + 1];
+            for &k in &keys {
+                start[k as usize + 1] += 1;
+            }
+            for c in 0..total as usize {
+                start[c + 1] += start[c];
+            }
+            let mut next = start.clone();
+            let mut order = vec![0u32; n];
+            for (i, &k) in keys.iter().enumerate() {
+                order[next[k as usize] as usize] = i as u32;
+                next[k as usize] += 1;
+            }
+            (order, Some(start))
+        } else {
+            let mut pairs: Vec<(u64, u32)> = keys
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| (k, i as u32))
+                .collect();
+            pairs.par_sort_unstable();
+            (pairs.into_iter().map(|(_, i)| i).collect(), None)
+        };
         let mut cell_ids = Vec::new();
         let mut cell_start = Vec::new();
-        for (s, &(id, _)) in keys.iter().enumerate() {
+        for (s, &i) in order.iter().enumerate() {
+            let id = keys[i as usize];
             if cell_ids.last() != Some(&id) {
                 cell_ids.push(id);
                 cell_start.push(s);
             }
         }
         cell_start.push(n);
-        let order: Vec<u32> = keys.into_iter().map(|(_, i)| i).collect();
         let dims: Vec<usize> = (0..dim).collect();
         GridIndex {
             store: Store::gather(data, dim, order, &dims),
             cell_ids,
             cell_start,
+            dense,
         }
     }
 
     /// Slot range of the non-empty cells with linear ids in `lo..=hi`.
     #[inline]
     fn slots(&self, lo: u64, hi: u64) -> (usize, usize) {
+        if let Some(start) = &self.dense {
+            return (start[lo as usize] as usize, start[hi as usize + 1] as usize);
+        }
         let a = self.cell_ids.partition_point(|&x| x < lo);
         let b = a + self.cell_ids[a..].partition_point(|&x| x <= hi);
         (self.cell_start[a], self.cell_start[b])
@@ -139,6 +175,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let dim = idx.store.dim;
     let early = dim > 4;
     let per_task = (items.len() / (threads * 64)).max(1);
+    let avx2 = avx2_available();
     items.par_chunks(per_task).for_each(|chunk| {
         let mut em = out.emitter();
         let mut q = vec![T::ZERO; dim];
@@ -176,29 +213,88 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
                     ranges.push(range);
                 }
             }
-            for s in s0 as usize..s1 as usize {
-                qidx.store.point(s, &mut q);
-                let qid = qidx.store.ids[s];
-                if self_join {
-                    scan::<T, M>(&q, &idx.store, s + 1, own_row_range.1, thr, early, |t| {
-                        let tid = idx.store.ids[t];
-                        em.push(qid.min(tid), qid.max(tid));
-                    });
-                    for &(lo, hi) in &ranges {
-                        scan::<T, M>(&q, &idx.store, lo, hi, thr, early, |t| {
-                            let tid = idx.store.ids[t];
-                            em.push(qid.min(tid), qid.max(tid));
-                        });
-                    }
-                } else {
-                    for &(lo, hi) in &ranges {
-                        scan::<T, M>(&q, &idx.store, lo, hi, thr, early, |t| {
-                            em.push(qid, idx.store.ids[t])
-                        });
-                    }
-                }
+            let span = Span {
+                s0: s0 as usize,
+                s1: s1 as usize,
+                own_end: own_row_range.1,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: avx2 was detected at run time.
+                unsafe {
+                    query_cell_avx2::<T, M>(
+                        qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
+                    )
+                };
+                continue;
             }
+            query_cell::<T, M>(
+                qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
+            );
         }
     });
     Ok(())
+}
+
+/// Query slots `s0..s1` of one cell; a self-join also scans its own row up to `own_end`.
+#[derive(Clone, Copy)]
+struct Span {
+    s0: usize,
+    s1: usize,
+    own_end: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    query_cell::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+}
+
+/// Scans the neighbour ranges for every query point of one work item.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_cell<T: Coord, M: MetricKind>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    for s in span.s0..span.s1 {
+        qidx.store.point(s, q);
+        let qid = qidx.store.ids[s];
+        if self_join {
+            scan::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |t| {
+                let tid = idx.store.ids[t];
+                em.push(qid.min(tid), qid.max(tid));
+            });
+            for &(lo, hi) in ranges {
+                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
+                    let tid = idx.store.ids[t];
+                    em.push(qid.min(tid), qid.max(tid));
+                });
+            }
+        } else {
+            for &(lo, hi) in ranges {
+                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
+                    em.push(qid, idx.store.ids[t])
+                });
+            }
+        }
+    }
 }

@@ -29,6 +29,15 @@ impl MetricKind for Chebyshev {
     const METRIC: Metric = Metric::Chebyshev;
 }
 
+/// LANES values of a column from `cols[at]`. Callers check `at + LANES <= cols.len()` once
+/// per scan (columns are padded by LANES), so the inner loops carry no bounds checks.
+#[inline(always)]
+fn load<T: Coord>(cols: &[T], at: usize) -> [T; LANES] {
+    debug_assert!(at + LANES <= cols.len());
+    // SAFETY: in bounds by the caller's check; [T; LANES] has T's alignment.
+    unsafe { *(cols.as_ptr().add(at) as *const [T; LANES]) }
+}
+
 /// Points in a chosen order ("slots"), column-major, with their original ids.
 pub(crate) struct Store<T> {
     pub n: usize,
@@ -63,6 +72,13 @@ impl<T: Coord> Store<T> {
         }
     }
 
+    /// Column c at slots s..s + LANES (padding past n included).
+    #[inline(always)]
+    pub fn block(&self, c: usize, s: usize) -> [T; LANES] {
+        assert!(c < self.dim && s + LANES <= self.stride);
+        load(&self.cols, c * self.stride + s)
+    }
+
     /// The stored coordinates of slot `s` into `out` (length dim).
     #[inline]
     pub fn point(&self, s: usize, out: &mut [T]) {
@@ -84,11 +100,29 @@ pub(crate) fn scan<T: Coord, M: MetricKind>(
     hi: usize,
     thr: T,
     early: bool,
+    hit: impl FnMut(usize),
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
+/// `scan` over any column-major block: column c of slot s at `cols[c * stride + s]`,
+/// readable up to slot `hi + LANES` in every column.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
     mut hit: impl FnMut(usize),
 ) {
     let dim = q.len();
-    let stride = store.stride;
-    let cols = &store.cols[..];
+    // Every load below reads column c < dim at slots < hi + LANES <= stride.
+    assert!(hi + LANES <= stride && dim * stride <= cols.len());
     let mut s = lo;
     'block: while s < hi {
         let mut acc = [T::ZERO; LANES];
@@ -96,9 +130,7 @@ pub(crate) fn scan<T: Coord, M: MetricKind>(
         while c < dim {
             let end = (c + 4).min(dim);
             while c < end {
-                let x: &[T; LANES] = cols[c * stride + s..c * stride + s + LANES]
-                    .try_into()
-                    .unwrap();
+                let x = load(cols, c * stride + s);
                 let qc = q[c];
                 for l in 0..LANES {
                     acc[l] = accumulate(M::METRIC, acc[l], qc, x[l]);
