@@ -83,7 +83,8 @@ def simjoin_systems(args, software: bool) -> list[System]:
         if is_software(dev) != software:
             continue
         name = dev["name"]
-        label = f"simjoin Vulkan: {name}" + (" (lavapipe, software)" if is_software(dev) else "")
+        # lavapipe's name is long ("llvmpipe (LLVM 15.0.6, 256 bits)"): keep its first word.
+        label = f"simjoin Vulkan: {name.split()[0]} (lavapipe, software)" if is_software(dev) else f"simjoin Vulkan: {name}"
         env = dev.get("env")
         out.append(
             System(
