@@ -87,6 +87,9 @@ void main() {
 
     uint tile_size = 2 * WORKGROUP_SIZE;
     uint base = linear_workgroup() * tile_size;
+    if (base >= n) {
+        return; // a surplus workgroup of a 2-D grid (uniform: the whole group leaves)
+    }
     for (uint j = t; j < tile_size; j += WORKGROUP_SIZE) {
         uint g = base + j;
         bool real = g < n;

@@ -47,6 +47,9 @@ uint64_t load(uint i) {
 void main() {
     uint t = gl_LocalInvocationID.x;
     uint tile = linear_workgroup();
+    if (tile * WORKGROUP_SIZE * ITEMS >= n) {
+        return; // a surplus workgroup of a 2-D grid (uniform: the whole group leaves)
+    }
     uint first = (tile * WORKGROUP_SIZE + t) * ITEMS;
     uint64_t items[ITEMS];
     uint64_t sum = 0ul;

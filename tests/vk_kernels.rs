@@ -4,6 +4,7 @@
 mod common;
 
 use common::{assert_no_validation_errors, gpu_test_setup, shared_context};
+use simjoin::vk::sort::SortStages;
 use simjoin::vk::{
     self, shaders, Buffer, Context, ContextOptions, KernelSpec, Memory, StagingPool, Stream,
 };
@@ -397,7 +398,13 @@ fn keys_u64(n: usize, kind: usize, seed: u64) -> Vec<u64> {
         .collect()
 }
 
-fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool) {
+fn check_sort(
+    ctx: &std::sync::Arc<Context>,
+    n: usize,
+    kind: usize,
+    key64: bool,
+    stages: SortStages,
+) {
     let keys = keys_u64(n, kind, n as u64 * 31 + kind as u64);
     let values: Vec<u32> = {
         let mut s = n as u64 + 7;
@@ -415,7 +422,7 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     let vbuf = ctx.upload(&values, "values").unwrap();
     if key64 {
         let kbuf = ctx.upload(&keys, "keys").unwrap();
-        vk::sort::sort_pairs_u64(&mut s, &kbuf, &vbuf, n).unwrap();
+        vk::sort::sort_pairs_with(&mut s, &kbuf, &vbuf, n, true, stages).unwrap();
         s.finish().unwrap();
         let mut expect: Vec<(u64, u32)> =
             keys.iter().copied().zip(values.iter().copied()).collect();
@@ -430,7 +437,7 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     } else {
         let keys32: Vec<u32> = keys.iter().map(|&k| (k ^ (k >> 32)) as u32).collect();
         let kbuf = ctx.upload(&keys32, "keys").unwrap();
-        vk::sort::sort_pairs_u32(&mut s, &kbuf, &vbuf, n).unwrap();
+        vk::sort::sort_pairs_with(&mut s, &kbuf, &vbuf, n, false, stages).unwrap();
         s.finish().unwrap();
         let mut expect: Vec<(u32, u32)> =
             keys32.iter().copied().zip(values.iter().copied()).collect();
@@ -445,33 +452,36 @@ fn check_sort(ctx: &std::sync::Arc<Context>, n: usize, kind: usize, key64: bool)
     }
 }
 
-#[test]
-fn sort_u32_matches_cpu_at_many_lengths() {
+/// Both stage layouts at every length; all five distributions up to 5000 elements, two
+/// (duplicates, random) above, to keep lavapipe's time in check.
+fn check_sort_lengths(key64: bool) {
     let ctx = shared_context();
-    for &n in LENGTHS {
-        for kind in 0..5 {
-            check_sort(&ctx, n, kind, false);
+    for stages in [SortStages::Tiles, SortStages::GlobalOnly] {
+        for &n in LENGTHS {
+            for kind in 0..if n <= 5000 { 5 } else { 2 } {
+                check_sort(&ctx, n, kind, key64, stages);
+            }
         }
     }
     assert_no_validation_errors();
 }
 
 #[test]
+fn sort_u32_matches_cpu_at_many_lengths() {
+    check_sort_lengths(false);
+}
+
+#[test]
 fn sort_u64_matches_cpu_at_many_lengths() {
-    let ctx = shared_context();
-    for &n in LENGTHS {
-        for kind in 0..5 {
-            check_sort(&ctx, n, kind, true);
-        }
-    }
-    assert_no_validation_errors();
+    check_sort_lengths(true);
 }
 
 #[test]
 fn sort_one_million_and_more() {
     let ctx = shared_context();
-    check_sort(&ctx, (1 << 20) + 3, 1, false);
-    check_sort(&ctx, 1 << 20, 0, true);
+    // Auto (global-only stages on lavapipe) and tiles, u32 and u64 keys.
+    check_sort(&ctx, (1 << 20) + 3, 1, false, SortStages::Auto);
+    check_sort(&ctx, 1 << 20, 0, true, SortStages::Tiles);
     assert_no_validation_errors();
 }
 
@@ -604,5 +614,119 @@ fn staged_path_as_on_a_discrete_gpu() {
         counts[..1234].iter().map(|&c| c as u64).sum::<u64>()
     );
     drop((s, dev, cbuf, obuf));
+    assert_no_validation_errors();
+}
+
+/// Runs `test` (in this test binary) in a child process with `env` set and `CHILD_ENV=1`;
+/// fails when the child fails or runs no test.
+fn run_in_child(test: &str, env: &[(&str, &str)]) {
+    gpu_test_setup();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture"])
+        .env(CHILD_ENV, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{log}");
+    assert!(log.contains("1 passed"), "child ran no test:\n{log}");
+}
+
+const CHILD_ENV: &str = "SIMJOIN_TEST_CHILD";
+
+#[test]
+fn validation_requested_without_the_layer_is_an_error() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        // The loader's switch to hide every layer (loader 1.3.234 and later).
+        return run_in_child(
+            "validation_requested_without_the_layer_is_an_error",
+            &[("VK_LOADER_LAYERS_DISABLE", "~all~")],
+        );
+    }
+    let err = Context::new(&ContextOptions {
+        device: None,
+        validation: Some(true),
+    })
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported);
+    assert!(
+        err.to_string().contains("VK_LAYER_KHRONOS_validation"),
+        "{err}"
+    );
+}
+
+#[test]
+fn validation_errors_are_counted() {
+    // A deliberate error would fail the other tests of this process: use a child.
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return run_in_child("validation_errors_are_counted", &[]);
+    }
+    let ctx = shared_context();
+    assert_eq!(vk::validation_error_count(), 0);
+    // Invalid on purpose: a zero-sized buffer (VUID-VkBufferCreateInfo-size-00912).
+    let info = ash::vk::BufferCreateInfo::default()
+        .size(0)
+        .usage(ash::vk::BufferUsageFlags::STORAGE_BUFFER);
+    let device = ctx.raw_device();
+    if let Ok(buffer) = unsafe { device.create_buffer(&info, None) } {
+        unsafe { device.destroy_buffer(buffer, None) };
+    }
+    assert!(
+        vk::validation_error_count() >= 1,
+        "the debug messenger counted no error"
+    );
+}
+
+#[test]
+fn tickets_from_another_context_are_waited_on_the_host() {
+    let ctx = shared_context();
+    let other = Context::new(&ContextOptions::default()).unwrap();
+    let a = Buffer::new(&ctx, 4096, Memory::Device, "a").unwrap();
+    let b = Buffer::new(&other, 4096, Memory::Device, "b").unwrap();
+    let iota = iota_kernel(&ctx, 64);
+    let mut first = Stream::new(&ctx, 0).unwrap();
+    first
+        .dispatch_threads(&iota, 1024, &[a.all()], bytemuck::cast_slice(&[1024u32, 3]))
+        .unwrap();
+    let ticket = first.submit().unwrap();
+    let mut second = Stream::new(&other, 0).unwrap();
+    second.wait_for(&ticket); // different device: blocks until done
+    assert!(ticket.is_done().unwrap());
+    b.write(0, &ctx.download::<u32>(&a, 0, 1024).unwrap())
+        .unwrap();
+    second.fill(&b, 0, 4, 9).unwrap();
+    second.finish().unwrap();
+    assert_eq!(other.download::<u32>(&b, 0, 3).unwrap(), vec![9, 4, 5]);
+    // A buffer of one context cannot be used on another's stream.
+    assert_eq!(
+        second.fill(&a, 0, 4, 0).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    drop((second, b, other));
+    assert_no_validation_errors();
+}
+
+#[test]
+fn sort_and_scan_on_2d_dispatch_grids() {
+    gpu_test_setup();
+    // Rows of 3 workgroups: every multi-workgroup dispatch becomes a 2-D grid with surplus
+    // workgroups, as on a device whose maxComputeWorkGroupCount[0] is exceeded.
+    let ctx = Context::new(&ContextOptions::default()).unwrap();
+    ctx.set_dispatch_width(3);
+    assert_eq!(ctx.dispatch_width(), 3);
+    for n in [2, 1000, 4097, 70_001] {
+        for stages in [SortStages::Tiles, SortStages::GlobalOnly] {
+            check_sort(&ctx, n, 1, true, stages);
+        }
+        let mut s = n as u64;
+        let counts: Vec<u32> = (0..n).map(|_| (splitmix(&mut s) % 1000) as u32).collect();
+        check_scan(&ctx, &counts);
+    }
+    // Scan levels sit side by side in one scratch buffer: a stray write of a surplus
+    // workgroup would corrupt the next level, so check a size with three levels.
+    let counts: Vec<u32> = (0..1_100_000u32).map(|i| i % 5).collect();
+    check_scan(&ctx, &counts);
     assert_no_validation_errors();
 }

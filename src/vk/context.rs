@@ -9,7 +9,7 @@ use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
 use std::ffi::{c_char, c_void, CStr};
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
@@ -83,6 +83,7 @@ pub struct Context {
     software: bool,
     unified_memory: bool,
     zero_copy: AtomicBool,
+    dispatch_width: AtomicU32,
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -205,6 +206,7 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
 }
 
 /// Everything read about one physical device.
+#[derive(Debug)]
 struct Candidate {
     index: usize,
     physical: vk::PhysicalDevice,
@@ -660,6 +662,7 @@ impl Context {
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
             unified_memory,
             zero_copy: AtomicBool::new(true),
+            dispatch_width: AtomicU32::new(l.max_compute_work_group_count[0]),
             validation,
             kernels: KernelCache::default(),
         })
@@ -693,6 +696,20 @@ impl Context {
     /// and for comparing the two; affects buffers created afterwards.
     pub fn set_zero_copy(&self, enabled: bool) {
         self.zero_copy.store(enabled, Ordering::Relaxed)
+    }
+
+    /// Workgroups per row of a [`super::Stream::dispatch_threads`] grid: the device's
+    /// `maxComputeWorkGroupCount[0]` unless lowered by [`Context::set_dispatch_width`].
+    pub fn dispatch_width(&self) -> u32 {
+        self.dispatch_width.load(Ordering::Relaxed)
+    }
+
+    /// Lowers the row width of dispatch grids (clamped to 1..=the device limit), so tests
+    /// can exercise 2-D grids of workgroups at small sizes.
+    pub fn set_dispatch_width(&self, groups: u32) {
+        let max = self.limits.max_compute_work_group_count[0];
+        self.dispatch_width
+            .store(groups.clamp(1, max), Ordering::Relaxed)
     }
 
     /// Whether validation layers are on for this context.
@@ -804,5 +821,96 @@ impl std::fmt::Debug for Context {
             .field("unified_memory", &self.unified_memory)
             .field("queues", &self.queue_layout)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A made-up device: `kind`, name, and whether it has what simjoin needs.
+    fn fake(index: usize, kind: vk::PhysicalDeviceType, name: &str, capable: bool) -> Candidate {
+        let mut props = vk::PhysicalDeviceProperties {
+            device_type: kind,
+            api_version: vk::API_VERSION_1_2,
+            ..Default::default()
+        };
+        for (dst, src) in props.device_name.iter_mut().zip(name.bytes()) {
+            *dst = src as c_char;
+        }
+        let family = vk::QueueFamilyProperties {
+            queue_flags: vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER,
+            queue_count: 1,
+            ..Default::default()
+        };
+        Candidate {
+            index,
+            physical: vk::PhysicalDevice::null(),
+            props,
+            subgroup_size: 32,
+            driver: String::new(),
+            families: vec![family],
+            memory: vk::PhysicalDeviceMemoryProperties::default(),
+            int64: true,
+            float64: false,
+            timeline: capable,
+            bda: true,
+            int64_atomics: false,
+            scalar_layout: false,
+        }
+    }
+
+    fn devices() -> Vec<Candidate> {
+        vec![
+            fake(0, vk::PhysicalDeviceType::CPU, "llvmpipe", true),
+            fake(1, vk::PhysicalDeviceType::INTEGRATED_GPU, "Intel UHD", true),
+            fake(
+                2,
+                vk::PhysicalDeviceType::DISCRETE_GPU,
+                "Old Discrete",
+                false,
+            ),
+            fake(3, vk::PhysicalDeviceType::DISCRETE_GPU, "NVIDIA H100", true),
+            fake(4, vk::PhysicalDeviceType::VIRTUAL_GPU, "virtio", true),
+        ]
+    }
+
+    #[test]
+    fn automatic_choice_prefers_capable_discrete_then_integrated() {
+        assert_eq!(choose(devices(), None).unwrap().index, 3);
+        let no_discrete: Vec<_> = devices().into_iter().filter(|c| c.index != 3).collect();
+        assert_eq!(choose(no_discrete, None).unwrap().index, 1);
+        let only_cpu_and_virtual: Vec<_> = devices()
+            .into_iter()
+            .filter(|c| c.index == 0 || c.index == 4)
+            .collect();
+        assert_eq!(choose(only_cpu_and_virtual, None).unwrap().index, 4);
+        assert_eq!(
+            choose(Vec::new(), None).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+    }
+
+    #[test]
+    fn selector_by_index_or_name_and_clear_errors() {
+        assert_eq!(choose(devices(), Some("0")).unwrap().index, 0);
+        assert_eq!(choose(devices(), Some("h100")).unwrap().index, 3);
+        assert_eq!(
+            choose(devices(), Some("  ")).unwrap().index,
+            3,
+            "blank means automatic"
+        );
+        assert_eq!(
+            choose(devices(), Some("7")).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+        assert_eq!(
+            choose(devices(), Some("radeon")).unwrap_err().kind(),
+            ErrorKind::NoDevice
+        );
+        // Asking for a device that lacks a required feature names what is missing.
+        let err = choose(devices(), Some("old")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.to_string().contains("timelineSemaphore"), "{err}");
     }
 }

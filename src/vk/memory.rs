@@ -290,10 +290,12 @@ impl StagingPool {
             Some(i) => free.swap_remove(i),
             None => {
                 drop(free);
+                // Round up for reuse, but never past what one allocation may hold.
+                let limit = self.ctx.limits().max_memory_allocation_size.max(bytes);
                 let size = bytes
                     .max(MIN_STAGING_BYTES)
                     .checked_next_power_of_two()
-                    .unwrap_or(bytes);
+                    .map_or(bytes, |rounded| rounded.min(limit));
                 Buffer::new(&self.ctx, size, memory, "staging")?
             }
         };

@@ -43,6 +43,10 @@
 //! `gl_WorkGroupSize.x` in arithmetic (glslang 11 folds it to 1). Further spec constants
 //! (ids >= 1, e.g. dimensionality) come from [`KernelSpec::constant`].
 //!
+//! Sort and scan record into a stream like any command ([`sort::sort_pairs_u32`],
+//! [`sort::sort_pairs_u64`], [`scan::exclusive_scan_u32_to_u64`]); they put barriers
+//! before and after themselves, and work on any length through device addresses.
+//!
 //! Synchronization: commands in one stream are NOT ordered unless separated by
 //! [`Stream::barrier`] (like Vulkan itself); submissions of one stream run in order; across
 //! streams use [`Stream::wait_for`]. After `ticket.wait()` the host sees the results.

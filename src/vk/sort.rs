@@ -38,16 +38,39 @@ fn workgroup_size(ctx: &Context, key_bytes: u32) -> u32 {
     wg
 }
 
+/// Where the sort's stages run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SortStages {
+    /// `GlobalOnly` on software devices (lavapipe's shared memory is slow), else `Tiles`.
+    Auto,
+    /// Sort and finish merges in shared-memory tiles; only strides >= the tile go global.
+    Tiles,
+    /// Every compare-exchange stage is one dispatch over global memory.
+    GlobalOnly,
+}
+
 /// Records a sort of the first `n` (u32 key, u32 value) pairs of `keys` / `values`, in
 /// place. Barriers before and after make it see earlier writes of the stream and its
 /// results visible to later commands. Submit the stream to run it.
 pub fn sort_pairs_u32(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
-    sort_pairs(stream, keys, values, n, false)
+    sort_pairs(stream, keys, values, n, false, SortStages::Auto)
 }
 
 /// As [`sort_pairs_u32`] with u64 keys.
 pub fn sort_pairs_u64(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
-    sort_pairs(stream, keys, values, n, true)
+    sort_pairs(stream, keys, values, n, true, SortStages::Auto)
+}
+
+/// [`sort_pairs_u32`] / [`sort_pairs_u64`] (by `key64`) with a choice of stages.
+pub fn sort_pairs_with(
+    stream: &mut Stream,
+    keys: &Buffer,
+    values: &Buffer,
+    n: usize,
+    key64: bool,
+    stages: SortStages,
+) -> Result<()> {
+    sort_pairs(stream, keys, values, n, key64, stages)
 }
 
 fn sort_pairs(
@@ -56,6 +79,7 @@ fn sort_pairs(
     values: &Buffer,
     n: usize,
     key64: bool,
+    stages: SortStages,
 ) -> Result<()> {
     let key_bytes: u32 = if key64 { 8 } else { 4 };
     if n > 1 << 31 {
@@ -77,7 +101,13 @@ fn sort_pairs(
     }
     let ctx: Arc<Context> = stream.context().clone();
     let wg = workgroup_size(&ctx, key_bytes);
-    let tile = 2 * wg as usize;
+    let use_tiles = match stages {
+        SortStages::Auto => !ctx.is_software(),
+        SortStages::Tiles => true,
+        SortStages::GlobalOnly => false,
+    };
+    // Without tiles every stage is global: as if tiles held one element.
+    let tile = if use_tiles { 2 * wg as usize } else { 1 };
     let (name, spirv) = if key64 {
         ("bitonic_u64", shaders::BITONIC_U64)
     } else {
@@ -108,13 +138,15 @@ fn sort_pairs(
     let padded = n.next_power_of_two();
 
     stream.barrier()?;
-    stream.dispatch_threads(
-        &local_sort,
-        local_threads,
-        &[],
-        bytemuck::bytes_of(&params(0, false)),
-    )?;
-    stream.barrier()?;
+    if use_tiles {
+        stream.dispatch_threads(
+            &local_sort,
+            local_threads,
+            &[],
+            bytemuck::bytes_of(&params(0, false)),
+        )?;
+        stream.barrier()?;
+    }
     let mut block = 2 * tile;
     while block <= padded {
         // First stage of the merge: compare mirror images across the block halves.
@@ -137,14 +169,16 @@ fn sort_pairs(
             stream.barrier()?;
             stride /= 2;
         }
-        // Strides below the tile size stay inside one tile: finish in shared memory.
-        stream.dispatch_threads(
-            &local_merge,
-            local_threads,
-            &[],
-            bytemuck::bytes_of(&params(0, false)),
-        )?;
-        stream.barrier()?;
+        if use_tiles {
+            // Strides below the tile size stay inside one tile: finish in shared memory.
+            stream.dispatch_threads(
+                &local_merge,
+                local_threads,
+                &[],
+                bytemuck::bytes_of(&params(0, false)),
+            )?;
+            stream.barrier()?;
+        }
         block *= 2;
     }
     Ok(())

@@ -209,9 +209,12 @@ impl Stream {
             let begin = vk::CommandBufferBeginInfo::default()
                 .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
             let started = unsafe { device.begin_command_buffer(frame.cmd, &begin) };
-            // Keep the frame either way so its command buffer is not leaked.
+            if let Err(r) = started {
+                // Not recording: park it as reusable (value 0) so it is not leaked.
+                self.in_flight.push(frame);
+                return Err(super::vk_error(r, "beginning a command buffer"));
+            }
             self.recording = Some(frame);
-            started.map_err(vkr("beginning a command buffer"))?;
         }
         Ok(self.recording.as_mut().expect("just set"))
     }
@@ -387,7 +390,7 @@ impl Stream {
             )));
         }
         let groups = threads.div_ceil(wg);
-        let max_x = limits.max_compute_work_group_count[0] as u64;
+        let max_x = self.ctx.dispatch_width() as u64;
         if groups <= max_x {
             return Ok([groups as u32, 1, 1]);
         }
@@ -595,6 +598,12 @@ impl Stream {
         if Arc::ptr_eq(&ticket.timeline, &self.timeline) {
             return; // a stream is in order with itself
         }
+        if !Arc::ptr_eq(&ticket.timeline.ctx, &self.ctx) {
+            // Semaphores cannot cross devices: order by blocking until it is done. A
+            // failure (device lost) resurfaces at the next submit on that device.
+            let _ = ticket.wait();
+            return;
+        }
         match self
             .waits
             .iter_mut()
@@ -638,8 +647,9 @@ impl Stream {
         }
         let ended = unsafe { device.end_command_buffer(cmd) };
         if let Err(r) = ended {
-            // Drop the broken recording; its command buffer goes back with the pool.
-            self.recording = None;
+            // Drop the broken recording: the frame is reset before its next use.
+            let frame = self.recording.take().expect("recording");
+            self.in_flight.push(frame);
             return Err(super::vk_error(r, "ending a command buffer"));
         }
         let value = self.last_signalled + 1;

@@ -1,0 +1,195 @@
+//! GPU join benchmark (run by hand, never as a test): synthetic data, one join per repeat,
+//! per-phase times, batches, overlap, and the median wall time; optionally the CPU backend
+//! on the same data for a ratio measured in the same run.
+//!
+//! ```text
+//! cargo run --release --example gpu_join_bench -- --n 20000 --d 3 --eps 0.01 --repeat 3
+//! cargo run --release --example gpu_join_bench -- --n 5000 --d 64 --selectivity 20 --algorithm brute
+//! ```
+//! On lavapipe set `VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json`: it checks
+//! correctness paths, its times say nothing about a real GPU.
+
+use clap::Parser;
+use simjoin::{Algorithm, Backend, Dataset, Engine, JoinOptions, Metric, OutputForm};
+use std::time::Instant;
+
+#[derive(Parser)]
+struct Args {
+    /// Points.
+    #[arg(long, default_value_t = 20_000)]
+    n: usize,
+    /// Dimensions.
+    #[arg(long, default_value_t = 3)]
+    d: usize,
+    /// Distance threshold; derived from --selectivity when absent.
+    #[arg(long)]
+    eps: Option<f64>,
+    /// Wanted average neighbours per point (sets eps from a sample of distances).
+    #[arg(long, default_value_t = 10.0)]
+    selectivity: f64,
+    /// grid | brute | auto
+    #[arg(long, default_value = "grid")]
+    algorithm: Algorithm,
+    /// euclidean | manhattan | chebyshev
+    #[arg(long, default_value = "euclidean")]
+    metric: Metric,
+    /// uniform | clusters | skewed (uniform, dimension j scaled by (j+1)/d: the variance
+    /// grows along the dataset order, so REORDER's order is its reverse)
+    #[arg(long, default_value = "uniform")]
+    data: String,
+    /// Use f64 coordinates.
+    #[arg(long)]
+    f64: bool,
+    /// Only count pairs (no download of pairs).
+    #[arg(long)]
+    count: bool,
+    /// Force the number of indexed dimensions.
+    #[arg(long)]
+    k: Option<usize>,
+    /// Result buffer capacity in pairs.
+    #[arg(long)]
+    result_pairs: Option<usize>,
+    /// Queries per batch.
+    #[arg(long)]
+    batch_points: Option<usize>,
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Also time the CPU backend on the same data.
+    #[arg(long)]
+    cpu: bool,
+}
+
+fn points(args: &Args) -> Vec<f64> {
+    let mut state = 0x2545F4914F6CDD1Du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    match args.data.as_str() {
+        "clusters" => {
+            let centres: Vec<f64> = (0..16 * args.d).map(|_| next()).collect();
+            (0..args.n)
+                .flat_map(|i| {
+                    (0..args.d)
+                        .map(|j| centres[(i % 16) * args.d + j] + 0.02 * (next() - 0.5))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        "skewed" => (0..args.n * args.d)
+            .map(|t| next() * ((t % args.d) + 1) as f64 / args.d as f64)
+            .collect(),
+        _ => (0..args.n * args.d).map(|_| next()).collect(),
+    }
+}
+
+/// eps such that a random pair matches with probability selectivity / n.
+fn eps_for(x: &[f64], d: usize, metric: Metric, selectivity: f64) -> f64 {
+    let n = x.len() / d;
+    let mut dists = Vec::with_capacity(20_000);
+    let mut state = 7u64;
+    for _ in 0..20_000 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let i = (state >> 33) as usize % n;
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let j = (state >> 33) as usize % n;
+        let diff = (0..d).map(|t| (x[i * d + t] - x[j * d + t]).abs());
+        dists.push(match metric {
+            Metric::Euclidean => diff.map(|v| v * v).sum::<f64>().sqrt(),
+            Metric::Manhattan => diff.sum(),
+            Metric::Chebyshev => diff.fold(0.0, f64::max),
+        });
+    }
+    dists.sort_by(f64::total_cmp);
+    let q = (selectivity / n as f64 * dists.len() as f64) as usize;
+    dists[q.min(dists.len() - 1)].max(1e-9)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> simjoin::Result<()> {
+    let args = Args::parse();
+    let x = points(&args);
+    let eps = args
+        .eps
+        .unwrap_or_else(|| eps_for(&x, args.d, args.metric, args.selectivity));
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let data = if args.f64 {
+        Dataset::from_f64(&x, args.d)?
+    } else {
+        Dataset::from_f32(&x32, args.d)?
+    };
+    let mut opts = JoinOptions::new(eps);
+    opts.backend = Backend::Gpu;
+    opts.algorithm = args.algorithm;
+    opts.metric = args.metric;
+    opts.output = if args.count {
+        OutputForm::Count
+    } else {
+        OutputForm::Pairs
+    };
+    opts.indexed_dims = args.k;
+    opts.result_buffer_pairs = args.result_pairs;
+    opts.batch_points = args.batch_points;
+    println!(
+        "workload: {} n={} d={} eps={eps:.6} metric={} {} {}",
+        args.data,
+        args.n,
+        args.d,
+        args.metric,
+        if args.f64 { "f64" } else { "f32" },
+        if args.count { "count" } else { "pairs" }
+    );
+    let engine = Engine::new();
+    let mut walls = Vec::new();
+    for rep in 0..args.repeat.max(1) {
+        let t = Instant::now();
+        let result = engine.self_join(&data, &opts)?;
+        walls.push(t.elapsed().as_secs_f64());
+        let r = &result.report;
+        println!(
+            "run {rep}: {:.4} s, {} pairs ({:.2} per point), device {}, {}, {} batches",
+            walls[rep],
+            r.pairs,
+            2.0 * r.pairs as f64 / args.n as f64,
+            r.device,
+            r.algorithm,
+            r.batches
+        );
+        for (phase, secs) in &r.phases {
+            println!("    {phase:<28} {secs:.4} s");
+        }
+        for note in &r.notes {
+            println!("    note: {note}");
+        }
+    }
+    let gpu = median(walls);
+    println!(
+        "gpu median wall: {gpu:.4} s over {} runs",
+        args.repeat.max(1)
+    );
+    if args.cpu {
+        opts.backend = Backend::Cpu;
+        opts.algorithm = Algorithm::Auto;
+        let walls: Vec<f64> = (0..args.repeat.max(1))
+            .map(|_| {
+                let t = Instant::now();
+                engine
+                    .self_join(&data, &opts)
+                    .map(|_| t.elapsed().as_secs_f64())
+            })
+            .collect::<simjoin::Result<_>>()?;
+        let cpu = median(walls);
+        println!("cpu median wall: {cpu:.4} s; gpu/cpu = {:.2}", gpu / cpu);
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+#version 460
+#define T float
+#include "join_grid.glsl"

@@ -1,0 +1,3 @@
+#version 460
+#define T double
+#include "join_grid.glsl"

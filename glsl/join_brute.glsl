@@ -1,0 +1,26 @@
+// Nested-loop brute force (the papers' GPU baseline): one thread per query point, every
+// indexed point compared (self-join: only later positions, so each pair once).
+#define DIRECT_IDS
+#include "join_common.glsl"
+
+void main() {
+    uint thread = gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x) + gl_GlobalInvocationID.x;
+    if (thread >= pc.q_count) return;
+    uvec4 state = states[thread];
+    if (state.x == DONE) return;
+    uint qpos = pc.q_begin + thread * pc.q_stride;
+    load_query(qpos);
+    q_id = qpos;
+    matches_seen = state.w;
+    used = DIM;
+    stopped = false;
+    uint first = (pc.flags & FLAG_SELF) != 0u ? qpos + 1u : 0u;
+    if (state.z != 0u) first = state.z - 1u;
+    scan_positions(first, pc.n_cells, false);
+    if (stopped) {
+        counters[1] = 1u;
+        states[thread] = uvec4(0u, 0u, stop_pos, matches_seen);
+    } else {
+        states[thread] = uvec4(DONE, 0u, 0u, matches_seen);
+    }
+}

@@ -1,0 +1,174 @@
+// Shared by the GPU join kernels (grid_join_*.comp, brute_join_*.comp). The including file
+// defines T (float or double).
+//
+// Match test: follows src/metric.rs exactly: arithmetic in T, dimensions in dataset order,
+// `precise` (no FMA contraction), `acc <= thr` with thr from metric::threshold on the host;
+// early exit every 4 dimensions (SHORTC: exact, partial sums never decrease).
+//
+// Continuations: a thread may stop before its query is finished, when its result slot is
+// past the buffer's capacity or when it has used its loop budget (software rasterisers such
+// as lavapipe silently cut loops after ~65535 iterations per workgroup, so there the host
+// sets a budget per thread). It then saves where it stopped in `states`, raises
+// counters[1], and the host dispatches the batch again: every pair is written exactly once.
+
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+
+// Spec constant 0 is the workgroup size (the vk layer's convention).
+layout(local_size_x_id = 0) in;
+
+layout(constant_id = 1) const uint DIM = 1;      // coordinates per point
+layout(constant_id = 2) const uint K = 1;        // indexed dimensions (grid only)
+layout(constant_id = 3) const uint METRIC = 0;   // 0 Euclidean, 1 Manhattan, 2 Chebyshev
+layout(constant_id = 4) const uint SORT_DIM = 0; // SORTIDU dimension (grid only)
+
+// Flags (push constant `flags`).
+const uint FLAG_SELF = 1u;    // self-join: unicomp, home cell from the next position on
+const uint FLAG_COUNT = 2u;   // count only: matches kept in states[].w, no pairs written
+const uint FLAG_SWAP = 4u;    // write pairs as (indexed id, query id)
+const uint FLAG_SORTIDU = 8u; // cells are sorted on SORT_DIM: search a window
+const uint FLAG_REORDER = 16u; // grid: reject in variance order first (REORDER)
+
+const uint DONE = 0xFFFFFFFFu;
+
+layout(std430, set = 0, binding = 0) readonly buffer IndexedCoords { T r_coords[]; };
+layout(std430, set = 0, binding = 1) readonly buffer QueryCoords { T q_coords[]; };
+layout(std430, set = 0, binding = 2) readonly buffer CellKeys { uint64_t cell_keys[]; };
+layout(std430, set = 0, binding = 3) readonly buffer CellRanges { uvec2 cell_ranges[]; };
+layout(std430, set = 0, binding = 4) readonly buffer IndexedIds { uint r_ids[]; };
+layout(std430, set = 0, binding = 5) readonly buffer QueryIds { uint q_ids[]; };
+layout(std430, set = 0, binding = 6) readonly buffer QueryCells { uint q_cells[]; };
+// cells per dimension [K], mask offsets [K+1] (relative to 2K+1+DIM), dimensions by
+// decreasing variance [DIM], mask coordinates.
+layout(std430, set = 0, binding = 7) readonly buffer GridMeta { uint meta[]; };
+layout(std430, set = 0, binding = 8) writeonly buffer Results { uvec2 results[]; };
+// [0] result slots taken in this dispatch (may exceed capacity), [1] 1 if a query stopped.
+layout(std430, set = 0, binding = 9) buffer Counters { uint counters[]; };
+// Per thread of the batch: (phase, combination, position + 1, matches so far); phase DONE
+// when finished. Zeroed by the host before a batch's first dispatch.
+layout(std430, set = 0, binding = 10) buffer States { uvec4 states[]; };
+
+layout(push_constant) uniform Params {
+    uint q_begin;   // first query position of the batch
+    uint q_count;   // queries in the batch
+    uint q_stride;  // query position = q_begin + thread * q_stride (estimation samples)
+    uint capacity;  // result slots in `results`
+    uint flags;
+    uint n_cells;   // non-empty cells (grid) or indexed points (brute)
+    uint budget;    // loop iterations a thread may run per dispatch (0 = unlimited)
+    uint log_cells; // bound on the iterations of one binary search
+    T thr;          // metric::threshold(metric, eps)
+    T window;       // SORTIDU half-window: > any |q_u - r_u| of a matching pair
+    T thr_reject;   // thr * (1 + metric::reject_margin), rounded up: REORDER rejections
+} pc;
+
+T qp[DIM];          // the query point, in registers
+uint q_id;
+uint matches_seen;  // matches of this query so far (all dispatches)
+uint used;          // loop iterations charged in this dispatch
+bool stopped;       // out of budget or of result slots
+uint stop_pos;      // where to resume the interrupted cell scan (position + 1)
+
+// Charges `cost` loop iterations; false (and stops) when the budget would be exceeded.
+bool charge(uint cost) {
+    if (pc.budget != 0u && used + cost > pc.budget) {
+        stopped = true;
+        return false;
+    }
+    used += cost;
+    return true;
+}
+
+// REORDER: the partial distance in variance order rejects most non-matches after a few
+// dimensions. That order is not the canonical one, so it only rejects above a margin that
+// covers any difference in rounding (metric::reject_margin); survivors are decided by the
+// canonical test.
+bool survives_reordered(uint rpos) {
+    precise T acc = T(0);
+    uint base = rpos * DIM;
+    bool alive = true;
+    for (uint t = 0u; t < DIM && alive; t++) {
+        uint dim_t = meta[2u * K + 1u + t];
+        precise T d = qp[dim_t] - r_coords[base + dim_t];
+        if (METRIC == 0u) {
+            acc = acc + d * d;
+        } else if (METRIC == 1u) {
+            acc = acc + abs(d);
+        } else {
+            acc = max(acc, abs(d));
+        }
+        alive = (t & 3u) != 3u || acc <= pc.thr_reject;
+    }
+    return alive && acc <= pc.thr_reject;
+}
+
+bool within_eps(uint rpos) {
+    if ((pc.flags & FLAG_REORDER) != 0u && !survives_reordered(rpos)) {
+        return false;
+    }
+    precise T acc = T(0);
+    uint base = rpos * DIM;
+    bool alive = true;
+    for (uint t = 0u; t < DIM && alive; t++) {
+        precise T d = qp[t] - r_coords[base + t];
+        if (METRIC == 0u) {
+            acc = acc + d * d;
+        } else if (METRIC == 1u) {
+            acc = acc + abs(d);
+        } else {
+            acc = max(acc, abs(d));
+        }
+        alive = (t & 3u) != 3u || acc <= pc.thr;
+    }
+    return alive && acc <= pc.thr;
+}
+
+// Records a match with indexed position `rpos`. False when the result buffer is full: the
+// thread stops and will re-test `rpos` when resumed.
+bool emit(uint rpos) {
+    if ((pc.flags & FLAG_COUNT) != 0u) {
+        matches_seen += 1u;
+        return true;
+    }
+    uint slot = atomicAdd(counters[0], 1u);
+    if (slot >= pc.capacity) {
+        stopped = true;
+        return false;
+    }
+    matches_seen += 1u;
+#ifdef DIRECT_IDS
+    uint r_id = rpos; // brute force: positions are the ids
+#else
+    uint r_id = r_ids[rpos];
+#endif
+    uvec2 pair;
+    if ((pc.flags & FLAG_SELF) != 0u) {
+        pair = uvec2(min(q_id, r_id), max(q_id, r_id));
+    } else if ((pc.flags & FLAG_SWAP) != 0u) {
+        pair = uvec2(r_id, q_id);
+    } else {
+        pair = uvec2(q_id, r_id);
+    }
+    results[slot] = pair;
+    return true;
+}
+
+// Compares the query with candidate positions [begin, end); on a stop, stop_pos = the
+// position to resume at + 1.
+void scan_positions(uint begin, uint end, bool windowed) {
+    for (uint p = begin; p < end && !stopped; p++) {
+        if (windowed) {
+            T diff = r_coords[p * DIM + SORT_DIM] - qp[SORT_DIM];
+            if (diff > pc.window) break;
+        }
+        uint cost = (pc.flags & FLAG_REORDER) != 0u ? 2u * DIM + 1u : DIM + 1u;
+        if (!charge(cost) || (within_eps(p) && !emit(p))) {
+            stop_pos = p + 1u;
+        }
+    }
+}
+
+void load_query(uint qpos) {
+    for (uint t = 0u; t < DIM; t++) {
+        qp[t] = q_coords[qpos * DIM + t];
+    }
+}

@@ -1,0 +1,177 @@
+//! Batching (GPU-SJ §V-A, GPU-JOIN §3): an estimation pass counts the matches of a strided
+//! sample of the queries; batches are contiguous query ranges whose estimated results fill
+//! about half a result buffer, and there are at least three of them so that upload, search,
+//! download and host-side assembly overlap. The estimate only sizes batches: a batch that
+//! overflows anyway is resumed where each query stopped (see glsl/join_common.glsl), so no
+//! pair is lost.
+
+use std::ops::Range;
+
+/// Fraction of a result buffer a batch is planned to fill (room for estimation error).
+pub const FILL: f64 = 0.5;
+/// Fewest batches (the papers use at least 3 streams, hence batches).
+pub const MIN_BATCHES: usize = 3;
+/// Sampled queries in the estimation pass: about 1%, within these bounds.
+pub const MIN_ESTIMATE_SAMPLE: usize = 1024;
+pub const MAX_ESTIMATE_SAMPLE: usize = 1 << 16;
+
+/// Stride of the estimation sample over `nq` queries.
+pub fn estimate_stride(nq: usize) -> usize {
+    let want = (nq / 100)
+        .clamp(MIN_ESTIMATE_SAMPLE, MAX_ESTIMATE_SAMPLE)
+        .min(nq.max(1));
+    (nq / want).max(1)
+}
+
+/// The batches of a run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchPlan {
+    pub ranges: Vec<Range<u32>>,
+    /// Estimated result pairs of the whole join (from the sample).
+    pub estimated_pairs: u64,
+}
+
+/// Plans batches over query positions `0..nq`. `sample_counts[s]` holds the matches of
+/// position `s * stride`. `capacity`: result slots per batch buffer. `max_points`: most
+/// queries in one batch (size of the per-query counter buffer). `forced_points`: the
+/// user's `batch_points`.
+pub fn plan_batches(
+    nq: usize,
+    stride: usize,
+    sample_counts: &[u32],
+    capacity: usize,
+    max_points: usize,
+    forced_points: Option<usize>,
+) -> BatchPlan {
+    let stride = stride.max(1);
+    let estimated_pairs: u64 = sample_counts
+        .iter()
+        .map(|&c| c as u64 * stride as u64)
+        .sum();
+    if nq == 0 {
+        return BatchPlan {
+            ranges: Vec::new(),
+            estimated_pairs,
+        };
+    }
+    let max_points = max_points.max(1);
+    if let Some(points) = forced_points {
+        let points = points.clamp(1, max_points);
+        let ranges = (0..nq)
+            .step_by(points)
+            .map(|s| s as u32..(s + points).min(nq) as u32)
+            .collect();
+        return BatchPlan {
+            ranges,
+            estimated_pairs,
+        };
+    }
+    let target = (capacity as f64 * FILL).max(1.0);
+    let by_results = (estimated_pairs as f64 / target).ceil() as usize;
+    let by_points = nq.div_ceil(max_points);
+    let batches = by_results.max(by_points).max(MIN_BATCHES).min(nq);
+    // Cut where the cumulative estimate crosses each 1/batches share; each sample stands
+    // for the `stride` positions starting at it (plus one so empty regions still count).
+    let weight = |s: usize| sample_counts.get(s).map_or(1.0, |&c| c as f64 + 1.0);
+    let total: f64 = (0..nq.div_ceil(stride)).map(weight).sum();
+    let mut ranges = Vec::with_capacity(batches);
+    let mut start = 0usize;
+    let mut acc = 0.0;
+    let mut cut = 1;
+    for s in 0..nq.div_ceil(stride) {
+        acc += weight(s);
+        let end = ((s + 1) * stride).min(nq);
+        while cut < batches && acc >= total * cut as f64 / batches as f64 {
+            cut += 1;
+            if end > start {
+                push_capped(&mut ranges, start, end, max_points);
+                start = end;
+            }
+        }
+    }
+    if start < nq {
+        push_capped(&mut ranges, start, nq, max_points);
+    }
+    // Fewer cuts than wanted (a sample is heavier than a share): split the largest ranges.
+    while ranges.len() < batches {
+        let (i, longest) = ranges
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, r)| r.len())
+            .map(|(i, r)| (i, r.clone()))
+            .unwrap();
+        if longest.len() < 2 {
+            break;
+        }
+        let mid = longest.start + (longest.end - longest.start) / 2;
+        ranges[i] = longest.start..mid;
+        ranges.insert(i + 1, mid..longest.end);
+    }
+    BatchPlan {
+        ranges,
+        estimated_pairs,
+    }
+}
+
+fn push_capped(ranges: &mut Vec<Range<u32>>, start: usize, end: usize, max_points: usize) {
+    let mut s = start;
+    while s < end {
+        let e = (s + max_points).min(end);
+        ranges.push(s as u32..e as u32);
+        s = e;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn covers(plan: &BatchPlan, nq: usize) {
+        let mut next = 0u32;
+        for r in &plan.ranges {
+            assert_eq!(r.start, next, "{plan:?}");
+            assert!(r.end > r.start);
+            next = r.end;
+        }
+        assert_eq!(next as usize, nq);
+    }
+
+    #[test]
+    fn at_least_three_batches_covering_everything() {
+        for nq in [1usize, 2, 3, 4, 10, 1000, 12345] {
+            let stride = estimate_stride(nq);
+            let samples = vec![5u32; nq.div_ceil(stride)];
+            let plan = plan_batches(nq, stride, &samples, 1 << 20, 1 << 20, None);
+            covers(&plan, nq);
+            assert!(plan.ranges.len() >= nq.min(MIN_BATCHES), "nq={nq} {plan:?}");
+        }
+    }
+
+    #[test]
+    fn batches_follow_the_estimate() {
+        // Dense first half: 100 matches per query; sparse second half: 0.
+        let nq = 10_000;
+        let samples: Vec<u32> = (0..nq).map(|i| if i < nq / 2 { 100 } else { 0 }).collect();
+        let plan = plan_batches(nq, 1, &samples, 20_000, 1 << 20, None);
+        covers(&plan, nq);
+        assert_eq!(plan.estimated_pairs, 500_000);
+        // 500k pairs at 10k per batch: ~50 batches, nearly all in the dense half.
+        assert!(plan.ranges.len() >= 50, "{}", plan.ranges.len());
+        let dense = plan
+            .ranges
+            .iter()
+            .filter(|r| r.end as usize <= nq / 2)
+            .count();
+        assert!(dense >= 45, "{dense}");
+    }
+
+    #[test]
+    fn forced_batch_points_and_caps() {
+        let plan = plan_batches(100, 1, &[0; 100], 10, 1000, Some(7));
+        covers(&plan, 100);
+        assert_eq!(plan.ranges.len(), 15);
+        let plan = plan_batches(100, 1, &[0; 100], 10, 8, None);
+        covers(&plan, 100);
+        assert!(plan.ranges.iter().all(|r| r.len() <= 8));
+    }
+}

@@ -1,0 +1,563 @@
+//! The GPU joins (eps-grid and brute force) against the brute-force oracle, pair sets
+//! compared exactly, on lavapipe with the validation layers on (a validation error fails
+//! the test). Sizes are small: every lavapipe dispatch costs a few milliseconds.
+
+mod common;
+
+use common::assert_no_validation_errors;
+use simjoin::{
+    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, Metric, OutputForm, Pair,
+};
+use std::sync::OnceLock;
+
+/// Pins lavapipe and turns validation on before the first Vulkan call of the process.
+fn setup() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    common::gpu_test_setup();
+    ENGINE.get_or_init(Engine::new)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn gauss(&mut self) -> f64 {
+        let (u, v) = (self.next().max(1e-300), self.next());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+fn uniform(n: usize, d: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed);
+    (0..n * d).map(|_| r.next()).collect()
+}
+
+fn clusters(n: usize, d: usize, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed);
+    let centres: Vec<f64> = (0..5 * d).map(|_| r.next() * 10.0).collect();
+    (0..n)
+        .flat_map(|i| {
+            (0..d)
+                .map(|j| centres[(i % 5) * d + j] + 0.3 * r.gauss())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// An eps giving roughly `frac` of all pairs as matches (quantile of sampled distances).
+fn eps_for(x: &[f64], d: usize, metric: Metric, frac: f64) -> f64 {
+    let n = x.len() / d;
+    let mut r = Rng(99);
+    let mut dists: Vec<f64> = (0..3000)
+        .map(|_| {
+            let (i, j) = (
+                (r.next() * n as f64) as usize,
+                (r.next() * n as f64) as usize,
+            );
+            let diff = (0..d).map(|t| (x[i * d + t] - x[j * d + t]).abs());
+            match metric {
+                Metric::Euclidean => diff.map(|v| v * v).sum::<f64>().sqrt(),
+                Metric::Manhattan => diff.sum(),
+                Metric::Chebyshev => diff.fold(0.0, f64::max),
+            }
+        })
+        .collect();
+    dists.sort_by(f64::total_cmp);
+    dists[(frac * dists.len() as f64) as usize].max(1e-6)
+}
+
+fn gpu(eps: f64, metric: Metric, algorithm: Algorithm) -> JoinOptions {
+    let mut o = JoinOptions::new(eps);
+    o.backend = Backend::Gpu;
+    o.metric = metric;
+    o.algorithm = algorithm;
+    o.sorted = true;
+    o
+}
+
+/// Runs the self-join in f32 and f64 and compares with the oracle; returns the pair count.
+fn check_self(x: &[f64], d: usize, opts: &JoinOptions, what: &str) -> usize {
+    let engine = setup();
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let a32 = Dataset::from_f32(&x32, d).unwrap();
+    let a64 = Dataset::from_f64(x, d).unwrap();
+    let mut count = 0;
+    for data in [a32, a64] {
+        let got = engine
+            .self_join(&data, opts)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = oracle::self_join(&data, opts.metric, opts.eps);
+        let pairs = got.pairs().unwrap().to_vec();
+        assert_eq!(
+            pairs.len(),
+            want.len(),
+            "{what} {:?}: pair count ({:?})",
+            data.precision(),
+            got.report.notes
+        );
+        assert_eq!(pairs, want, "{what} {:?}", data.precision());
+        assert_eq!(got.report.backend, "vulkan");
+        count = want.len();
+    }
+    assert_no_validation_errors();
+    count
+}
+
+fn check_ab(a: &[f64], b: &[f64], d: usize, opts: &JoinOptions, what: &str) -> usize {
+    let engine = setup();
+    let (a32, b32): (Vec<f32>, Vec<f32>) = (
+        a.iter().map(|&v| v as f32).collect(),
+        b.iter().map(|&v| v as f32).collect(),
+    );
+    let mut count = 0;
+    for (da, db) in [
+        (
+            Dataset::from_f32(&a32, d).unwrap(),
+            Dataset::from_f32(&b32, d).unwrap(),
+        ),
+        (
+            Dataset::from_f64(a, d).unwrap(),
+            Dataset::from_f64(b, d).unwrap(),
+        ),
+    ] {
+        let got = engine
+            .join(&da, &db, opts)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let want = oracle::join(&da, &db, opts.metric, opts.eps);
+        assert_eq!(
+            got.pairs().unwrap(),
+            &want[..],
+            "{what} {:?}",
+            da.precision()
+        );
+        count = want.len();
+    }
+    assert_no_validation_errors();
+    count
+}
+
+#[test]
+fn uniform_dims_1_to_128() {
+    for (d, n) in [
+        (1, 400),
+        (2, 600),
+        (3, 600),
+        (4, 500),
+        (5, 500),
+        (6, 500),
+        (8, 400),
+        (12, 400),
+        (16, 300),
+        (32, 300),
+        (64, 250),
+        (90, 200),
+        (128, 200),
+    ] {
+        let x = uniform(n, d, d as u64);
+        let eps = eps_for(&x, d, Metric::Euclidean, 0.02);
+        let pairs = check_self(
+            &x,
+            d,
+            &gpu(eps, Metric::Euclidean, Algorithm::Grid),
+            &format!("uniform d={d}"),
+        );
+        assert!(pairs > n / 4, "d={d}: only {pairs} pairs, test too weak");
+    }
+}
+
+#[test]
+fn gaussian_clusters() {
+    for d in [2, 3, 8, 20] {
+        let x = clusters(700, d, 5 + d as u64);
+        let eps = eps_for(&x, d, Metric::Euclidean, 0.01);
+        let pairs = check_self(
+            &x,
+            d,
+            &gpu(eps, Metric::Euclidean, Algorithm::Grid),
+            &format!("clusters d={d}"),
+        );
+        assert!(pairs > 100);
+    }
+}
+
+#[test]
+fn many_duplicates() {
+    // 300 points on 6 distinct positions: huge cells and every pair in one cell matches.
+    let d = 3;
+    let x: Vec<f64> = (0..300)
+        .flat_map(|i| [(i % 6) as f64 * 0.01, 1.0, -2.0])
+        .collect();
+    let pairs = check_self(
+        &x,
+        d,
+        &gpu(0.02, Metric::Euclidean, Algorithm::Grid),
+        "duplicates",
+    );
+    assert!(pairs > 10_000);
+}
+
+#[test]
+fn lattice_exactly_eps_apart_on_cell_edges() {
+    // Points on a lattice with spacing exactly eps (0.25, exact in binary): neighbours sit
+    // exactly eps apart (a match) and on cell boundaries.
+    for d in [1, 2, 3] {
+        let side: usize = [40, 12, 6][d - 1];
+        let mut x = Vec::new();
+        for i in 0..side.pow(d as u32) {
+            let mut rest = i;
+            for _ in 0..d {
+                x.push((rest % side) as f64 * 0.25 - 1.0);
+                rest /= side;
+            }
+        }
+        for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+            for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+                let pairs = check_self(
+                    &x,
+                    d,
+                    &gpu(0.25, metric, algorithm),
+                    &format!("lattice d={d} {metric} {algorithm}"),
+                );
+                assert!(
+                    pairs >= d * (side - 1) * side.pow(d as u32 - 1),
+                    "d={d} {metric}: {pairs}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn every_metric_grid_and_brute() {
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        for d in [2, 5, 16] {
+            let x = clusters(400, d, 11 + d as u64);
+            let eps = eps_for(&x, d, metric, 0.02);
+            for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+                check_self(
+                    &x,
+                    d,
+                    &gpu(eps, metric, algorithm),
+                    &format!("{metric} d={d} {algorithm}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_join_b_both_sizes_and_metrics() {
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        for d in [2, 7] {
+            let a = uniform(300, d, 1);
+            // B is partly outside A's bounds: its queries are clamped into A's grid.
+            let b: Vec<f64> = uniform(500, d, 2).iter().map(|v| v * 1.3 - 0.15).collect();
+            let eps = eps_for(&a, d, metric, 0.03);
+            for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+                let o = gpu(eps, metric, algorithm);
+                let n1 = check_ab(&a, &b, d, &o, &format!("A⋈B {metric} d={d} {algorithm}"));
+                let n2 = check_ab(&b, &a, d, &o, &format!("B⋈A {metric} d={d} {algorithm}"));
+                assert_eq!(n1, n2);
+                assert!(n1 > 100);
+            }
+        }
+    }
+}
+
+#[test]
+fn tiny_inputs() {
+    let engine = setup();
+    for algorithm in [Algorithm::Grid, Algorithm::Brute, Algorithm::Auto] {
+        let o = gpu(0.5, Metric::Euclidean, algorithm);
+        let empty = Dataset::from_f32(&[], 2).unwrap();
+        let one = Dataset::from_f32(&[1.0, 1.0], 2).unwrap();
+        let two = Dataset::from_f32(&[1.0, 1.0, 1.5, 1.0], 2).unwrap();
+        let two_far = Dataset::from_f32(&[1.0, 1.0, 1.5, 1.1], 2).unwrap();
+        assert_eq!(
+            engine.self_join(&empty, &o).unwrap().pairs().unwrap(),
+            &[] as &[Pair]
+        );
+        assert_eq!(
+            engine.self_join(&one, &o).unwrap().pairs().unwrap(),
+            &[] as &[Pair]
+        );
+        assert_eq!(
+            engine.self_join(&two, &o).unwrap().pairs().unwrap(),
+            &[[0, 1]]
+        );
+        assert_eq!(
+            engine.self_join(&two_far, &o).unwrap().pairs().unwrap(),
+            &[] as &[Pair]
+        );
+        assert_eq!(
+            engine.join(&empty, &two, &o).unwrap().pairs().unwrap(),
+            &[] as &[Pair]
+        );
+        assert_eq!(
+            engine.join(&two, &empty, &o).unwrap().pairs().unwrap(),
+            &[] as &[Pair]
+        );
+        assert_eq!(
+            engine.join(&one, &two, &o).unwrap().pairs().unwrap(),
+            &[[0, 0], [0, 1]]
+        );
+        assert_eq!(
+            engine.join(&two, &one, &o).unwrap().pairs().unwrap(),
+            &[[0, 0], [1, 0]]
+        );
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn dozens_of_batches_with_a_tiny_result_buffer() {
+    let engine = setup();
+    let d = 3;
+    let x = clusters(800, d, 21);
+    let eps = eps_for(&x, d, Metric::Euclidean, 0.02);
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    let data = Dataset::from_f32(&x32, d).unwrap();
+    let want = oracle::self_join(&data, Metric::Euclidean, eps);
+    assert!(want.len() > 2000);
+    for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+        // Batches sized by the user: 25 points each, 200-pair buffers (many overflow).
+        let mut o = gpu(eps, Metric::Euclidean, algorithm);
+        o.batch_points = Some(25);
+        o.result_buffer_pairs = Some(200);
+        let got = engine.self_join(&data, &o).unwrap();
+        assert_eq!(got.pairs().unwrap(), &want[..], "{algorithm}");
+        assert!(
+            got.report.batches >= 32,
+            "{algorithm}: {} batches",
+            got.report.batches
+        );
+        // Batches sized by the estimation pass for a 300-pair buffer.
+        let mut o = gpu(eps, Metric::Euclidean, algorithm);
+        o.result_buffer_pairs = Some(300);
+        let got = engine.self_join(&data, &o).unwrap();
+        assert_eq!(got.pairs().unwrap(), &want[..], "{algorithm} estimated");
+        assert!(
+            got.report.batches >= 24,
+            "{algorithm}: {} batches ({:?})",
+            got.report.batches,
+            got.report.notes
+        );
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn one_query_overflowing_the_buffer_is_resumed() {
+    // 120 identical points: every point has 119 matches, the buffer holds 7.
+    let engine = setup();
+    let x = vec![0.5f32; 120 * 4];
+    let data = Dataset::from_f32(&x, 4).unwrap();
+    let want = oracle::self_join(&data, Metric::Euclidean, 0.1);
+    for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+        let mut o = gpu(0.1, Metric::Euclidean, algorithm);
+        o.result_buffer_pairs = Some(7);
+        let got = engine.self_join(&data, &o).unwrap();
+        assert_eq!(got.pairs().unwrap(), &want[..]);
+        assert!(
+            got.report
+                .notes
+                .iter()
+                .any(|n| n.contains("after a full result buffer")),
+            "{:?}",
+            got.report.notes
+        );
+        let ab = engine.join(&data, &data, &o).unwrap();
+        let all: Vec<Pair> = (0..120)
+            .flat_map(|i| (0..120).map(move |j| [i, j]))
+            .collect();
+        assert_eq!(ab.pairs().unwrap(), &all[..]);
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn long_scans_resume_past_the_software_loop_limit() {
+    // lavapipe cuts loops after ~65535 iterations per workgroup: a query that compares with
+    // thousands of points must stop within its budget and resume, losing nothing.
+    let engine = setup();
+    // 1-D brute force: points far apart except 0, 4000 and 9999 (all at 0.0).
+    let mut x: Vec<f32> = (0..10_000).map(|i| 10.0 + i as f32).collect();
+    for i in [0, 4000, 9999] {
+        x[i] = 0.0;
+    }
+    let data = Dataset::from_f32(&x, 1).unwrap();
+    let got = engine
+        .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Brute))
+        .unwrap();
+    assert_eq!(got.pairs().unwrap(), &[[0, 4000], [0, 9999], [4000, 9999]]);
+    // Grid: 1500 duplicates in one cell (5 loop iterations per candidate in 4-D).
+    let x = vec![0.25f32; 1500 * 4];
+    let data = Dataset::from_f32(&x, 4).unwrap();
+    let o = gpu(0.1, Metric::Chebyshev, Algorithm::Grid);
+    let got = engine.self_join(&data, &o).unwrap();
+    assert_eq!(got.count(), 1500 * 1499 / 2);
+    assert_eq!(
+        got.pairs().unwrap(),
+        &oracle::self_join(&data, Metric::Chebyshev, 0.1)[..]
+    );
+    assert_no_validation_errors();
+}
+
+#[test]
+fn count_only_and_csr() {
+    let engine = setup();
+    let d = 4;
+    let x = clusters(600, d, 31);
+    let eps = eps_for(&x, d, Metric::Manhattan, 0.02);
+    let data = Dataset::from_f64(&x, d).unwrap();
+    let want = oracle::self_join(&data, Metric::Manhattan, eps);
+    for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+        let mut o = gpu(eps, Metric::Manhattan, algorithm);
+        o.output = OutputForm::Count;
+        let got = engine.self_join(&data, &o).unwrap();
+        assert_eq!(got.count(), want.len() as u64);
+        o.output = OutputForm::Csr;
+        let csr = engine.self_join(&data, &o).unwrap();
+        assert_eq!(csr.csr().unwrap().neighbors.len(), 2 * want.len());
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn forced_indexed_dims() {
+    let d = 10;
+    let x = clusters(500, d, 41);
+    let eps = eps_for(&x, d, Metric::Euclidean, 0.02);
+    for k in [1, 2, 3, 6, 10, 40] {
+        let mut o = gpu(eps, Metric::Euclidean, Algorithm::Grid);
+        o.indexed_dims = Some(k);
+        check_self(&x, d, &o, &format!("k={k}"));
+    }
+}
+
+#[test]
+fn auto_is_grid_and_unsupported_algorithms_fail_cleanly() {
+    let engine = setup();
+    let x = uniform(500, 3, 8);
+    let data = Dataset::from_f64(&x, 3).unwrap();
+    let got = engine
+        .self_join(&data, &gpu(0.05, Metric::Euclidean, Algorithm::Auto))
+        .unwrap();
+    assert_eq!(got.report.algorithm, Algorithm::Grid);
+    assert!(got.report.batches >= 3);
+    assert!(
+        got.report.notes.iter().any(|n| n.contains("cost model")),
+        "{:?}",
+        got.report.notes
+    );
+    for algorithm in [Algorithm::Ego, Algorithm::Lss] {
+        let e = engine
+            .self_join(&data, &gpu(0.05, Metric::Euclidean, algorithm))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+    }
+    assert_no_validation_errors();
+}
+
+#[test]
+fn bad_device_and_failing_sink_give_clear_errors() {
+    let engine = setup();
+    let x = uniform(300, 2, 4);
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let mut o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    o.device = Some("no-such-device-anywhere".into());
+    assert_eq!(
+        engine.self_join(&data, &o).unwrap_err().kind(),
+        ErrorKind::NoDevice
+    );
+    // A sink that refuses the first chunk stops the join with Cancelled.
+    let o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    let mut refuse = |_: &[Pair]| -> anyhow::Result<()> { anyhow::bail!("disk full") };
+    let e = engine.self_join_stream(&data, &o, &mut refuse).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}");
+    assert!(e.to_string().contains("disk full"), "{e}");
+    // Streaming delivers exactly the oracle's pairs.
+    let mut streamed: Vec<Pair> = Vec::new();
+    let mut keep = |chunk: &[Pair]| -> anyhow::Result<()> {
+        streamed.extend_from_slice(chunk);
+        Ok(())
+    };
+    let report = engine.self_join_stream(&data, &o, &mut keep).unwrap();
+    streamed.sort_unstable();
+    assert_eq!(streamed, oracle::self_join(&data, Metric::Euclidean, 0.05));
+    assert_eq!(report.pairs, streamed.len() as u64);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn reorder_distance_pass_on_skewed_variance() {
+    // Variance grows with the dimension number, so REORDER's order (reversed) rejects in
+    // the first dimensions it visits; survivors are confirmed in dataset order.
+    let engine = setup();
+    for d in [6, 24] {
+        let x: Vec<f64> = uniform(500, d, 50 + d as u64)
+            .iter()
+            .enumerate()
+            .map(|(t, v)| v * (((t % d) + 1) as f64 / d as f64).powi(2))
+            .collect();
+        for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+            let eps = eps_for(&x, d, metric, 0.02);
+            let o = gpu(eps, metric, Algorithm::Grid);
+            check_self(&x, d, &o, &format!("skewed d={d} {metric}"));
+            let b: Vec<f64> = x.iter().map(|v| v * 1.01).collect();
+            check_ab(
+                &x[..200 * d],
+                &b,
+                d,
+                &o,
+                &format!("skewed A⋈B d={d} {metric}"),
+            );
+        }
+        let data = Dataset::from_f64(&x, d).unwrap();
+        let got = engine
+            .self_join(&data, &gpu(0.1, Metric::Euclidean, Algorithm::Grid))
+            .unwrap();
+        assert!(
+            got.report
+                .notes
+                .iter()
+                .any(|n| n.contains("rejected in variance order")),
+            "{:?}",
+            got.report.notes
+        );
+    }
+    // Lattice points exactly eps apart, most variance in the last dimension.
+    let mut x = Vec::new();
+    for i in 0..2 {
+        for j in 0..3 {
+            for k in 0..40 {
+                x.extend_from_slice(&[i as f64 * 0.5, j as f64 * 0.5, k as f64 * 0.5]);
+            }
+        }
+    }
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        check_self(
+            &x,
+            3,
+            &gpu(0.5, metric, Algorithm::Grid),
+            &format!("skewed lattice {metric}"),
+        );
+    }
+    let data = Dataset::from_f64(&x, 3).unwrap();
+    let got = engine
+        .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Grid))
+        .unwrap();
+    assert!(
+        got.report
+            .notes
+            .iter()
+            .any(|n| n.contains("rejected in variance order")),
+        "{:?}",
+        got.report.notes
+    );
+}
