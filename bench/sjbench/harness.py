@@ -326,8 +326,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     main.add_argument("--scale", type=float, default=1.0, help="multiply every default size")
     main.add_argument("--systems", type=csv, default=DEFAULT_SYSTEMS, help=f"comma list of: {', '.join(ALL_SYSTEMS)}")
     main.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per run")
-    main.add_argument("--lavapipe-n", type=int, default=20_000, help="size cap for software Vulkan devices")
-    main.add_argument("--lavapipe-timeout", type=float, default=60.0)
+    main.add_argument("--lavapipe-n", type=int, default=10_000, help="size cap for software Vulkan devices")
+    main.add_argument("--lavapipe-timeout", type=float, default=30.0)
     main.add_argument("--faiss-tolerance", type=float, default=1e-2,
                       help="relative pair-count deviation allowed to FAISS (f32, expanded distance)")  # fmt: skip
     main.add_argument("--out", default=str(BENCH_DIR / "results"))
