@@ -313,6 +313,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="simjoin CPU algorithms to run (auto, grid, ego, brute, lss)")  # fmt: skip
     p.add_argument("--simjoin-output", choices=["pairs", "count"], default="pairs",
                    help="pairs: simjoin materialises the pairs like the peers (default); count: count only")  # fmt: skip
+    p.add_argument("--no-warmup", action="store_true",
+                   help="don't make one untimed run of simjoin on a Vulkan device before timing it")  # fmt: skip
     p.add_argument("--data-dir", default=str(BENCH_DIR / "out/data"))
     p.add_argument("--keep-data", action="store_true", help="keep the generated .npy files")
 
@@ -384,6 +386,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     runner.REPEAT_BUDGET_S = args.repeat_budget
     runner.SIMJOIN_OUTPUT = args.simjoin_output
+    runner.VULKAN_WARMUP = not args.no_warmup
     build_simjoin(args)
     if args.mode == "gpu":
         from .gpu_mode import run_gpu_mode
@@ -399,7 +402,7 @@ def main(argv: list[str]) -> int:
     sizes = [(w, args.n or max(2, int(w.default_n * args.scale))) for w in chosen]
     main_systems = simjoin_systems(args, software=False) + peer_systems(args)
     results = {"machine": machine_info(args), "options": {
-        "repeats": args.repeats, "repeat_budget_s": args.repeat_budget, "simjoin_output": args.simjoin_output, "timeout_s": args.timeout, "selectivities": args.selectivities,
+        "repeats": args.repeats, "repeat_budget_s": args.repeat_budget, "simjoin_output": args.simjoin_output, "vulkan_warmup": not args.no_warmup, "timeout_s": args.timeout, "selectivities": args.selectivities,
         "faiss_tolerance": args.faiss_tolerance, "lavapipe_n": args.lavapipe_n,
         "lavapipe_timeout_s": args.lavapipe_timeout, "seed": args.seed,
         "command": "python3 bench/run.py " + " ".join(argv),
