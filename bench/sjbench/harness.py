@@ -273,6 +273,8 @@ def machine_info(args) -> dict:
         "versions": versions,
         "simjoin_commit": commit + ("+dirty" if dirty else ""),
         "vulkan_devices": [{k: d[k] for k in ("index", "name", "kind") if k in d} for d in args.vulkan_devices],
+        # Other work on the machine inflates times: keep the 1/5/15-minute load averages.
+        "load_average_start": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -405,7 +407,7 @@ def main(argv: list[str]) -> int:
         "repeats": args.repeats, "repeat_budget_s": args.repeat_budget, "simjoin_output": args.simjoin_output, "vulkan_warmup": not args.no_warmup, "timeout_s": args.timeout, "selectivities": args.selectivities,
         "faiss_tolerance": args.faiss_tolerance, "lavapipe_n": args.lavapipe_n,
         "lavapipe_timeout_s": args.lavapipe_timeout, "seed": args.seed,
-        "command": "python3 bench/run.py " + " ".join(argv),
+        "command": " ".join(["python3 bench/run.py", *argv]),
     }}  # fmt: skip
     results["systems"] = {s.key: s.label for s in main_systems}
     results["suites"] = {"main": run_suite("main", sizes, main_systems, args)}
@@ -418,6 +420,7 @@ def main(argv: list[str]) -> int:
         results["systems"].update({s.key: s.label for s in software})
         results["suites"]["software-vulkan"] = run_suite("software-vulkan", small, small_systems, args)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    results["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -226,6 +226,11 @@ def generated_markdown(results: dict, img_dir: str) -> str:
         f"scikit-learn {v.get('sklearn')}, faiss-cpu {v.get('faiss')}. "
         f"Vulkan devices: {', '.join(d['name'] for d in m['vulkan_devices']) or 'none found'}."
     )
+    if "load_average_start" in m:
+        lines[-1] += (
+            f" Load average (1, 5, 15 min) at the start {m['load_average_start']}, at the end "
+            f"{m.get('load_average_end')}: above 0 means other work shared the {m['cores']} cores."
+        )
     lines.append("")
     lines.append(
         f"Command: `{o['command']}` (took {results['elapsed_s']:.0f} s). Each time is the median of "
