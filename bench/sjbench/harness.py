@@ -259,10 +259,15 @@ def machine_info(args) -> dict:
             versions[mod] = __import__(mod).__version__
         except ImportError:
             pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_DIR,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    def git(*cmd: str) -> str:
+        # The device machine gets a copy of the tree, possibly without .git or git itself.
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO_DIR, capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "host": platform.node(),

@@ -237,3 +237,31 @@ def test_real_simjoin_cli_agrees_with_brute_force_through_the_runner(tmp_path, m
         assert out.pairs == brute_pairs(x, eps)
         assert out.runs[0]["backend"] == "cpu" and out.runs[0]["seconds"] > 0
     assert not runner.PAIRS_SCRATCH.exists()
+
+
+def test_gpu_mode_needs_numpy_only_and_reports_phases(tmp_path, monkeypatch):
+    """The device machine has numpy but not the venv: gpu mode must not import the peers."""
+    from sjbench import harness
+
+    for mod in ("scipy", "sklearn", "faiss", "matplotlib"):
+        monkeypatch.setitem(sys.modules, mod, None)  # importing it now raises ImportError
+    stats = {"pairs": 7, "seconds": 0.25, "backend": "vulkan", "device": "Fake GPU", "algorithm": "grid",
+             "batches": 3, "phases": [{"name": "index build", "seconds": 0.05}, {"name": "search kernels", "seconds": 0.2}]}  # fmt: skip
+    binary = fake_simjoin(tmp_path, f"""if [ "$1" = info ]; then
+  echo 'Vulkan devices:'; echo '  [0] Fake GPU (discrete), Vulkan 1.3.0, driver x'
+else
+  [ "$SIMJOIN_DEVICE" = 0 ] || {{ echo "device not passed" >&2; exit 2; }}
+  echo '{json.dumps(stats)}'
+fi
+""")
+    out = tmp_path / "out"
+    rc = harness.main(["gpu", "--device", "0", "--simjoin-bin", str(binary), "--no-build", "--sizes", "500",
+                       "--workloads", "uniform-2d", "--selectivities", "1,10", "--repeats", "2",
+                       "--out", str(out), "--data-dir", str(tmp_path / "data")])  # fmt: skip
+    assert rc == 0
+    result = json.loads((out / "gpu-fake-gpu.json").read_text())
+    assert result["device"]["name"] == "Fake GPU"
+    rows = [p["systems"]["simjoin-gpu"] for p in result["workloads"][0]["points"]]
+    assert len(rows) == 2 and all(r["status"] == "ok" and r["batches"] == 3 for r in rows)
+    assert rows[0]["phases"] == [["index build", 0.05], ["search kernels", 0.2]]
+    assert "search kernels 0.2" in (out / "gpu-fake-gpu.md").read_text()
