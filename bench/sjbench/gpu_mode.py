@@ -43,7 +43,7 @@ def run_gpu_mode(args) -> int:
     data_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results = {"mode": "gpu", "machine": machine_info(args), "device": device,
-               "options": {"device": args.device, "repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
+               "options": {"device": args.device, "precision": args.precision or "f64", "repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
                            "selectivities": args.selectivities, "seed": args.seed},
                "workloads": []}  # fmt: skip
     for name in args.workloads:
@@ -92,7 +92,8 @@ def gpu_markdown(results: dict) -> str:
     m = results["machine"]
     dev = results["device"] or {"name": f"{results['options'].get('device')} (not listed by `simjoin info`)"}
     lines = [f"# simjoin GPU mode on {dev['name']}", "",
-             f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`. "
+             f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`, "
+             f"{results['options'].get('precision', 'f64')} coordinates. "
              f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
              f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
     for w in results["workloads"]:

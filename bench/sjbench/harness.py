@@ -347,6 +347,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--device", required=True, help="Vulkan device index or name substring (SIMJOIN_DEVICE)")
     gpu.add_argument("--sizes", type=lambda s: [int(float(v)) for v in csv(s)], default=[2_000_000, 10_000_000])
     gpu.add_argument("--timeout", type=float, default=300.0)
+    gpu.add_argument("--precision", choices=["f32", "f64"],
+                     help="join precision (default f64, as generated); --with-cpu uses the same")  # fmt: skip
     gpu.add_argument("--with-cpu", action="store_true", help="also run simjoin's CPU backend (checks the pair count)")
     gpu.add_argument("--out", default=str(BENCH_DIR / "out/gpu"))
     if not argv or argv[0] not in ("compare", "gpu", "-h", "--help"):
@@ -394,6 +396,7 @@ def main(argv: list[str]) -> int:
     runner.REPEAT_BUDGET_S = args.repeat_budget
     runner.SIMJOIN_OUTPUT = args.simjoin_output
     runner.VULKAN_WARMUP = not args.no_warmup
+    runner.SIMJOIN_PRECISION = getattr(args, "precision", None)
     build_simjoin(args)
     if args.mode == "gpu":
         from .gpu_mode import run_gpu_mode

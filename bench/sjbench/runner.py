@@ -101,6 +101,7 @@ def run_peer(system: str, data: Path, eps: float, repeats: int, timeout: float) 
 # them to a scratch .npy after the timed join; "count": simjoin only counts (no peer can).
 SIMJOIN_OUTPUT = "pairs"
 VULKAN_WARMUP = True
+SIMJOIN_PRECISION = None  # None: as stored (f64); "f32" joins in single precision (gpu mode)
 PAIRS_SCRATCH = Path(tempfile.gettempdir()) / f"simjoin-bench-{os.getpid()}-pairs.npy"
 
 
@@ -111,6 +112,8 @@ def simjoin_command(binary: Path, data: Path, eps: float, backend: str, algorith
     ]  # fmt: skip
     if SIMJOIN_OUTPUT == "pairs":
         cmd += ["--output", str(PAIRS_SCRATCH)]
+    if SIMJOIN_PRECISION:
+        cmd += ["--precision", SIMJOIN_PRECISION]
     return cmd
 
 
