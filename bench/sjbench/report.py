@@ -214,7 +214,7 @@ def summary_lines(suite: list[dict], labels: dict) -> list[str]:
     return lines
 
 
-def generated_markdown(results: dict, img_dir: str) -> str:
+def generated_markdown(results: dict, img_dir: str, has_speedup_plot: bool) -> str:
     m, o = results["machine"], results["options"]
     labels = results["systems"]
     v = m["versions"]
@@ -252,7 +252,7 @@ def generated_markdown(results: dict, img_dir: str) -> str:
         lines.append(f"| {w['workload']} ({w['description']}) | {w['source']} | {w['n']:,} | {w['dim']} | {eps} | {sel} |")
     lines.append("")
     lines += ["### Summary", ""] + (summary_lines(main, labels) or ["- no simjoin run agreed with a peer"]) + [""]
-    if (Path(img_dir) / "speedup.png").exists() or results.get("_speedup_plot"):
+    if has_speedup_plot:
         lines += [f"![speed-up over the best peer]({img_dir}/speedup.png)", ""]
     lines += ["### Time (s) against eps", ""]
     lines += suite_markdown(main, labels, o["timeout_s"], f"{img_dir}/", "main")
@@ -273,14 +273,13 @@ def write_report(results: dict, out: Path, markdown_path: Path | None) -> None:
     labels = results["systems"]
     for w in results["suites"]["main"]:
         plot_workload(w, labels, out / f"{w['workload']}.png", results["options"]["timeout_s"])
-    results["_speedup_plot"] = plot_speedups(results["suites"]["main"], labels, out / "speedup.png")
+    has_speedup_plot = plot_speedups(results["suites"]["main"], labels, out / "speedup.png")
     rel = out.resolve()
     try:
         img_dir = str(rel.relative_to(markdown_path.parent.resolve())) if markdown_path else str(out)
     except ValueError:
         img_dir = str(rel)
-    text = generated_markdown(results, img_dir)
-    results.pop("_speedup_plot")
+    text = generated_markdown(results, img_dir, has_speedup_plot)
     (out / "results.md").write_text(text.replace(f"{img_dir}/", ""))
     if markdown_path is None:
         return
