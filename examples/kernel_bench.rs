@@ -4,13 +4,14 @@
 //!
 //! The device is the one `SIMJOIN_DEVICE` selects (default: the best present, which may be
 //! lavapipe, a software rasterizer: its figures say nothing about GPUs). Times are medians of
-//! the repetitions: GPU times cover recording, submission and completion of the kernel
-//! work only (inputs are restored by a copy outside the timed part); CPU times cover
+//! the repetitions. "device" is wall time for recording, submission and completion of the
+//! kernel work (inputs are restored by a copy outside the timed part); "on-GPU" is the
+//! span between GPU timestamps around that work, without host overheads. CPU times cover
 //! `sort_unstable` of the same pairs and a sequential scan. Every GPU result is checked
 //! against the CPU's.
 
 use simjoin::vk::sort::SortStages;
-use simjoin::vk::{self, Buffer, Context, Memory, Stream};
+use simjoin::vk::{self, Buffer, Context, GpuTimer, Memory, Stream};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,23 +28,28 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times `reps` runs of `work` after `reset`; returns the median in seconds.
+/// Times `reps` runs of `work` after `reset`; returns the medians of wall time and of the
+/// on-GPU time between timestamps, in seconds.
 fn time_gpu(
     stream: &mut Stream,
+    timer: &GpuTimer,
     reps: usize,
     mut reset: impl FnMut(&mut Stream) -> simjoin::Result<()>,
     mut work: impl FnMut(&mut Stream) -> simjoin::Result<()>,
-) -> simjoin::Result<f64> {
-    let mut times = Vec::new();
+) -> simjoin::Result<(f64, f64)> {
+    let (mut wall, mut gpu) = (Vec::new(), Vec::new());
     for _ in 0..reps {
         reset(stream)?;
         stream.finish()?;
         let t = Instant::now();
+        stream.timestamp(timer, 0)?;
         work(stream)?;
+        stream.timestamp(timer, 1)?;
         stream.finish()?;
-        times.push(t.elapsed().as_secs_f64());
+        wall.push(t.elapsed().as_secs_f64());
+        gpu.push(timer.seconds(0, 1)?);
     }
-    Ok(median(times))
+    Ok((median(wall), median(gpu)))
 }
 
 /// Times `reps` runs of `work` on a fresh `setup()` value each (setup not timed).
@@ -60,14 +66,15 @@ fn time_cpu<T>(reps: usize, mut setup: impl FnMut() -> T, mut work: impl FnMut(T
     )
 }
 
-fn report(what: &str, n: usize, gpu: f64, cpu: f64, cpu_name: &str) {
+fn report(what: &str, n: usize, (wall, gpu): (f64, f64), cpu: f64, cpu_name: &str) {
     println!(
-        "{what:<26} n={n:<10} device {:>9.3} ms ({:>8.1} M/s)   {cpu_name} {:>9.3} ms ({:>8.1} M/s)   device/CPU speed {:.2}x",
+        "{what:<27} n={n:<9} device {:>9.3} ms (on-GPU {:>9.3} ms, {:>7.1} M/s)   {cpu_name} {:>8.3} ms ({:>7.1} M/s)   CPU/device time {:.3}",
+        wall * 1e3,
         gpu * 1e3,
         n as f64 / gpu / 1e6,
         cpu * 1e3,
         n as f64 / cpu / 1e6,
-        cpu / gpu
+        cpu / wall
     );
 }
 
@@ -94,6 +101,7 @@ fn main() -> simjoin::Result<()> {
     );
     println!("{n} elements, median of {reps} runs");
     let mut stream = Stream::new(&ctx, 0)?;
+    let timer = GpuTimer::new(&ctx, 2)?;
     let mut seed = 42u64;
     let keys64: Vec<u64> = (0..n).map(|_| splitmix(&mut seed)).collect();
     let keys32: Vec<u32> = keys64.iter().map(|&k| (k >> 32) as u32).collect();
@@ -133,7 +141,7 @@ fn main() -> simjoin::Result<()> {
                 s.copy(&pristine_keys, 0, &work_keys, 0, n as u64 * key_bytes)?;
                 s.copy(&pristine_values, 0, &work_values, 0, n as u64 * 4)
             };
-            let gpu = time_gpu(&mut stream, reps, reset, |s| {
+            let gpu = time_gpu(&mut stream, &timer, reps, reset, |s| {
                 vk::sort::sort_pairs_with(s, &work_keys, &work_values, n, key64, stages)
             })?;
             let got_keys: Vec<u64> = if key64 {
@@ -163,6 +171,7 @@ fn main() -> simjoin::Result<()> {
     let offsets_buf = Buffer::new(&ctx, (n as u64 + 1) * 8, Memory::Device, "offsets")?;
     let gpu = time_gpu(
         &mut stream,
+        &timer,
         reps,
         |_| Ok(()),
         |s| vk::scan::exclusive_scan_u32_to_u64(s, &counts_buf, &offsets_buf, n),

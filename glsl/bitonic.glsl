@@ -43,10 +43,11 @@ bool greater(KEY_T ka, uint va, KEY_T kb, uint vb) {
     return ka > kb || (ka == kb && va > vb);
 }
 
-// The pair (lo, hi) that invocation t compares in a stage with the given half span.
+// The pair (lo, hi) that invocation t compares in a stage with the given half span (a
+// power of two: masks instead of integer division, which is slow on GPUs and CPUs alike).
 uvec2 pair_of(uint t, uint half_span, bool flip) {
-    uint block = (t / half_span) * 2 * half_span;
-    uint r = t % half_span;
+    uint r = t & (half_span - 1);
+    uint block = (t - r) * 2;
     return flip ? uvec2(block + r, block + 2 * half_span - 1 - r) : uvec2(block + r, block + r + half_span);
 }
 

@@ -4,7 +4,7 @@
 #include "join_common.glsl"
 
 void main() {
-    uint thread = gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x) + gl_GlobalInvocationID.x;
+    uint thread = linear_invocation();
     if (thread >= pc.q_count) return;
     uvec4 state = states[thread];
     if (state.x == DONE) return;

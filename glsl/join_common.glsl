@@ -13,8 +13,8 @@
 
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 
-// Spec constant 0 is the workgroup size (the vk layer's convention).
-layout(local_size_x_id = 0) in;
+// Workgroup size (spec constant 0) and linear_invocation() for 2-D dispatch grids.
+#include "common.glsl"
 
 layout(constant_id = 1) const uint DIM = 1;      // coordinates per point
 layout(constant_id = 2) const uint K = 1;        // indexed dimensions (grid only)

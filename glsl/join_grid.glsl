@@ -91,7 +91,7 @@ uint64_t home_key() {
 }
 
 void main() {
-    uint thread = gl_GlobalInvocationID.y * (gl_NumWorkGroups.x * gl_WorkGroupSize.x) + gl_GlobalInvocationID.x;
+    uint thread = linear_invocation();
     if (thread >= pc.q_count) return;
     uvec4 state = states[thread];
     if (state.x == DONE) return;
@@ -101,8 +101,9 @@ void main() {
     matches_seen = state.w;
     stopped = false;
     stop_pos = 0u;
-    // Loading the query and building the masks (3 binary searches per dimension).
-    used = DIM + K * (3u * pc.log_cells + 1u);
+    // Loading the query, building the masks (3 binary searches per dimension) and
+    // counting the adjacent cells.
+    used = DIM + K * (3u * pc.log_cells + 2u);
     bool self_join = (pc.flags & FLAG_SELF) != 0u;
 
     for (uint a = 0u; a < K; a++) {

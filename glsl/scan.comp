@@ -33,6 +33,8 @@ layout(push_constant) uniform Params {
 };
 
 shared uint64_t partial[WORKGROUP_SIZE];
+const uint RAKES = 16;
+shared uint64_t run_total[RAKES];
 
 uint64_t load(uint i) {
     if (i >= n) {
@@ -57,15 +59,33 @@ void main() {
         items[j] = load(first + j);
         sum += items[j];
     }
-    // Inclusive Hillis-Steele scan of the per-invocation sums.
+    // Inclusive scan of the per-invocation sums by raking, in three barriers: RAKES
+    // invocations each scan a run of `run` sums sequentially, one scans the run totals,
+    // then every invocation adds the total of the runs before its own.
     partial[t] = sum;
     barrier();
-    for (uint d = 1; d < WORKGROUP_SIZE; d *= 2) {
-        uint64_t add = t >= d ? partial[t - d] : 0ul;
-        barrier();
-        partial[t] += add;
-        barrier();
+    const uint run = (WORKGROUP_SIZE + RAKES - 1) / RAKES;
+    const uint rakes = (WORKGROUP_SIZE + run - 1) / run; // RAKES, or fewer in small groups
+    if (t < rakes) {
+        uint64_t acc = 0ul;
+        for (uint j = t * run; j < min((t + 1) * run, WORKGROUP_SIZE); j++) {
+            acc += partial[j];
+            partial[j] = acc;
+        }
+        run_total[t] = acc;
     }
+    barrier();
+    if (t == 0) {
+        uint64_t acc = 0ul;
+        for (uint r = 0; r < rakes; r++) {
+            uint64_t v = run_total[r];
+            run_total[r] = acc; // exclusive
+            acc += v;
+        }
+    }
+    barrier();
+    partial[t] += run_total[t / run];
+    barrier();
     if (MODE == MODE_REDUCE) {
         if (t == WORKGROUP_SIZE - 1) {
             out_values.v[tile] = partial[t];

@@ -129,9 +129,53 @@ impl Engine {
             opts,
         };
         let backend = self.backend_for(opts)?;
-        let mut report = backend.run(&job, sink)?;
+        let mut report = if opts.backend == Backend::Auto {
+            self.run_auto(backend, &job, sink)?
+        } else {
+            backend.run(&job, sink)?
+        };
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
+    }
+
+    /// `Backend::Auto` on a GPU that cannot do this job (f64 without shaderFloat64, an
+    /// algorithm only the CPU has) falls back to the CPU backend, as long as no pair has
+    /// reached the caller's sink yet.
+    fn run_auto(
+        &self,
+        backend: Arc<dyn JoinBackend>,
+        job: &Job,
+        sink: Option<&mut dyn PairSink>,
+    ) -> Result<JoinReport> {
+        struct Watch<'s> {
+            inner: &'s mut dyn PairSink,
+            pushed: bool,
+        }
+        impl PairSink for Watch<'_> {
+            fn push(&mut self, chunk: &[crate::result::Pair]) -> anyhow::Result<()> {
+                self.pushed |= !chunk.is_empty();
+                self.inner.push(chunk)
+            }
+        }
+        let mut watch = sink.map(|inner| Watch {
+            inner,
+            pushed: false,
+        });
+        let first = backend.run(job, watch.as_mut().map(|w| w as &mut dyn PairSink));
+        match first {
+            Err(e)
+                if e.kind() == ErrorKind::Unsupported
+                    && !watch.as_ref().is_some_and(|w| w.pushed) =>
+            {
+                let cpu = crate::cpu::CpuBackend::new(job.opts.threads);
+                let mut report = cpu.run(job, watch.map(|w| w.inner))?;
+                report.notes.push(format!(
+                    "backend auto: the GPU could not run this job ({e}), ran on the CPU"
+                ));
+                Ok(report)
+            }
+            other => other,
+        }
     }
 
     /// Chooses the backend: `Auto` takes a real GPU when one is present, else the CPU.

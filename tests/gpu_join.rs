@@ -534,21 +534,28 @@ fn reorder_distance_pass_on_skewed_variance() {
     // Lattice points exactly eps apart, most variance in the last dimension.
     let mut x = Vec::new();
     for i in 0..2 {
-        for j in 0..3 {
-            for k in 0..40 {
-                x.extend_from_slice(&[i as f64 * 0.5, j as f64 * 0.5, k as f64 * 0.5]);
+        for j in 0..2 {
+            for k in 0..3 {
+                for l in 0..30 {
+                    x.extend_from_slice(&[
+                        i as f64 * 0.5,
+                        j as f64 * 0.5,
+                        k as f64 * 0.5,
+                        l as f64 * 0.5,
+                    ]);
+                }
             }
         }
     }
     for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
         check_self(
             &x,
-            3,
+            4,
             &gpu(0.5, metric, Algorithm::Grid),
             &format!("skewed lattice {metric}"),
         );
     }
-    let data = Dataset::from_f64(&x, 3).unwrap();
+    let data = Dataset::from_f64(&x, 4).unwrap();
     let got = engine
         .self_join(&data, &gpu(0.5, Metric::Euclidean, Algorithm::Grid))
         .unwrap();
@@ -560,4 +567,21 @@ fn reorder_distance_pass_on_skewed_variance() {
         "{:?}",
         got.report.notes
     );
+}
+
+#[test]
+fn a_batch_wider_than_one_row_of_workgroups() {
+    // 600k queries in one batch need a 2-D grid of workgroups (more than 65535 in x).
+    // Pairs are known: every position appears twice, neighbours are 1 apart (eps 0.5).
+    let engine = setup();
+    let n = 600_000usize;
+    let x: Vec<f32> = (0..n).map(|i| (i / 2) as f32).collect();
+    let data = Dataset::from_f32(&x, 1).unwrap();
+    let mut o = gpu(0.5, Metric::Euclidean, Algorithm::Grid);
+    o.batch_points = Some(n);
+    let got = engine.self_join(&data, &o).unwrap();
+    let want: Vec<Pair> = (0..n as u32 / 2).map(|p| [2 * p, 2 * p + 1]).collect();
+    assert_eq!(got.pairs().unwrap(), &want[..]);
+    assert_eq!(got.report.batches, 1);
+    assert_no_validation_errors();
 }

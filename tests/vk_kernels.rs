@@ -100,7 +100,7 @@ fn buffers_mapped_upload_download_and_staging_copies() {
     let data: Vec<u32> = (0..10_007).map(|i| i * 7 + 1).collect();
     // Zero-copy path (lavapipe memory is device-local and mapped).
     let dev = ctx.upload(&data, "data").unwrap();
-    assert!(dev.is_mapped());
+    assert!(dev.is_mapped() && dev.is_device_local() && dev.is_host_cached());
     assert_eq!(ctx.download::<u32>(&dev, 0, data.len()).unwrap(), data);
     assert_eq!(ctx.download::<u32>(&dev, 5, 3).unwrap(), &data[5..8]);
     // Staging path: upload buffer -> device buffer -> read-back buffer by queue copies.
@@ -121,6 +121,22 @@ fn buffers_mapped_upload_download_and_staging_copies() {
     let again = pool.acquire(1000, Memory::Upload).unwrap();
     assert!(again.size() >= 40_028, "reused the pooled upload buffer");
     assert_eq!(pool.idle_count(), 1);
+    // Stream-ordered small writes.
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.update(&mid, 4, bytemuck::cast_slice(&[11u32, 12]))
+        .unwrap();
+    s.barrier().unwrap();
+    s.copy(&mid, 4, &mid, 100, 8).unwrap();
+    s.finish().unwrap();
+    assert_eq!(
+        ctx.download::<u32>(&mid, 0, 4).unwrap(),
+        vec![data[0], 11, 12, data[3]]
+    );
+    assert_eq!(ctx.download::<u32>(&mid, 25, 2).unwrap(), vec![11, 12]);
+    assert_eq!(
+        s.update(&mid, 2, &[0; 4]).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     // Empty data works.
     let empty = ctx.upload::<u32>(&[], "empty").unwrap();
     assert_eq!(empty.size(), 0);
@@ -728,5 +744,93 @@ fn sort_and_scan_on_2d_dispatch_grids() {
     // workgroup would corrupt the next level, so check a size with three levels.
     let counts: Vec<u32> = (0..1_100_000u32).map(|i| i % 5).collect();
     check_scan(&ctx, &counts);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn gpu_timer_measures_stream_work() {
+    let ctx = shared_context();
+    let timer = vk::GpuTimer::new(&ctx, 2).unwrap();
+    let iota = iota_kernel(&ctx, 64);
+    let out = Buffer::new(&ctx, 4 << 20, Memory::Device, "out").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    s.timestamp(&timer, 0).unwrap();
+    s.dispatch_threads(
+        &iota,
+        1 << 20,
+        &[out.all()],
+        bytemuck::cast_slice(&[1u32 << 20, 0]),
+    )
+    .unwrap();
+    s.timestamp(&timer, 1).unwrap();
+    let wall = std::time::Instant::now();
+    s.finish().unwrap();
+    let wall = wall.elapsed().as_secs_f64();
+    let gpu = timer.seconds(0, 1).unwrap();
+    assert!(
+        gpu > 0.0 && gpu <= wall + 0.01,
+        "gpu {gpu} s, wall {wall} s"
+    );
+    assert_eq!(
+        timer.seconds(0, 2).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(
+        s.timestamp(&timer, 5).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
+    s.finish().unwrap();
+    assert_no_validation_errors();
+}
+
+#[test]
+fn thread_safety_of_the_types() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Context>();
+    send_sync::<Buffer>();
+    send_sync::<vk::Kernel>();
+    send_sync::<vk::Ticket>();
+    send_sync::<StagingPool>();
+    send_sync::<vk::PooledBuffer>();
+    send_sync::<vk::GpuTimer>();
+    send::<Stream>();
+}
+
+#[test]
+fn many_dispatches_and_submissions_reuse_descriptor_pools_and_frames() {
+    let ctx = shared_context();
+    let iota = iota_kernel(&ctx, 64);
+    // One u32 per 16 bytes: bindings start at minStorageBufferOffsetAlignment multiples.
+    let out = Buffer::new(&ctx, 16 * 300, Memory::Device, "out").unwrap();
+    let mut s = Stream::new(&ctx, 0).unwrap();
+    for round in 0..3u32 {
+        // 300 descriptor sets in one submission: several descriptor pools.
+        for i in 0..300u32 {
+            let push = [1u32, round * 1000 + i];
+            s.dispatch_threads(
+                &iota,
+                1,
+                &[out.slice(i as u64 * 16, 4)],
+                bytemuck::cast_slice(&push),
+            )
+            .unwrap();
+        }
+        s.submit().unwrap();
+    }
+    s.last_ticket().wait().unwrap();
+    let got = ctx.download::<u32>(&out, 0, 4 * 300).unwrap();
+    assert!(got
+        .iter()
+        .step_by(4)
+        .enumerate()
+        .all(|(i, &v)| v == 2000 + i as u32));
+    // Many short submissions recycle finished frames.
+    for i in 0..100u32 {
+        s.fill(&out, 0, 4, i).unwrap();
+        s.submit().unwrap();
+    }
+    s.finish().unwrap();
+    assert_eq!(ctx.download::<u32>(&out, 0, 1).unwrap(), vec![99]);
     assert_no_validation_errors();
 }

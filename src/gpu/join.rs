@@ -18,7 +18,7 @@ use crate::metric::{reject_margin, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{sink_error, JoinReport, Pair, PairSink};
 use crate::vk::{
-    shaders, Buffer, BufferRange, Context, Kernel, KernelSpec, Memory, Stream, Ticket,
+    shaders, Buffer, BufferRange, Context, GpuTimer, Kernel, KernelSpec, Memory, Stream, Ticket,
 };
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -145,12 +145,16 @@ struct Times {
     loop_wall: f64,
     /// Sum over batches of submit-to-done seconds (observed on the host).
     busy: f64,
+    /// Sum of the search dispatches' GPU time (timestamps), when the queue has them.
+    gpu_search: Option<f64>,
 }
 
 /// What every dispatch of one join shares. Borrows the device data, which is declared
 /// before the slots and so outlives them: dropping a slot's stream waits for its work.
 struct Run<'a, T: Coord> {
     kernel: Kernel,
+    /// Two timestamp slots per batch slot (around its search dispatch), where supported.
+    timer: Option<&'a GpuTimer>,
     data: &'a DeviceData,
     /// Non-empty cells (grid) or indexed points (brute force).
     n_cells: u32,
@@ -203,8 +207,12 @@ fn new_slot(
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
     let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
     let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
+    // `SIMJOIN_GPU_STAGING=1` takes the discrete-GPU path (copies into pinned buffers) on
+    // a unified-memory device too, so that tests on lavapipe cover it.
+    let staging =
+        !results.is_mapped() || std::env::var("SIMJOIN_GPU_STAGING").is_ok_and(|v| v == "1");
     let pinned = |bytes, name| -> Result<Option<Buffer>> {
-        Ok(if results.is_mapped() {
+        Ok(if !staging {
             None
         } else {
             Some(Buffer::new(ctx, bytes, Memory::Readback, name)?)
@@ -222,14 +230,17 @@ fn new_slot(
     })
 }
 
-/// Result-buffer capacity: the user's, else the default within the binding limit; halved
-/// on device out-of-memory down to MIN_RESULT_PAIRS.
+/// The three slots. Result-buffer capacity: the user's, else the default within the binding
+/// limit. On device out-of-memory, the result buffers and the batch size (query states)
+/// are halved, down to MIN_RESULT_PAIRS pairs and `min_points` queries, before giving up.
+/// Returns the slots, the capacity and the most queries per batch.
 fn make_slots(
     ctx: &Arc<Context>,
     requested: Option<usize>,
-    max_points: usize,
+    mut max_points: usize,
+    min_points: usize,
     counting: bool,
-) -> Result<(Vec<Slot>, u32)> {
+) -> Result<(Vec<Slot>, u32, usize)> {
     let limit_pairs = ctx.limits().max_storage_buffer_range / 8;
     let mut capacity = match requested {
         Some(c) => (c as u64).min(limit_pairs),
@@ -242,9 +253,13 @@ fn make_slots(
             .map(|i| new_slot(ctx, i, capacity, max_points, counting))
             .collect::<Result<Vec<_>>>()
         {
-            Ok(slots) => return Ok((slots, capacity as u32)),
-            Err(e) if e.kind() == ErrorKind::OutOfDeviceMemory && capacity > MIN_RESULT_PAIRS => {
-                capacity /= 2;
+            Ok(slots) => return Ok((slots, capacity as u32, max_points)),
+            Err(e)
+                if e.kind() == ErrorKind::OutOfDeviceMemory
+                    && (capacity > MIN_RESULT_PAIRS || max_points > min_points) =>
+            {
+                capacity = (capacity / 2).max(MIN_RESULT_PAIRS.min(capacity));
+                max_points = (max_points / 2).max(min_points);
             }
             Err(e) => return Err(e),
         }
@@ -328,159 +343,17 @@ fn run_typed<T: Coord>(
     let window = T::from_f64(T::from_f64(eps).to_f64() * (1.0 + WINDOW_WIDEN));
     let mut times = Times::default();
 
-    // Indexed set R and query set Q. A ⋈ B indexes the smaller set (pairs swapped back).
-    let (data, n_cells, nq, flags, k_spec, sort_dim) = match algorithm {
-        Algorithm::Grid => {
-            let (r, q, swap) = match job.b {
-                None => (job.a, job.a, false),
-                Some(b) if b.len() <= job.a.len() => (b, job.a, false),
-                Some(b) => (job.a, b, true),
-            };
-            let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
-            if let Some(k) = opts.indexed_dims {
-                if k > plan.geom.k() {
-                    report
-                        .notes
-                        .push(format!("indexed_dims {k} reduced to {}", plan.geom.k()));
-                }
-            }
-            report.notes.push(format!(
-                "grid: k = {} indexed dims {:?}{}, SORTIDU on dim {:?}",
-                plan.geom.k(),
-                plan.geom.dims,
-                if plan.costs.is_empty() {
-                    " (forced)"
-                } else {
-                    " (cost model)"
-                },
-                plan.sort_dim
-            ));
-            if !plan.costs.is_empty() {
-                let costs: Vec<String> = plan
-                    .costs
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "k={}: {} cells, {:.3e} ops",
-                            c.k,
-                            c.nonempty_cells,
-                            c.total()
-                        )
-                    })
-                    .collect();
-                report.notes.push(format!(
-                    "cost model (search + compare memory ops): {}",
-                    costs.join("; ")
-                ));
-            }
-            // REORDER in the distance test pays when the variance order is not the dataset's.
-            let share = plan.top_quarter_share;
-            let reorder = variance_order_helps(&plan.variance_order, share);
-            let variance_order = plan.variance_order;
-            let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
-            report.notes.push(format!(
-                "grid: {} non-empty cells over {} points",
-                idx.cell_keys.len(),
-                r.len()
-            ));
-            let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
-            let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
-            meta.extend_from_slice(&idx.mask_offsets);
-            meta.extend(variance_order.iter().map(|&j| j as u32));
-            meta.extend_from_slice(&idx.mask_coords);
-            let (q_order, q_cells) = if self_join {
-                (None, idx.query_cells(&r, &idx.order))
-            } else {
-                // Queries sorted by cell too: neighbouring threads search the same cells.
-                let mut order: Vec<u32> = (0..q.len() as u32).collect();
-                let cells = idx.query_cells(&q, &order);
-                let key = |p: u32| {
-                    idx.geom.linear_id(
-                        &cells[p as usize * idx.k()..(p as usize + 1) * idx.k()]
-                            .iter()
-                            .map(|&c| c as u64)
-                            .collect::<Vec<_>>(),
-                    )
-                };
-                let keys: Vec<u64> = order.iter().map(|&p| key(p)).collect();
-                order.sort_by_key(|&p| (keys[p as usize], p));
-                let sorted_cells = idx.query_cells(&q, &order);
-                (Some(order), sorted_cells)
-            };
-            let t_up = Instant::now();
-            let data = DeviceData {
-                r_coords: upload(ctx, &r_sorted, "indexed points")?,
-                q_coords: match &q_order {
-                    Some(o) => Some(upload(
-                        ctx,
-                        &gather(coords_of::<T>(&q), dim, o),
-                        "query points",
-                    )?),
-                    None => None,
-                },
-                cell_keys: upload(ctx, &idx.cell_keys, "cell ids (B)")?,
-                cell_ranges: upload(ctx, &idx.cell_ranges, "cell ranges (G)")?,
-                r_ids: upload(ctx, &idx.order, "point lookup (A)")?,
-                q_ids: match &q_order {
-                    Some(o) => Some(upload(ctx, o, "query ids")?),
-                    None => None,
-                },
-                q_cells: Some(upload(ctx, &q_cells, "query cells")?),
-                meta: upload(ctx, &meta, "grid masks (M)")?,
-            };
-            times.upload += t_up.elapsed().as_secs_f64();
-            let mut flags = if self_join { FLAG_SELF } else { 0 } | FLAG_SORTIDU;
-            if reorder {
-                flags |= FLAG_REORDER;
-                report
-                    .notes
-                    .push("REORDER: distance rejected in variance order first".into());
-            } else {
-                report.notes.push(format!(
-                    "REORDER: distance in dataset order (top quarter of dims holds {:.0}% of the variance)",
-                    100.0 * share
-                ));
-            }
-            if swap {
-                flags |= FLAG_SWAP;
-            }
-            (
-                data,
-                idx.cell_keys.len() as u32,
-                q.len(),
-                flags,
-                idx.k() as u32,
-                idx.sort_dim.unwrap_or(0) as u32,
-            )
-        }
-        _ => {
-            // Brute force: R = B (or A), Q = A, original order, ids are positions.
-            let r = job.b.unwrap_or(job.a);
-            let t_up = Instant::now();
-            let dummy = [0u32];
-            let data = DeviceData {
-                r_coords: upload(ctx, coords_of::<T>(&r), "points")?,
-                q_coords: match job.b {
-                    Some(_) => Some(upload(ctx, coords_of::<T>(&job.a), "query points")?),
-                    None => None,
-                },
-                cell_keys: upload(ctx, &dummy, "unused")?,
-                cell_ranges: upload(ctx, &dummy, "unused")?,
-                r_ids: upload(ctx, &dummy, "unused")?,
-                q_ids: None,
-                q_cells: None,
-                meta: upload(ctx, &dummy, "unused")?,
-            };
-            times.upload += t_up.elapsed().as_secs_f64();
-            (
-                data,
-                r.len() as u32,
-                na,
-                if self_join { FLAG_SELF } else { 0 },
-                1,
-                0,
-            )
-        }
+    // Indexed set R and query set Q on the device.
+    let Prepared {
+        data,
+        n_cells,
+        nq,
+        flags,
+        k: k_spec,
+        sort_dim,
+    } = match algorithm {
+        Algorithm::Grid => prepare_grid::<T>(ctx, job, &mut report, &mut times)?,
+        _ => prepare_brute::<T>(ctx, job, &mut times)?,
     };
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
 
@@ -497,11 +370,13 @@ fn run_typed<T: Coord>(
     } else {
         (WORKGROUP, 0)
     };
-    let log_cells = (usize::BITS - (n_cells as usize + 1).leading_zeros()) + 1;
+    // Bound on one binary search: over the cells, a mask, or the points of one cell
+    // (SORTIDU window): all at most the larger input.
+    let log_cells = (usize::BITS - (na.max(nb) + 1).leading_zeros()) + 1;
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, k_spec, log_cells);
-        let least = d + k * (3 * l + 1) + 2 * (k + 2 * l + 2) + 2 * d + 1;
+        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1;
         if least > budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run this join: {d} dimensions with {k} indexed exceed                  its per-thread loop budget; use fewer indexed dims or the CPU backend",
@@ -531,10 +406,20 @@ fn run_typed<T: Coord>(
     let stride = estimate_stride(nq);
     let n_samples = nq.div_ceil(stride);
     let max_points = MAX_BATCH_POINTS.max(n_samples).min(nq);
-    let (mut slots, capacity) = make_slots(ctx, opts.result_buffer_pairs, max_points, counting)?;
+    // Declared before the slots: in-flight work (waited for when slots drop) writes it.
+    let timer = GpuTimer::new(ctx, 2 * SLOTS as u32).ok();
+    times.gpu_search = timer.as_ref().map(|_| 0.0);
+    let (mut slots, capacity, max_points) = make_slots(
+        ctx,
+        opts.result_buffer_pairs,
+        max_points,
+        n_samples,
+        counting,
+    )?;
     let thr_reject = reject_threshold(thr, dim);
     let run = Run {
         kernel,
+        timer: timer.as_ref(),
         data: &data,
         n_cells,
         log_cells,
@@ -559,7 +444,7 @@ fn run_typed<T: Coord>(
         );
         let mut fresh = true;
         loop {
-            submit_search(&run, slot, &push, n_samples, fresh, true)?.wait()?;
+            submit_search(&run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
             dispatches += 1;
             fresh = false;
             if read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?[1] == 0 {
@@ -599,7 +484,8 @@ fn run_typed<T: Coord>(
             if matches!(slot.state, SlotState::Free) {
                 if let Some(queries) = queue.pop_front() {
                     let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
-                    let ticket = submit_search(&run, slot, &push, queries.len(), true, counting)?;
+                    let ticket =
+                        submit_search(&run, slot, s, &push, queries.len(), true, counting)?;
                     dispatches += 1;
                     slot.state = SlotState::Searching {
                         queries,
@@ -624,6 +510,9 @@ fn run_typed<T: Coord>(
                     let t = Instant::now();
                     ticket.wait()?;
                     times.wait_search += t.elapsed().as_secs_f64();
+                    if let (Some(timer), Some(gpu)) = (run.timer, times.gpu_search.as_mut()) {
+                        *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
+                    }
                     let t = Instant::now();
                     let head =
                         read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?;
@@ -682,7 +571,7 @@ fn run_typed<T: Coord>(
         if incomplete {
             // Some queries stopped early: run the batch again; finished queries return at once.
             let push = run.push_constants(&queries, queries.len() as u32, 1, flags);
-            let ticket = submit_search(&run, slot, &push, queries.len(), false, counting)?;
+            let ticket = submit_search(&run, slot, s, &push, queries.len(), false, counting)?;
             dispatches += 1;
             resumed += 1;
             slot.state = SlotState::Searching {
@@ -701,7 +590,11 @@ fn run_typed<T: Coord>(
         ("index build".into(), index_build),
         ("upload".into(), times.upload),
         ("estimation".into(), times.estimate),
-        ("search kernels (host wait)".into(), times.wait_search),
+        (
+            "search kernels (GPU timestamps)".into(),
+            times.gpu_search.unwrap_or(f64::NAN),
+        ),
+        ("waiting on search (host)".into(), times.wait_search),
         ("result transfers".into(), times.download),
         ("assembly (sink)".into(), times.assemble),
     ];
@@ -710,14 +603,201 @@ fn run_typed<T: Coord>(
         if budget != 0 { format!(", software device: workgroup {workgroup}, loop budget {budget} per thread") } else { String::new() }
     ));
     if times.loop_wall > 0.0 {
+        // Overlap: how much of the batch loop the device spent searching (kernels of one
+        // queue run one after another), and the host work done meanwhile.
+        let busy = times.gpu_search.map_or("no timestamps".to_string(), |g| {
+            format!("GPU searching {:.0}% of it", 100.0 * g / times.loop_wall)
+        });
         report.notes.push(format!(
-            "overlap: {:.2} batches in flight on average over {:.4} s of batch loop ({} queue(s))",
-            times.busy / times.loop_wall,
+            "overlap: batch loop {:.4} s, {busy}; {:.2} batches in flight on average; host \
+             transfers + assembly {:.4} s; {} compute queue(s)",
             times.loop_wall,
+            times.busy / times.loop_wall,
+            times.download + times.assemble,
             ctx.compute_queue_count()
         ));
     }
+
     Ok(report)
+}
+
+/// The device data of one join and the kernel parameters that come with it.
+struct Prepared {
+    data: DeviceData,
+    /// Non-empty cells (grid) or indexed points (brute force).
+    n_cells: u32,
+    /// Query points.
+    nq: usize,
+    flags: u32,
+    /// Indexed dimensions (spec constant K).
+    k: u32,
+    sort_dim: u32,
+}
+
+/// Grid: plans and builds the index over R (A ⋈ B indexes the smaller set; pairs are
+/// swapped back), sorts the queries by cell, and uploads everything.
+fn prepare_grid<T: Coord>(
+    ctx: &Arc<Context>,
+    job: &Job,
+    report: &mut JoinReport,
+    times: &mut Times,
+) -> Result<Prepared> {
+    let (opts, dim, eps, self_join) = (job.opts, job.a.dim(), job.opts.eps, job.b.is_none());
+    let (r, q, swap) = match job.b {
+        None => (job.a, job.a, false),
+        Some(b) if b.len() <= job.a.len() => (b, job.a, false),
+        Some(b) => (job.a, b, true),
+    };
+    let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
+    if let Some(k) = opts.indexed_dims {
+        if k > plan.geom.k() {
+            report
+                .notes
+                .push(format!("indexed_dims {k} reduced to {}", plan.geom.k()));
+        }
+    }
+    report.notes.push(format!(
+        "grid: k = {} indexed dims {:?}{}, SORTIDU on dim {:?}",
+        plan.geom.k(),
+        plan.geom.dims,
+        if plan.costs.is_empty() {
+            " (forced)"
+        } else {
+            " (cost model)"
+        },
+        plan.sort_dim
+    ));
+    if !plan.costs.is_empty() {
+        let costs: Vec<String> = plan
+            .costs
+            .iter()
+            .map(|c| {
+                format!(
+                    "k={}: {} cells, {:.3e} ops",
+                    c.k,
+                    c.nonempty_cells,
+                    c.total()
+                )
+            })
+            .collect();
+        report.notes.push(format!(
+            "cost model (search + compare memory ops): {}",
+            costs.join("; ")
+        ));
+    }
+    // REORDER in the distance test pays when the variance order is not the dataset's.
+    let share = plan.top_quarter_share;
+    let reorder = variance_order_helps(&plan.variance_order, share);
+    let variance_order = plan.variance_order;
+    let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
+    report.notes.push(format!(
+        "grid: {} non-empty cells over {} points",
+        idx.cell_keys.len(),
+        r.len()
+    ));
+    let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
+    let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
+    meta.extend_from_slice(&idx.mask_offsets);
+    meta.extend(variance_order.iter().map(|&j| j as u32));
+    meta.extend_from_slice(&idx.mask_coords);
+    let (q_order, q_cells) = if self_join {
+        (None, idx.query_cells(&r, &idx.order))
+    } else {
+        // Queries sorted by cell too: neighbouring threads search the same cells.
+        let mut order: Vec<u32> = (0..q.len() as u32).collect();
+        let cells = idx.query_cells(&q, &order);
+        let k = idx.k().max(1);
+        // Linear ids of the query cells (the same row-major order as GridGeometry's).
+        let keys: Vec<u64> = cells
+            .chunks(k)
+            .map(|c| {
+                c.iter()
+                    .zip(&idx.geom.cells)
+                    .fold(0u64, |id, (&x, &n)| id * n + x as u64)
+            })
+            .collect();
+        order.sort_unstable_by_key(|&p| (keys[p as usize], p));
+        let sorted_cells: Vec<u32> = order
+            .iter()
+            .flat_map(|&p| &cells[p as usize * k..(p as usize + 1) * k])
+            .copied()
+            .collect();
+        (Some(order), sorted_cells)
+    };
+    let t_up = Instant::now();
+    let data = DeviceData {
+        r_coords: upload(ctx, &r_sorted, "indexed points")?,
+        q_coords: match &q_order {
+            Some(o) => Some(upload(
+                ctx,
+                &gather(coords_of::<T>(&q), dim, o),
+                "query points",
+            )?),
+            None => None,
+        },
+        cell_keys: upload(ctx, &idx.cell_keys, "cell ids (B)")?,
+        cell_ranges: upload(ctx, &idx.cell_ranges, "cell ranges (G)")?,
+        r_ids: upload(ctx, &idx.order, "point lookup (A)")?,
+        q_ids: match &q_order {
+            Some(o) => Some(upload(ctx, o, "query ids")?),
+            None => None,
+        },
+        q_cells: Some(upload(ctx, &q_cells, "query cells")?),
+        meta: upload(ctx, &meta, "grid masks (M)")?,
+    };
+    times.upload += t_up.elapsed().as_secs_f64();
+    let mut flags = if self_join { FLAG_SELF } else { 0 } | FLAG_SORTIDU;
+    if reorder {
+        flags |= FLAG_REORDER;
+        report
+            .notes
+            .push("REORDER: distance rejected in variance order first".into());
+    } else {
+        report.notes.push(format!(
+            "REORDER: distance in dataset order (top quarter of dims holds {:.0}% of the variance)",
+            100.0 * share
+        ));
+    }
+    if swap {
+        flags |= FLAG_SWAP;
+    }
+    Ok(Prepared {
+        data,
+        n_cells: idx.cell_keys.len() as u32,
+        nq: q.len(),
+        flags,
+        k: idx.k() as u32,
+        sort_dim: idx.sort_dim.unwrap_or(0) as u32,
+    })
+}
+
+/// Brute force: R = B (or A), Q = A, in input order; ids are positions.
+fn prepare_brute<T: Coord>(ctx: &Arc<Context>, job: &Job, times: &mut Times) -> Result<Prepared> {
+    let r = job.b.unwrap_or(job.a);
+    let t_up = Instant::now();
+    let dummy = [0u32];
+    let data = DeviceData {
+        r_coords: upload(ctx, coords_of::<T>(&r), "points")?,
+        q_coords: match job.b {
+            Some(_) => Some(upload(ctx, coords_of::<T>(&job.a), "query points")?),
+            None => None,
+        },
+        cell_keys: upload(ctx, &dummy, "unused")?,
+        cell_ranges: upload(ctx, &dummy, "unused")?,
+        r_ids: upload(ctx, &dummy, "unused")?,
+        q_ids: None,
+        q_cells: None,
+        meta: upload(ctx, &dummy, "unused")?,
+    };
+    times.upload += t_up.elapsed().as_secs_f64();
+    Ok(Prepared {
+        data,
+        n_cells: r.len() as u32,
+        nq: job.a.len(),
+        flags: if job.b.is_none() { FLAG_SELF } else { 0 },
+        k: 1,
+        sort_dim: 0,
+    })
 }
 
 /// Whether rejecting in variance order first is worth a second (canonical) pass on the
@@ -726,7 +806,8 @@ fn run_typed<T: Coord>(
 /// faster on such data, 1.5x slower on clusters with equal spread in every dimension).
 /// `SIMJOIN_GPU_REORDER=0|1` forces it off or on (to measure what it brings).
 fn variance_order_helps(order: &[usize], top_quarter_share: f64) -> bool {
-    let differs = order.iter().enumerate().any(|(i, &j)| i != j);
+    // Below 4 dimensions there is no "few of many" to reject on early.
+    let differs = order.len() >= 4 && order.iter().enumerate().any(|(i, &j)| i != j);
     match std::env::var("SIMJOIN_GPU_REORDER").as_deref() {
         Ok("0") => false,
         Ok("1") => differs,
@@ -772,6 +853,7 @@ fn deliver(
 fn submit_search<T: Coord>(
     run: &Run<'_, T>,
     slot: &mut Slot,
+    slot_index: usize,
     push: &[u8],
     threads: usize,
     fresh: bool,
@@ -785,8 +867,15 @@ fn submit_search<T: Coord>(
     let bindings = run
         .data
         .bindings(&slot.results, &slot.counters, &slot.states);
+    let stamps = run.timer.map(|t| (t, 2 * slot_index as u32));
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first)?;
+    }
     slot.stream
         .dispatch_threads(&run.kernel, threads as u64, &bindings, push)?;
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first + 1)?;
+    }
     if let Some(host) = &slot.counters_host {
         slot.stream.barrier()?;
         slot.stream.copy(&slot.counters, 0, host, 0, 8)?;

@@ -31,11 +31,7 @@ pub(crate) fn backend(opts: &JoinOptions, explicit: bool) -> Result<Option<Arc<d
         Ok(ctx) if explicit || !ctx.is_software() => Ok(Some(Arc::new(GpuBackend { ctx }))),
         Ok(_) => Ok(None),
         Err(e) if explicit => Err(Error::new(
-            if e.kind() == ErrorKind::Internal {
-                ErrorKind::NoDevice
-            } else {
-                e.kind()
-            },
+            ErrorKind::NoDevice,
             format!("no usable Vulkan device: {e}"),
         )),
         Err(_) => Ok(None),

@@ -84,6 +84,8 @@ pub struct Context {
     unified_memory: bool,
     zero_copy: AtomicBool,
     dispatch_width: AtomicU32,
+    /// timestampValidBits of the compute and the transfer family.
+    timestamp_bits: [u32; 2],
     validation: bool,
     pub(crate) kernels: KernelCache,
 }
@@ -161,6 +163,21 @@ unsafe extern "system" fn debug_callback(
     vk::FALSE
 }
 
+/// What the debug messenger reports: errors and warnings, to `debug_callback`.
+fn messenger_info() -> vk::DebugUtilsMessengerCreateInfoEXT<'static> {
+    vk::DebugUtilsMessengerCreateInfoEXT::default()
+        .message_severity(
+            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
+                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
+        )
+        .message_type(
+            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
+                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
+                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
+        )
+        .pfn_user_callback(Some(debug_callback))
+}
+
 fn load_entry() -> Result<ash::Entry> {
     unsafe { ash::Entry::load() }.map_err(|e| {
         Error::new(
@@ -192,10 +209,15 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
         layers.push(VALIDATION_LAYER.as_ptr());
         extensions.push(ash::ext::debug_utils::NAME.as_ptr());
     }
-    let info = vk::InstanceCreateInfo::default()
+    let mut info = vk::InstanceCreateInfo::default()
         .application_info(&app)
         .enabled_layer_names(&layers)
         .enabled_extension_names(&extensions);
+    // Also report problems of instance creation and destruction themselves.
+    let mut creation_messenger = messenger_info();
+    if validation {
+        info = info.push_next(&mut creation_messenger);
+    }
     unsafe { entry.create_instance(&info, None) }.map_err(|r| {
         let mut e = super::vk_error(r, "creating the Vulkan instance");
         if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
@@ -476,17 +498,7 @@ impl Context {
         // From here on, failures must destroy what exists: build in a guard-like sequence.
         let debug = if validation {
             let loader = ash::ext::debug_utils::Instance::new(&entry, &instance);
-            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
-                .message_severity(
-                    vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
-                        | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
-                )
-                .message_type(
-                    vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                        | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                        | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-                )
-                .pfn_user_callback(Some(debug_callback));
+            let info = messenger_info();
             match unsafe { loader.create_debug_utils_messenger(&info, None) } {
                 Ok(m) => Some((loader, m)),
                 Err(r) => {
@@ -663,6 +675,12 @@ impl Context {
             unified_memory,
             zero_copy: AtomicBool::new(true),
             dispatch_width: AtomicU32::new(l.max_compute_work_group_count[0]),
+            timestamp_bits: [
+                c.families[layout.compute_family as usize].timestamp_valid_bits,
+                layout
+                    .transfer_family
+                    .map_or(0, |f| c.families[f as usize].timestamp_valid_bits),
+            ],
             validation,
             kernels: KernelCache::default(),
         })
@@ -773,6 +791,15 @@ impl Context {
                 .unwrap_or(&self.compute_queues[0]),
         };
         m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Valid bits of timestamps written on queue `q` (0: no timestamps there).
+    pub(crate) fn timestamp_bits(&self, q: QueueId) -> u32 {
+        match q {
+            QueueId::Compute(_) => self.timestamp_bits[0],
+            QueueId::Transfer if self.transfer_queue.is_some() => self.timestamp_bits[1],
+            QueueId::Transfer => self.timestamp_bits[0],
+        }
     }
 
     /// Queue families buffers must be shareable between (CONCURRENT sharing when > 1).

@@ -34,6 +34,7 @@ pub struct Buffer {
     memory: Memory,
     address: u64,
     coherent_map: bool,
+    properties: vk::MemoryPropertyFlags,
 }
 
 /// A byte window of a buffer, as bound to a kernel's storage-buffer binding.
@@ -111,6 +112,7 @@ impl Buffer {
             size,
             memory,
             address: 0,
+            properties: allocation.memory_properties(),
             coherent_map: allocation.mapped_ptr().is_some()
                 && allocation
                     .memory_properties()
@@ -152,6 +154,18 @@ impl Buffer {
     /// Host-mapped and coherent: [`Buffer::write`] / [`Buffer::read`] work directly.
     pub fn is_mapped(&self) -> bool {
         self.coherent_map
+    }
+
+    /// The memory is device-local (for `Upload` buffers: resizable BAR or unified memory).
+    pub fn is_device_local(&self) -> bool {
+        self.properties
+            .contains(vk::MemoryPropertyFlags::DEVICE_LOCAL)
+    }
+
+    /// The memory is host-cached: host reads through the mapping are fast.
+    pub fn is_host_cached(&self) -> bool {
+        self.properties
+            .contains(vk::MemoryPropertyFlags::HOST_CACHED)
     }
 
     /// The whole buffer as a binding.
@@ -330,20 +344,28 @@ impl Drop for PooledBuffer {
 }
 
 impl Context {
-    /// A device-local buffer holding `data`: written in place where device memory is
-    /// mapped (zero-copy), else through a staging buffer and a copy (waited for).
+    /// A device-local buffer holding `data`. Zero-copy where device memory is mapped
+    /// (unified memory: written in place), or where a host-visible upload buffer lands in
+    /// device memory (resizable BAR: that buffer is returned, its `memory()` is `Upload`);
+    /// else written to a staging buffer and copied (waited for).
     pub fn upload<T: Pod>(self: &Arc<Self>, data: &[T], name: &str) -> Result<Buffer> {
         let bytes = std::mem::size_of_val(data) as u64;
         let buffer = Buffer::new(self, bytes, Memory::Device, name)?;
         if buffer.is_mapped() {
             buffer.write(0, data)?;
-        } else if bytes > 0 {
-            let staging = Buffer::new(self, bytes, Memory::Upload, "upload staging")?;
-            staging.write(0, data)?;
-            let mut stream = Stream::new(self, 0)?;
-            stream.copy(&staging, 0, &buffer, 0, bytes)?;
-            stream.submit()?.wait()?;
+            return Ok(buffer);
         }
+        if bytes == 0 {
+            return Ok(buffer);
+        }
+        let staging = Buffer::new(self, bytes, Memory::Upload, name)?;
+        staging.write(0, data)?;
+        if self.zero_copy() && staging.is_device_local() {
+            return Ok(staging);
+        }
+        let mut stream = Stream::new(self, 0)?;
+        stream.copy(&staging, 0, &buffer, 0, bytes)?;
+        stream.submit()?.wait()?;
         Ok(buffer)
     }
 
@@ -356,7 +378,8 @@ impl Context {
         first: usize,
         count: usize,
     ) -> Result<Vec<T>> {
-        if buffer.is_mapped() {
+        // Mapped reads of uncached device memory (a BAR window) crawl: copy those instead.
+        if buffer.is_mapped() && (self.has_unified_memory() || buffer.is_host_cached()) {
             return buffer.read_vec(first, count);
         }
         let bytes = (count * size_of::<T>()) as u64;

@@ -51,6 +51,17 @@
 //! [`Stream::barrier`] (like Vulkan itself); submissions of one stream run in order; across
 //! streams use [`Stream::wait_for`]. After `ticket.wait()` the host sees the results.
 //! Buffers must outlive the GPU work using them (or hand an `Arc` to [`Stream::keep_alive`]).
+//! [`Buffer::write`] on a mapped buffer happens at once; [`Stream::update`] (small) and
+//! [`Stream::copy`] from a [`StagingPool`] buffer happen in stream order.
+//!
+//! Batching with overlap (the join's three streams): one [`StagingPool`] shared by the
+//! streams; per batch, `acquire` an `Upload` buffer, write it, `copy` it to the device,
+//! dispatch, `copy` results to an acquired `Readback` buffer, `submit`; the host reads a
+//! batch's readback buffer after its ticket's `wait()`, then drops it back into the pool.
+//!
+//! Testing the discrete-GPU paths on lavapipe: [`Context::set_zero_copy`]`(false)` makes
+//! device buffers unmapped (staged copies); [`Context::set_dispatch_width`] forces 2-D
+//! dispatch grids at small sizes. [`GpuTimer`] + [`Stream::timestamp`] time GPU work.
 
 mod context;
 mod kernel;
@@ -62,7 +73,7 @@ mod stream;
 pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
-pub use stream::{Stream, Ticket};
+pub use stream::{GpuTimer, Stream, Ticket};
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.

@@ -81,6 +81,80 @@ impl Ticket {
     }
 }
 
+/// GPU timestamps: `slots` query slots that streams write with [`Stream::timestamp`];
+/// read them once the submission that wrote them has completed.
+pub struct GpuTimer {
+    ctx: Arc<Context>,
+    pool: vk::QueryPool,
+    slots: u32,
+    /// Valid bits of the queue each slot was last written on.
+    valid_bits: Vec<std::sync::atomic::AtomicU32>,
+}
+
+impl GpuTimer {
+    pub fn new(ctx: &Arc<Context>, slots: u32) -> Result<GpuTimer> {
+        if ctx.limits().timestamp_period_ns <= 0.0 {
+            return Err(Error::unsupported("the compute queue has no timestamps"));
+        }
+        let info = vk::QueryPoolCreateInfo::default()
+            .query_type(vk::QueryType::TIMESTAMP)
+            .query_count(slots.max(1));
+        let pool = unsafe { ctx.device.create_query_pool(&info, None) }
+            .map_err(vkr("creating a query pool"))?;
+        let valid_bits = (0..slots)
+            .map(|_| std::sync::atomic::AtomicU32::new(0))
+            .collect();
+        Ok(GpuTimer {
+            ctx: ctx.clone(),
+            pool,
+            slots,
+            valid_bits,
+        })
+    }
+
+    /// Seconds from the timestamp in slot `from` to the one in slot `to` (both written by
+    /// completed work on the same queue).
+    pub fn seconds(&self, from: u32, to: u32) -> Result<f64> {
+        let ticks = |slot: u32| -> Result<u64> {
+            if slot >= self.slots {
+                return Err(Error::invalid(format!(
+                    "timer slot {slot} of {}",
+                    self.slots
+                )));
+            }
+            let mut value = [0u64; 1];
+            unsafe {
+                self.ctx.device.get_query_pool_results(
+                    self.pool,
+                    slot,
+                    &mut value,
+                    vk::QueryResultFlags::TYPE_64,
+                )
+            }
+            .map_err(|r| match r {
+                vk::Result::NOT_READY => {
+                    Error::invalid(format!("timer slot {slot} not written by completed work"))
+                }
+                r => super::vk_error(r, "reading a timestamp"),
+            })?;
+            let bits = self.valid_bits[slot as usize].load(std::sync::atomic::Ordering::Relaxed);
+            Ok(if bits >= 64 {
+                value[0]
+            } else {
+                value[0] & ((1u64 << bits) - 1)
+            })
+        };
+        let (a, b) = (ticks(from)?, ticks(to)?);
+        Ok(b.wrapping_sub(a) as f64 * self.ctx.limits().timestamp_period_ns as f64 * 1e-9)
+    }
+}
+
+impl Drop for GpuTimer {
+    fn drop(&mut self) {
+        unsafe { self.ctx.device.destroy_query_pool(self.pool, None) };
+    }
+}
+
 /// One command buffer plus what it needs until the GPU has executed it.
 struct Frame {
     cmd: vk::CommandBuffer,
@@ -282,6 +356,28 @@ impl Stream {
             self.ctx
                 .device
                 .cmd_fill_buffer(cmd, buffer.raw(), offset, size, value)
+        };
+        Ok(())
+    }
+
+    /// Writes `data` (at most 65536 bytes, a multiple of 4) at `offset` (a multiple of 4) in
+    /// stream order, unlike a host write to a mapped buffer, which happens at once.
+    pub fn update(&mut self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        let size = data.len() as u64;
+        self.check_range(buffer, offset, size, "update")?;
+        if offset % 4 != 0 || size % 4 != 0 || size > 65536 {
+            return Err(Error::invalid(format!(
+                "update: offset {offset} and size {size} must be multiples of 4, size at most 65536"
+            )));
+        }
+        if size == 0 {
+            return Ok(());
+        }
+        let cmd = self.frame()?.cmd;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_update_buffer(cmd, buffer.raw(), offset, data)
         };
         Ok(())
     }
@@ -584,6 +680,35 @@ impl Stream {
         pool.sets_left -= 1;
         pool.buffers_left -= needed;
         Ok(set)
+    }
+
+    /// Records a timestamp into `slot` of `timer`, taken when all earlier commands of this
+    /// stream have finished. The timer must outlive the submission.
+    pub fn timestamp(&mut self, timer: &GpuTimer, slot: u32) -> Result<()> {
+        if !Arc::ptr_eq(&timer.ctx, &self.ctx) || slot >= timer.slots {
+            return Err(Error::invalid(format!(
+                "timestamp: slot {slot} of another context or beyond {}",
+                timer.slots
+            )));
+        }
+        let bits = self.ctx.timestamp_bits(self.queue);
+        if bits == 0 {
+            return Err(Error::unsupported("this stream's queue has no timestamps"));
+        }
+        timer.valid_bits[slot as usize].store(bits, std::sync::atomic::Ordering::Relaxed);
+        let cmd = self.frame()?.cmd;
+        unsafe {
+            self.ctx
+                .device
+                .cmd_reset_query_pool(cmd, timer.pool, slot, 1);
+            self.ctx.device.cmd_write_timestamp(
+                cmd,
+                vk::PipelineStageFlags::BOTTOM_OF_PIPE,
+                timer.pool,
+                slot,
+            );
+        }
+        Ok(())
     }
 
     /// Keeps `thing` (e.g. an `Arc<Buffer>`) alive until the work recorded so far has run.
