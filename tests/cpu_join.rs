@@ -326,6 +326,7 @@ fn streaming_sink_and_cancellation() {
 fn auto_reports_its_choice() {
     let cases = [
         (2, 20000, 0.01, Algorithm::Grid),
+        (2, 5000, 0.8, Algorithm::Brute),
         (16, 5000, 0.3, Algorithm::Ego),
         (3, 50, 0.1, Algorithm::Brute),
     ];

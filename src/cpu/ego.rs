@@ -10,12 +10,15 @@
 //! Beyond the paper: the recursion's halvings form a fixed binary tree over the sorted
 //! points, and each node also keeps its true bounding box in real coordinates (built
 //! bottom-up once). Two sequences whose boxes are farther apart than eps (with a rounding
-//! margin) are dropped too. In high dimensions with eps near the data's spread (few cells
-//! per dimension, nearly every cell pair adjacent) the cell rectangles prune little and
-//! the boxes prune almost everything.
+//! margin) are dropped too, and at the leaves each point is screened against the other
+//! leaf's box before any pair is computed. In high dimensions with eps near the data's
+//! spread (few cells per dimension, nearly every cell pair adjacent) the cell rectangles
+//! prune little; on the 16-D exponential benchmark (50k-point sample, leaves of 32) the
+//! node boxes skipped ~30% of leaf pairs and the point screens ~88% of the remaining
+//! point-leaf tests.
 //!
-//! Short sequences are joined by the vectorised kernel in variance order (early exit)
-//! with a safety margin, and every survivor is confirmed in canonical dimension order.
+//! Leaves are joined by the vectorised kernel in variance order (early exit) with a
+//! safety margin, and every survivor is confirmed in canonical dimension order.
 
 use super::emit::{Collector, Emitter};
 use super::store::{
@@ -488,7 +491,6 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     } else {
         plan_pair::<T, M>(&ctx, 0, 0, grain, &mut tasks);
     }
-    eprintln!("tasks {}", tasks.len());
     tasks.par_iter().with_max_len(1).for_each(|task| {
         let mut em = out.emitter();
         let mut q = Scratch::new(dim);
@@ -497,8 +499,4 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
             Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
         }
     });
-    eprintln!("stats {:?}", STATS);
 }
-
-pub(crate) static STATS: [std::sync::atomic::AtomicU64; 3] =
-    [const { std::sync::atomic::AtomicU64::new(0) }; 3];

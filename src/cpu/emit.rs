@@ -2,6 +2,7 @@
 //! hands it to the sink in large chunks (one short lock per chunk, none per pair).
 //! Count-only runs (no sink) only count.
 
+use super::store::LANES;
 use crate::error::Error;
 use crate::result::{sink_error, Pair, PairSink};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -89,9 +90,88 @@ impl Emitter<'_, '_> {
         }
     }
 
+    /// Pushes the pairs `pair_of(l)` for the set bits l of `mask` (l < LANES) without a
+    /// branch per pair: every lane is written, and the end advances only past hits.
+    /// `pair_of` is called for every lane, so it must accept lanes whose bit is clear.
+    #[inline(always)]
+    pub fn push_mask(&mut self, mask: u32, mut pair_of: impl FnMut(usize) -> Pair) {
+        let hits = mask.count_ones() as usize;
+        self.count += hits as u64;
+        if !self.collect {
+            return;
+        }
+        if self.buf.capacity() - self.buf.len() < LANES {
+            self.grow_or_flush();
+        }
+        let len = self.buf.len();
+        let spare = &mut self.buf.spare_capacity_mut()[..LANES];
+        let mut k = 0;
+        for l in 0..LANES {
+            spare[k].write(pair_of(l));
+            k += ((mask >> l) & 1) as usize;
+        }
+        debug_assert_eq!(k, hits);
+        // SAFETY: the first `hits` spare entries were written above.
+        unsafe { self.buf.set_len(len + hits) };
+    }
+
+    /// `push_mask` for pairs of `qid` with `ids[l]` (`unique`: as `[min, max]`), built and
+    /// left-packed with AVX2 shuffles instead of one store per lane.
+    ///
+    /// # Safety
+    /// AVX2 must be available and `ids` must point at LANES readable u32.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn push_mask_ids_avx2(
+        &mut self,
+        mask: u32,
+        ids: *const u32,
+        qid: u32,
+        unique: bool,
+    ) {
+        use std::arch::x86_64::*;
+        let hits = mask.count_ones() as usize;
+        self.count += hits as u64;
+        if !self.collect {
+            return;
+        }
+        if self.buf.capacity() - self.buf.len() < LANES {
+            self.grow_or_flush();
+        }
+        let v = _mm256_loadu_si256(ids as *const __m256i);
+        let q = _mm256_set1_epi32(qid as i32);
+        let (first, second) = if unique {
+            (_mm256_min_epu32(v, q), _mm256_max_epu32(v, q))
+        } else {
+            (q, v)
+        };
+        // Interleave into pairs 0-3 and 4-7 (unpack works within 128-bit halves).
+        let lo = _mm256_unpacklo_epi32(first, second);
+        let hi = _mm256_unpackhi_epi32(first, second);
+        let pairs03 = _mm256_permute2x128_si256::<0x20>(lo, hi);
+        let pairs47 = _mm256_permute2x128_si256::<0x31>(lo, hi);
+        let (m03, m47) = ((mask & 15) as usize, ((mask >> 4) & 15) as usize);
+        let len = self.buf.len();
+        let base = self.buf.as_mut_ptr();
+        // Each store writes 4 pairs; the spare capacity is >= LANES, so both fit.
+        let pack03 = _mm256_loadu_si256(PACK[m03].as_ptr() as *const __m256i);
+        _mm256_storeu_si256(
+            base.add(len) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(pairs03, pack03),
+        );
+        let after = len + m03.count_ones() as usize;
+        let pack47 = _mm256_loadu_si256(PACK[m47].as_ptr() as *const __m256i);
+        _mm256_storeu_si256(
+            base.add(after) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(pairs47, pack47),
+        );
+        self.buf.set_len(len + hits);
+    }
+
     #[cold]
     fn grow_or_flush(&mut self) {
-        if self.buf.len() >= CHUNK_PAIRS {
+        if self.buf.len() + LANES > CHUNK_PAIRS {
             self.flush();
         } else {
             self.buf
@@ -118,3 +198,24 @@ impl Drop for Emitter<'_, '_> {
             .fetch_add(self.count, Ordering::Relaxed);
     }
 }
+
+/// For each 4-bit mask, the u32 indices that move the selected 64-bit pairs to the front.
+#[cfg(target_arch = "x86_64")]
+static PACK: [[u32; 8]; 16] = {
+    let mut table = [[0u32; 8]; 16];
+    let mut m = 0;
+    while m < 16 {
+        let mut k = 0;
+        let mut e = 0;
+        while e < 4 {
+            if m & (1 << e) != 0 {
+                table[m][2 * k] = 2 * e as u32;
+                table[m][2 * k + 1] = 2 * e as u32 + 1;
+                k += 1;
+            }
+            e += 1;
+        }
+        m += 1;
+    }
+    table
+};

@@ -9,7 +9,7 @@
 //! the query point.
 
 use super::emit::{Collector, Emitter};
-use super::store::{avx2_available, scan, MetricKind, Store};
+use super::store::{avx2_available, scan_blocks, MetricKind, Store, LANES};
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -19,6 +19,17 @@ use rayon::prelude::*;
 const ITEM_POINTS: usize = 256;
 /// A grid with at most this many cells per point gets a direct cell -> slot table.
 const DENSE_CELLS_PER_POINT: u64 = 4;
+
+/// The sorted order's base pointer, shared by the scatter's workers (disjoint positions).
+struct SlotsPtr(*mut u32);
+unsafe impl Send for SlotsPtr {}
+unsafe impl Sync for SlotsPtr {}
+impl SlotsPtr {
+    /// Caller guarantees `i` is in bounds and no other worker writes it.
+    unsafe fn at(&self, i: usize) -> *mut u32 {
+        self.0.add(i)
+    }
+}
 
 /// Points sorted by grid cell.
 pub(crate) struct GridIndex<T> {
@@ -52,21 +63,52 @@ impl<T: Coord> GridIndex<T> {
         let total = geom
             .total_cells()
             .expect("grid plans keep linear cell ids in u64");
+        let mut cell_ids = Vec::new();
+        let mut cell_start = Vec::new();
         let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
             // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
-            let mut start = vec![0u32; total as usize + 1];
-            for &k in &keys {
-                start[k as usize + 1] += 1;
+            // Parallel: each part of the points counts its cells, then scatters its points
+            // to its own (disjoint) positions within each cell, keeping the input order.
+            let total = total as usize;
+            let parts = rayon::current_num_threads().clamp(1, 8);
+            let part_len = n.div_ceil(parts).max(1);
+            let mut next: Vec<Vec<u32>> = keys
+                .par_chunks(part_len)
+                .map(|ks| {
+                    let mut h = vec![0u32; total];
+                    for &k in ks {
+                        h[k as usize] += 1;
+                    }
+                    h
+                })
+                .collect();
+            let mut start = vec![0u32; total + 1];
+            for c in 0..total {
+                let mut acc = start[c];
+                for h in next.iter_mut() {
+                    let count = h[c];
+                    h[c] = acc;
+                    acc += count;
+                }
+                if acc > start[c] {
+                    cell_ids.push(c as u64);
+                    cell_start.push(start[c] as usize);
+                }
+                start[c + 1] = acc;
             }
-            for c in 0..total as usize {
-                start[c + 1] += start[c];
-            }
-            let mut next = start.clone();
             let mut order = vec![0u32; n];
-            for (i, &k) in keys.iter().enumerate() {
-                order[next[k as usize] as usize] = i as u32;
-                next[k as usize] += 1;
-            }
+            let out = SlotsPtr(order.as_mut_ptr());
+            keys.par_chunks(part_len)
+                .zip(next.par_iter_mut())
+                .enumerate()
+                .for_each(|(p, (ks, pos))| {
+                    for (i, &k) in ks.iter().enumerate() {
+                        let at = &mut pos[k as usize];
+                        // SAFETY: positions come from disjoint prefix-sum ranges, each < n.
+                        unsafe { *out.at(*at as usize) = (p * part_len + i) as u32 };
+                        *at += 1;
+                    }
+                });
             (order, Some(start))
         } else {
             let mut pairs: Vec<(u64, u32)> = keys
@@ -75,17 +117,14 @@ impl<T: Coord> GridIndex<T> {
                 .map(|(i, &k)| (k, i as u32))
                 .collect();
             pairs.par_sort_unstable();
+            for (s, &(id, _)) in pairs.iter().enumerate() {
+                if cell_ids.last() != Some(&id) {
+                    cell_ids.push(id);
+                    cell_start.push(s);
+                }
+            }
             (pairs.into_iter().map(|(_, i)| i).collect(), None)
         };
-        let mut cell_ids = Vec::new();
-        let mut cell_start = Vec::new();
-        for (s, &i) in order.iter().enumerate() {
-            let id = keys[i as usize];
-            if cell_ids.last() != Some(&id) {
-                cell_ids.push(id);
-                cell_start.push(s);
-            }
-        }
         cell_start.push(n);
         let dims: Vec<usize> = (0..dim).collect();
         GridIndex {
@@ -159,7 +198,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let k = geom.k();
     let lead = k - 1;
     let (offsets, zero_row) = row_offsets(k, self_join);
-    let rows = if lead == 0 { 1 } else { offsets.len() / lead };
+    let rows = offsets.len().checked_div(lead).unwrap_or(1);
     let last = k - 1;
     let last_cells = geom.cells[last];
     // Work items: (cell, first slot, end slot) with at most ITEM_POINTS query points.
@@ -176,63 +215,71 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let early = dim > 4;
     let per_task = (items.len() / (threads * 64)).max(1);
     let avx2 = avx2_available();
-    items.par_chunks(per_task).for_each(|chunk| {
-        let mut em = out.emitter();
-        let mut q = vec![T::ZERO; dim];
-        let mut cell = vec![0u64; k];
-        let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(rows);
-        let mut own_row_range = (0usize, 0usize);
-        for &(c, s0, s1) in chunk {
-            if em.stopped() {
-                return;
-            }
-            decode(geom, qidx.cell_ids[c as usize], &mut cell);
-            ranges.clear();
-            let x = cell[last];
-            let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
-            'rows: for r in 0..rows {
-                // Linear id of (cell[..lead] + offset, 0).
-                let mut base = 0u64;
-                for a in 0..lead {
-                    let v = cell[a] as i64 + offsets[r * lead + a];
-                    if v < 0 || v as u64 >= geom.cells[a] {
-                        continue 'rows;
+    // Buffers live per rayon job (not per chunk), so output buffers are reused.
+    let scratch = || {
+        let em = out.emitter();
+        (
+            em,
+            vec![T::ZERO; dim],
+            vec![0u64; k],
+            Vec::<(usize, usize)>::with_capacity(rows),
+        )
+    };
+    items
+        .par_chunks(per_task)
+        .for_each_init(scratch, |(em, q, cell, ranges), chunk| {
+            let mut own_row_range = (0usize, 0usize);
+            for &(c, s0, s1) in chunk {
+                if em.stopped() {
+                    return;
+                }
+                decode(geom, qidx.cell_ids[c as usize], cell);
+                ranges.clear();
+                let x = cell[last];
+                let (x_lo, x_hi) = (x.saturating_sub(1), (x + 1).min(last_cells - 1));
+                'rows: for r in 0..rows {
+                    // Linear id of (cell[..lead] + offset, 0).
+                    let mut base = 0u64;
+                    for a in 0..lead {
+                        let v = cell[a] as i64 + offsets[r * lead + a];
+                        if v < 0 || v as u64 >= geom.cells[a] {
+                            continue 'rows;
+                        }
+                        base = base * geom.cells[a] + v as u64;
                     }
-                    base = base * geom.cells[a] + v as u64;
+                    base *= last_cells;
+                    let range = if self_join && r == zero_row {
+                        // Own row: this cell and the next one along the last dimension.
+                        idx.slots(base + x, base + x_hi)
+                    } else {
+                        idx.slots(base + x_lo, base + x_hi)
+                    };
+                    if self_join && r == zero_row {
+                        own_row_range = range;
+                    } else if range.0 < range.1 {
+                        ranges.push(range);
+                    }
                 }
-                base *= last_cells;
-                let range = if self_join && r == zero_row {
-                    // Own row: this cell and the next one along the last dimension.
-                    idx.slots(base + x, base + x_hi)
-                } else {
-                    idx.slots(base + x_lo, base + x_hi)
+                let span = Span {
+                    s0: s0 as usize,
+                    s1: s1 as usize,
+                    own_end: own_row_range.1,
                 };
-                if self_join && r == zero_row {
-                    own_row_range = range;
-                } else if range.0 < range.1 {
-                    ranges.push(range);
+                #[cfg(target_arch = "x86_64")]
+                if avx2 {
+                    // SAFETY: avx2 was detected at run time.
+                    unsafe {
+                        query_cell_avx2::<T, M>(
+                            qidx, idx, span, ranges, self_join, thr, early, em, q,
+                        )
+                    };
+                    continue;
                 }
+                query_cell_sized::<T, M, false>(
+                    qidx, idx, span, ranges, self_join, thr, early, em, q,
+                );
             }
-            let span = Span {
-                s0: s0 as usize,
-                s1: s1 as usize,
-                own_end: own_row_range.1,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: avx2 was detected at run time.
-                unsafe {
-                    query_cell_avx2::<T, M>(
-                        qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
-                    )
-                };
-                continue;
-            }
-            query_cell::<T, M>(
-                qidx, idx, span, &ranges, self_join, thr, early, &mut em, &mut q,
-            );
-        }
-    });
+        });
     Ok(())
 }
 
@@ -258,13 +305,14 @@ unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
-    query_cell::<T, M>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+    query_cell_sized::<T, M, true>(qidx, idx, span, ranges, self_join, thr, early, em, q)
 }
 
-/// Scans the neighbour ranges for every query point of one work item.
+/// `query_cell` with the query in a fixed-size array for 1-4 dimensions, so that the
+/// kernel's dimension loop is unrolled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell<T: Coord, M: MetricKind>(
+fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -275,26 +323,117 @@ fn query_cell<T: Coord, M: MetricKind>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
+    match q.len() {
+        1 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 1],
+        ),
+        2 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 2],
+        ),
+        3 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 3],
+        ),
+        4 => query_cell::<T, M, AVX>(
+            qidx,
+            idx,
+            span,
+            ranges,
+            self_join,
+            thr,
+            early,
+            em,
+            &mut [T::ZERO; 4],
+        ),
+        _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+    }
+}
+
+/// Scans the neighbour ranges for every query point of one work item.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
+    qidx: &GridIndex<T>,
+    idx: &GridIndex<T>,
+    span: Span,
+    ranges: &[(usize, usize)],
+    self_join: bool,
+    thr: T,
+    early: bool,
+    em: &mut Emitter,
+    q: &mut [T],
+) {
+    let ids = &idx.store.ids;
     for s in span.s0..span.s1 {
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
         if self_join {
-            scan::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |t| {
-                let tid = idx.store.ids[t];
-                em.push(qid.min(tid), qid.max(tid));
+            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
+                emit_block::<AVX>(em, ids, qid, b, mask, true)
             });
             for &(lo, hi) in ranges {
-                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
-                    let tid = idx.store.ids[t];
-                    em.push(qid.min(tid), qid.max(tid));
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    emit_block::<AVX>(em, ids, qid, b, mask, true)
                 });
             }
         } else {
             for &(lo, hi) in ranges {
-                scan::<T, M>(q, &idx.store, lo, hi, thr, early, |t| {
-                    em.push(qid, idx.store.ids[t])
+                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                    emit_block::<AVX>(em, ids, qid, b, mask, false)
                 });
             }
         }
     }
+}
+
+/// Pairs of query `qid` with the slots `b + l` for the set bits l of `mask`: `[min, max]`
+/// of the ids when `unique` (self-join), else `[qid, id]`. `ids` is padded by LANES.
+#[inline(always)]
+fn emit_block<const AVX: bool>(
+    em: &mut Emitter,
+    ids: &[u32],
+    qid: u32,
+    b: usize,
+    mask: u32,
+    unique: bool,
+) {
+    let ids = &ids[b..b + LANES];
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+        // LANES values.
+        unsafe { em.push_mask_ids_avx2(mask, ids.as_ptr(), qid, unique) };
+        return;
+    }
+    em.push_mask(mask, |l| {
+        let id = ids[l];
+        if unique {
+            [qid.min(id), qid.max(id)]
+        } else {
+            [qid, id]
+        }
+    })
 }

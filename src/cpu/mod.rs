@@ -87,7 +87,7 @@ fn run<T: Coord, M: MetricKind>(
     let dim = job.a.dim();
     let eps = job.opts.eps;
     let thr: T = threshold(M::METRIC, eps);
-    let plan = plan::choose(&job.a, job.b.as_ref(), job.opts, threads)?;
+    let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
     let out = Collector::new(sink);
     let mut phases = Vec::new();
     let mut notes = plan.notes.clone();

@@ -2,15 +2,20 @@
 //! and small eps, EGO*-join for high dimensions and large eps) made concrete by a cost
 //! estimate and thresholds measured on this project's machines (bench/CPU_RESULTS.md).
 
-use crate::dataset::Dataset;
+use crate::dataset::{Coords, Dataset};
 use crate::error::{Error, Result};
-use crate::grid::{bounds, GridGeometry};
+use crate::grid::GridGeometry;
+use crate::metric::Coord;
 use crate::options::{Algorithm, JoinOptions};
+use rayon::prelude::*;
 
 /// Most dimensions the grid join indexes by default (3^(k-1) row lookups per cell).
 const GRID_MAX_K: usize = 4;
 /// Above this dimensionality `auto` prefers the EGO*-join.
 const GRID_MAX_AUTO_DIM: usize = 8;
+/// `auto` leaves the grid for brute force when the neighbour cells would hold more than
+/// this share of all pairs (eps comparable to the data's extent).
+const GRID_MAX_SHARE: f64 = 0.5;
 /// Below this many candidate pairs (|A|·|B|) brute force wins: no index to build.
 const BRUTE_MAX_WORK: f64 = 2.0e5;
 
@@ -21,41 +26,92 @@ pub(crate) struct Plan {
     pub notes: Vec<String>,
 }
 
-/// Per-dimension bounds and variance over A and B together.
-fn stats(a: &Dataset, b: Option<&Dataset>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let d = a.dim();
-    let (mut lo, mut hi) = bounds(a);
-    if let Some(b) = b {
-        let (l2, h2) = bounds(b);
-        for j in 0..d {
-            lo[j] = lo[j].min(l2[j]);
-            hi[j] = hi[j].max(h2[j]);
+/// Per-dimension running statistics of a point set.
+#[derive(Clone)]
+struct Moments {
+    lo: Vec<f64>,
+    hi: Vec<f64>,
+    /// Sums of (x - shift) and its square: shifting by a data value keeps the variance
+    /// accurate.
+    sum: Vec<f64>,
+    sq: Vec<f64>,
+    n: usize,
+}
+
+impl Moments {
+    fn new(d: usize) -> Self {
+        Moments {
+            lo: vec![f64::INFINITY; d],
+            hi: vec![f64::NEG_INFINITY; d],
+            sum: vec![0.0; d],
+            sq: vec![0.0; d],
+            n: 0,
         }
     }
-    let mut sum = vec![0.0f64; d];
-    let mut sq = vec![0.0f64; d];
-    let mut n = 0usize;
-    for set in std::iter::once(a).chain(b) {
-        // Sums shifted by the lower bound keep the variance accurate.
-        for i in 0..set.len() {
-            for j in 0..d {
-                let x = set.get(i, j) - lo[j];
-                sum[j] += x;
-                sq[j] += x * x;
-            }
+    fn merge(mut self, o: Moments) -> Self {
+        for j in 0..self.lo.len() {
+            self.lo[j] = self.lo[j].min(o.lo[j]);
+            self.hi[j] = self.hi[j].max(o.hi[j]);
+            self.sum[j] += o.sum[j];
+            self.sq[j] += o.sq[j];
         }
-        n += set.len();
+        self.n += o.n;
+        self
+    }
+}
+
+/// Moments of the rows of `x` (`d` wide), in parallel.
+fn moments<T: Coord>(x: &[T], d: usize, shift: &[f64]) -> Moments {
+    x.par_chunks(d * 4096)
+        .fold(
+            || Moments::new(d),
+            |mut m, chunk| {
+                for p in chunk.chunks_exact(d) {
+                    for j in 0..d {
+                        let v = p[j].to_f64();
+                        m.lo[j] = m.lo[j].min(v);
+                        m.hi[j] = m.hi[j].max(v);
+                        let t = v - shift[j];
+                        m.sum[j] += t;
+                        m.sq[j] += t * t;
+                    }
+                    m.n += 1;
+                }
+                m
+            },
+        )
+        .reduce(|| Moments::new(d), Moments::merge)
+}
+
+/// Per-dimension bounds and variance over A and B together (one parallel pass each).
+fn stats(a: &Dataset, b: Option<&Dataset>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let d = a.dim();
+    let first = if !a.is_empty() {
+        Some(a)
+    } else {
+        b.filter(|b| !b.is_empty())
+    };
+    let shift: Vec<f64> = (0..d)
+        .map(|j| first.map_or(0.0, |set| set.get(0, j)))
+        .collect();
+    let mut m = Moments::new(d);
+    for set in std::iter::once(a).chain(b) {
+        let part = match set.coords() {
+            Coords::F32(x) => moments(x, d, &shift),
+            Coords::F64(x) => moments(x, d, &shift),
+        };
+        m = m.merge(part);
     }
     let var = (0..d)
         .map(|j| {
-            if n == 0 {
+            if m.n == 0 {
                 0.0
             } else {
-                (sq[j] / n as f64 - (sum[j] / n as f64).powi(2)).max(0.0)
+                (m.sq[j] / m.n as f64 - (m.sum[j] / m.n as f64).powi(2)).max(0.0)
             }
         })
         .collect();
-    (lo, hi, var)
+    (m.lo, m.hi, var)
 }
 
 /// Dimensions by decreasing variance (ties by dimension number, so the order is stable).
@@ -65,79 +121,92 @@ fn variance_order(var: &[f64]) -> Vec<usize> {
     dims
 }
 
-pub(crate) fn choose(
-    a: &Dataset,
-    b: Option<&Dataset>,
-    opts: &JoinOptions,
-    threads: usize,
-) -> Result<Plan> {
+pub(crate) fn choose(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<Plan> {
     let d = a.dim();
     let na = a.len();
     let nb = b.map_or(na, |b| b.len());
     let mut notes = Vec::new();
+    if opts.algorithm == Algorithm::Lss {
+        return Err(Error::unsupported(
+            "the CPU backend has no 'lss' algorithm (use grid, ego, brute or auto)",
+        ));
+    }
+    // Candidate pairs brute force would test.
+    let work = if b.is_some() {
+        na as f64 * nb as f64
+    } else {
+        na as f64 * na as f64 / 2.0
+    };
+    if opts.algorithm == Algorithm::Brute
+        || (opts.algorithm == Algorithm::Auto && work <= BRUTE_MAX_WORK)
+    {
+        if opts.algorithm == Algorithm::Auto {
+            notes.push(format!(
+                "auto: brute force, {work:.0} candidate pairs are too few to pay for an index"
+            ));
+        }
+        return Ok(Plan {
+            algorithm: Algorithm::Brute,
+            geometry: None,
+            notes,
+        });
+    }
+    let (lo, hi, var) = stats(a, b);
+    let order = variance_order(&var);
     let algorithm = match opts.algorithm {
-        Algorithm::Auto => {
-            let work = if b.is_some() {
-                na as f64 * nb as f64
-            } else {
-                na as f64 * na as f64 / 2.0
-            };
-            let chosen = if work <= BRUTE_MAX_WORK {
-                notes.push(format!(
-                    "auto: brute force, {work:.0} candidate pairs is too few to pay for an index"
-                ));
-                Algorithm::Brute
-            } else if d <= GRID_MAX_AUTO_DIM {
-                notes.push(format!(
-                    "auto: grid join, {d} dimensions <= {GRID_MAX_AUTO_DIM} (Table 1: low dim)"
-                ));
-                Algorithm::Grid
-            } else {
-                notes.push(format!(
-                    "auto: EGO*-join, {d} dimensions > {GRID_MAX_AUTO_DIM} (Table 1: high dim)"
-                ));
-                Algorithm::Ego
-            };
-            chosen
+        Algorithm::Auto if d > GRID_MAX_AUTO_DIM => {
+            notes.push(format!(
+                "auto: EGO*-join, {d} dimensions > {GRID_MAX_AUTO_DIM} (Table 1: high dim; measured: EGO* wins from 10-D)"
+            ));
+            Algorithm::Ego
         }
-        Algorithm::Lss => {
-            return Err(Error::unsupported(
-                "the CPU backend has no 'lss' algorithm (use grid, ego, brute or auto)",
-            ))
-        }
+        Algorithm::Auto => Algorithm::Grid,
         other => other,
     };
-    let _ = threads;
-    let geometry = match algorithm {
-        Algorithm::Brute => None,
-        Algorithm::Grid => {
-            let (lo, hi, var) = stats(a, b);
-            let order = variance_order(&var);
-            let mut k = opts.indexed_dims.unwrap_or(GRID_MAX_K).min(d);
-            loop {
-                let g = GridGeometry::new(&order[..k], &lo, &hi, opts.eps)?;
-                if g.total_cells().is_some() || k == 1 {
-                    notes.push(format!(
-                        "grid: {k} indexed dims {:?}, cells per dim {:?}",
-                        g.dims, g.cells
-                    ));
-                    break Some(g);
-                }
-                k -= 1;
-            }
+    if algorithm == Algorithm::Ego {
+        let g = GridGeometry::new(&order, &lo, &hi, opts.eps)?;
+        notes.push(format!("ego: dimension order by variance {:?}", g.dims));
+        return Ok(Plan {
+            algorithm,
+            geometry: Some(g),
+            notes,
+        });
+    }
+    let mut k = opts.indexed_dims.unwrap_or(GRID_MAX_K).min(d);
+    let g = loop {
+        let g = GridGeometry::new(&order[..k], &lo, &hi, opts.eps)?;
+        if g.total_cells().is_some() || k == 1 {
+            break g;
         }
-        Algorithm::Ego => {
-            let (lo, hi, var) = stats(a, b);
-            let order = variance_order(&var);
-            let g = GridGeometry::new(&order, &lo, &hi, opts.eps)?;
-            notes.push(format!("ego: dimension order by variance {:?}", g.dims));
-            Some(g)
-        }
-        _ => unreachable!(),
+        k -= 1;
     };
+    notes.push(format!(
+        "grid: {k} indexed dims {:?}, cells per dim {:?}",
+        g.dims, g.cells
+    ));
+    if opts.algorithm == Algorithm::Auto {
+        // Share of all pairs the 3^k neighbour cells hold if points were spread evenly:
+        // near 1 when eps spans the data, and then the grid is brute force plus overhead.
+        let share: f64 = g.cells.iter().map(|&c| (3.0 / c as f64).min(1.0)).product();
+        if share > GRID_MAX_SHARE {
+            notes.push(format!(
+                "auto: brute force, eps spans the data (neighbour cells hold ~{:.0}% of all pairs)",
+                share * 100.0
+            ));
+            return Ok(Plan {
+                algorithm: Algorithm::Brute,
+                geometry: None,
+                notes,
+            });
+        }
+        notes.push(format!(
+            "auto: grid join, {d} dimensions <= {GRID_MAX_AUTO_DIM} (Table 1: low dim), neighbour cells hold ~{:.2}% of all pairs",
+            share * 100.0
+        ));
+    }
     Ok(Plan {
-        algorithm,
-        geometry,
+        algorithm: Algorithm::Grid,
+        geometry: Some(g),
         notes,
     })
 }

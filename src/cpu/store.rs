@@ -38,6 +38,17 @@ fn load<T: Coord>(cols: &[T], at: usize) -> [T; LANES] {
     unsafe { *(cols.as_ptr().add(at) as *const [T; LANES]) }
 }
 
+/// The columns' base pointer, shared by the gather's workers (which write disjoint slots).
+struct ColumnsPtr<T>(*mut T);
+unsafe impl<T: Send> Send for ColumnsPtr<T> {}
+unsafe impl<T: Send> Sync for ColumnsPtr<T> {}
+impl<T> ColumnsPtr<T> {
+    /// Caller guarantees `at` is in bounds and no other worker touches it.
+    unsafe fn at(&self, at: usize) -> *mut T {
+        self.0.add(at)
+    }
+}
+
 /// Points in a chosen order ("slots"), column-major, with their original ids.
 pub(crate) struct Store<T> {
     pub n: usize,
@@ -45,7 +56,7 @@ pub(crate) struct Store<T> {
     /// Column length: n plus LANES of padding so a kernel step may read past the end.
     stride: usize,
     cols: Vec<T>,
-    /// Original point id of each slot.
+    /// Original point id of each slot (then LANES of padding).
     pub ids: Vec<u32>,
 }
 
@@ -56,19 +67,29 @@ impl<T: Coord> Store<T> {
         let n = order.len();
         let stride = n + LANES;
         let mut cols = vec![T::ZERO; stride * dims.len()];
-        cols.par_chunks_mut(stride)
-            .zip(dims.par_iter())
-            .for_each(|(col, &j)| {
-                for (dst, &i) in col.iter_mut().zip(&order) {
-                    *dst = data[i as usize * dim + j];
+        // One pass over the points (each row read once, in slot order), writing every column.
+        let out = ColumnsPtr(cols.as_mut_ptr());
+        order
+            .par_iter()
+            .enumerate()
+            .with_min_len(4096)
+            .for_each(|(s, &i)| {
+                let row = &data[i as usize * dim..(i as usize + 1) * dim];
+                for (c, &j) in dims.iter().enumerate() {
+                    // SAFETY: slot s < n of column c < dims.len() is inside `cols`, and each
+                    // (c, s) is written by exactly one iteration.
+                    unsafe { *out.at(c * stride + s) = row[j] };
                 }
             });
+        // Ids are padded by LANES too, so whole blocks of them can be loaded.
+        let mut ids = order;
+        ids.resize(n + LANES, 0);
         Store {
             n,
             dim: dims.len(),
             stride,
             cols,
-            ids: order,
+            ids,
         }
     }
 
@@ -106,6 +127,22 @@ pub(crate) fn scan<T: Coord, M: MetricKind>(
     scan_cols::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
 }
 
+/// `scan` reporting whole blocks (see `scan_cols_blocks`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    hit: impl FnMut(usize, u32),
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols_blocks::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
 /// `scan` over any column-major block: column c of slot s at `cols[c * stride + s]`,
 /// readable up to slot `hi + LANES` in every column.
 #[inline(always)]
@@ -119,6 +156,28 @@ pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
     thr: T,
     early: bool,
     mut hit: impl FnMut(usize),
+) {
+    scan_cols_blocks::<T, M>(q, cols, stride, lo, hi, thr, early, |s, mut mask| {
+        while mask != 0 {
+            hit(s + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+    })
+}
+
+/// `scan_cols` reporting whole blocks: `hit(s, mask)` for the matches among slots
+/// `s..s + LANES` (bit l of `mask` is slot s + l; only slots below `hi` are set).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_cols_blocks<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize, u32),
 ) {
     let dim = q.len();
     // Every load below reads column c < dim at slots < hi + LANES <= stride.
@@ -149,9 +208,8 @@ pub(crate) fn scan_cols<T: Coord, M: MetricKind>(
         if s + LANES > hi {
             mask &= (1u32 << (hi - s)) - 1;
         }
-        while mask != 0 {
-            hit(s + mask.trailing_zeros() as usize);
-            mask &= mask - 1;
+        if mask != 0 {
+            hit(s, mask);
         }
         s += LANES;
     }
