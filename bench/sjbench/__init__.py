@@ -1,0 +1,1 @@
+"""simjoin benchmark harness: workloads, peers, the simjoin runner, reports."""

@@ -1,0 +1,114 @@
+"""GPU mode: only simjoin, on one named Vulkan device, at large sizes (2M and 10M points by
+default), with the per-phase times from `--stats`. Needs numpy only, so it runs with the
+python3 of a machine that has no venv (the device machine); results go to --out as JSON and
+Markdown with the device named."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import workloads as wl
+from .harness import check_agreement, log, machine_info, summarise, System
+from .runner import list_vulkan_devices, run_simjoin_cli
+
+
+def pick_device(devices: list[dict], wanted: str) -> dict | None:
+    if wanted.isdigit():
+        return next((d for d in devices if str(d.get("index")) == wanted), None)
+    return next((d for d in devices if wanted.lower() in d["name"].lower()), None)
+
+
+def run_gpu_mode(args) -> int:
+    binary = Path(args.simjoin_bin)
+    if not binary.exists():
+        log(f"no simjoin binary at {binary}")
+        return 2
+    devices = list_vulkan_devices(binary)
+    args.vulkan_devices = devices
+    device = pick_device(devices, args.device)
+    log(f"Vulkan devices: {[d['name'] for d in devices]}; chosen: {device['name'] if device else args.device}")
+    systems = [System("simjoin-gpu", f"simjoin Vulkan ({args.device})", True, True,
+                      lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device))]  # fmt: skip
+    if args.with_cpu:
+        systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
+                              lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "cpu", "auto")))  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results = {"mode": "gpu", "machine": machine_info(args), "device": device,
+               "options": {"device": args.device, "precision": args.precision or "f64", "repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
+                           "selectivities": args.selectivities, "seed": args.seed},
+               "workloads": []}  # fmt: skip
+    for name in args.workloads:
+        w = wl.WORKLOADS[name]
+        for n in args.sizes:
+            t0 = time.perf_counter()
+            x = wl.generate(w, n, args.seed)
+            path = data_dir / f"{w.name}-n{n}-s{args.seed}.npy"
+            np.save(path, x)
+            eps_list = args.eps.get(w.name) or wl.choose_eps(x, args.selectivities, sample=200, seed=args.seed)
+            del x
+            log(f"{w.name}: n={n:,} eps={eps_list} (data + eps in {time.perf_counter() - t0:.1f} s)")
+            given_up: dict[str, str] = {}
+            points = []
+            for eps in eps_list:
+                rows = {}
+                for s in systems:
+                    if s.key in given_up:
+                        rows[s.key] = {"status": "skipped", "message": given_up[s.key], "median": None, "pairs": None, "times": []}
+                        continue
+                    row = summarise(s.run(path, eps, args.repeats, args.timeout))
+                    rows[s.key] = row
+                    if row["status"] != "ok":
+                        given_up[s.key] = f"{row['status']} at eps = {eps:g}"
+                    shown = f"{row['median']:.4g} s" if row["median"] is not None else row["status"]
+                    log(f"    eps={eps:<10g} {s.label:<30} {shown}"
+                        f"  pairs={row['pairs']} device={row.get('device')} {row['message']}")  # fmt: skip
+                    for phase, secs in row.get("phases", []):
+                        log(f"        {phase:<40} {secs:.4f} s")
+                reference = check_agreement(rows, systems, 0.0)
+                points.append({"eps": eps, "pairs": reference,
+                               "selectivity": wl.selectivity(reference, n) if reference is not None else None,
+                               "systems": rows})  # fmt: skip
+            results["workloads"].append({"workload": w.name, "description": w.describe(), "dim": w.dim, "n": n, "points": points})
+            if not args.keep_data:
+                path.unlink(missing_ok=True)
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", (device or {}).get("name", args.device)).strip("-").lower()
+    (out / f"gpu-{slug}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"gpu-{slug}.md").write_text(gpu_markdown(results))
+    log(f"done in {results['elapsed_s']} s; wrote {out}/gpu-{slug}.json and .md")
+    return 1 if any(r.get("agrees") is False for w in results["workloads"] for p in w["points"] for r in p["systems"].values()) else 0
+
+
+def gpu_markdown(results: dict) -> str:
+    m = results["machine"]
+    dev = results["device"] or {"name": f"{results['options'].get('device')} (not listed by `simjoin info`)"}
+    lines = [f"# simjoin GPU mode on {dev['name']}", "",
+             f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`, "
+             f"{results['options'].get('precision', 'f64')} coordinates. "
+             f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
+             f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
+    for w in results["workloads"]:
+        lines += [f"## {w['workload']}: {w['description']}, n = {w['n']:,}", "",
+                  "| eps | selectivity | pairs | system | seconds | wall | batches | phases (s) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in w["points"]:
+            for key, r in p["systems"].items():
+                sel = f"{p['selectivity']:.3g}" if p["selectivity"] is not None else "?"
+                if r["status"] != "ok":
+                    pairs = f"{p['pairs']:,}" if p["pairs"] is not None else "?"
+                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | {r['message']} |")
+                    continue
+                phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
+                agree = "" if r.get("agrees", True) else " **WRONG COUNT**"
+                lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {r.get('device', key)} | "
+                             f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | {phases} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines) + "\n"
