@@ -41,7 +41,9 @@ impl<'a> Dataset<'a> {
     /// every coordinate finite (NaN/inf would make "distance <= eps" meaningless).
     pub fn new(coords: Coords<'a>, dim: usize) -> Result<Self> {
         if dim == 0 {
-            return Err(Error::invalid("points must have at least one dimension (dim = 0)"));
+            return Err(Error::invalid(
+                "points must have at least one dimension (dim = 0)",
+            ));
         }
         let len = match coords {
             Coords::F32(d) => d.len(),

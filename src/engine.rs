@@ -36,7 +36,9 @@ impl Default for Engine {
 
 impl Engine {
     pub fn new() -> Self {
-        Engine { gpu: OnceLock::new() }
+        Engine {
+            gpu: OnceLock::new(),
+        }
     }
 
     /// Self-join A ⋈ A.
@@ -51,12 +53,23 @@ impl Engine {
 
     /// Self-join streaming unique pairs (i < j) into `sink` as they are produced.
     /// `opts.output` and `opts.sorted` are ignored: chunks come in no particular order.
-    pub fn self_join_stream(&self, a: &Dataset, opts: &JoinOptions, sink: &mut dyn PairSink) -> Result<JoinReport> {
+    pub fn self_join_stream(
+        &self,
+        a: &Dataset,
+        opts: &JoinOptions,
+        sink: &mut dyn PairSink,
+    ) -> Result<JoinReport> {
         self.run(a, None, opts, Some(sink))
     }
 
     /// A ⋈ B streaming pairs (i in A, j in B) into `sink`.
-    pub fn join_stream(&self, a: &Dataset, b: &Dataset, opts: &JoinOptions, sink: &mut dyn PairSink) -> Result<JoinReport> {
+    pub fn join_stream(
+        &self,
+        a: &Dataset,
+        b: &Dataset,
+        opts: &JoinOptions,
+        sink: &mut dyn PairSink,
+    ) -> Result<JoinReport> {
         self.run(a, Some(b), opts, Some(sink))
     }
 
@@ -64,18 +77,36 @@ impl Engine {
         let start = Instant::now();
         if opts.output == OutputForm::Count {
             let report = self.run(a, b, opts, None)?;
-            return Ok(JoinResult { output: crate::result::JoinOutput::Count(report.pairs), report });
+            return Ok(JoinResult {
+                output: crate::result::JoinOutput::Count(report.pairs),
+                report,
+            });
         }
         let mut sink = VecSink::default();
         let mut report = self.run(a, b, opts, Some(&mut sink))?;
         let t = Instant::now();
-        let output = assemble(sink.pairs, opts.output, b.is_none(), a.len(), opts.include_self, opts.sorted)?;
-        report.phases.push(("assemble output".into(), t.elapsed().as_secs_f64()));
+        let output = assemble(
+            sink.pairs,
+            opts.output,
+            b.is_none(),
+            a.len(),
+            opts.include_self,
+            opts.sorted,
+        )?;
+        report
+            .phases
+            .push(("assemble output".into(), t.elapsed().as_secs_f64()));
         report.seconds = start.elapsed().as_secs_f64();
         Ok(JoinResult { output, report })
     }
 
-    fn run(&self, a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
+    fn run(
+        &self,
+        a: &Dataset,
+        b: Option<&Dataset>,
+        opts: &JoinOptions,
+        sink: Option<&mut dyn PairSink>,
+    ) -> Result<JoinReport> {
         let start = Instant::now();
         opts.validate()?;
         if let Some(b) = b {
@@ -92,7 +123,11 @@ impl Engine {
                 ));
             }
         }
-        let job = Job { a: *a, b: b.copied(), opts };
+        let job = Job {
+            a: *a,
+            b: b.copied(),
+            opts,
+        };
         let backend = self.backend_for(opts)?;
         let mut report = if opts.backend == Backend::Auto {
             self.run_auto(backend, &job, sink)?
@@ -151,7 +186,9 @@ impl Engine {
                 .ok_or_else(|| Error::new(ErrorKind::NoDevice, "no Vulkan device found")),
             Backend::Auto => {
                 // Probe once per engine: creating a Vulkan instance is not free.
-                let gpu = self.gpu.get_or_init(|| crate::gpu::backend(opts, false).ok().flatten());
+                let gpu = self
+                    .gpu
+                    .get_or_init(|| crate::gpu::backend(opts, false).ok().flatten());
                 Ok(match gpu {
                     Some(g) => g.clone(),
                     None => Arc::new(crate::cpu::CpuBackend::new(opts.threads)),

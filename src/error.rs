@@ -38,7 +38,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, msg: impl fmt::Display) -> Self {
-        Error { kind, source: anyhow::anyhow!("{msg}") }
+        Error {
+            kind,
+            source: anyhow::anyhow!("{msg}"),
+        }
     }
     pub fn invalid(msg: impl fmt::Display) -> Self {
         Self::new(ErrorKind::InvalidArgument, msg)
@@ -88,6 +91,9 @@ impl From<anyhow::Error> for Error {
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error { kind: ErrorKind::Io, source: e.into() }
+        Error {
+            kind: ErrorKind::Io,
+            source: e.into(),
+        }
     }
 }

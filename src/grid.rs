@@ -55,7 +55,9 @@ impl GridGeometry {
     /// dataset dimension), cells at least eps wide.
     pub fn new(dims: &[usize], lo: &[f64], hi: &[f64], eps: f64) -> Result<Self> {
         if !(eps.is_finite() && eps > 0.0) {
-            return Err(Error::invalid(format!("eps must be finite and > 0 (got {eps})")));
+            return Err(Error::invalid(format!(
+                "eps must be finite and > 0 (got {eps})"
+            )));
         }
         let base = eps * (1.0 + CELL_WIDEN);
         let mut g = GridGeometry {
@@ -65,7 +67,11 @@ impl GridGeometry {
             cells: Vec::with_capacity(dims.len()),
         };
         for &j in dims {
-            let (l, h) = if lo[j] <= hi[j] { (lo[j], hi[j]) } else { (0.0, 0.0) };
+            let (l, h) = if lo[j] <= hi[j] {
+                (lo[j], hi[j])
+            } else {
+                (0.0, 0.0)
+            };
             let extent = h - l;
             let mut w = base;
             if extent / w >= (MAX_CELLS_PER_DIM - 2) as f64 {
@@ -97,7 +103,9 @@ impl GridGeometry {
 
     /// Total number of cells, if it fits in a u64 (linear cell ids need it to).
     pub fn total_cells(&self) -> Option<u64> {
-        self.cells.iter().try_fold(1u64, |acc, &c| acc.checked_mul(c))
+        self.cells
+            .iter()
+            .try_fold(1u64, |acc, &c| acc.checked_mul(c))
     }
 
     /// Row-major linear id of a cell (last indexed dimension fastest). Requires
@@ -136,7 +144,11 @@ mod tests {
         for step in 0..20000u32 {
             let a = step as f32 * 0.005;
             let b = a + eps as f32;
-            for b in [b, f32::from_bits(b.to_bits() - 1), f32::from_bits(b.to_bits() + 1)] {
+            for b in [
+                b,
+                f32::from_bits(b.to_bits() - 1),
+                f32::from_bits(b.to_bits() + 1),
+            ] {
                 if within(Metric::Euclidean, &[a], &[b], thr32) {
                     let ca = g.coord(0, a as f64);
                     let cb = g.coord(0, b as f64);

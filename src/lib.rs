@@ -31,5 +31,5 @@ pub use dataset::{Coords, Dataset, Precision};
 pub use engine::Engine;
 pub use error::{Error, ErrorKind, Result};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
-pub use vk::{devices, DeviceInfo};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
+pub use vk::{devices, DeviceInfo};

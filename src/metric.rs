@@ -56,7 +56,11 @@ impl Coord for f32 {
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
-        if other > self { other } else { self }
+        if other > self {
+            other
+        } else {
+            self
+        }
     }
 }
 
@@ -77,7 +81,11 @@ impl Coord for f64 {
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
-        if other > self { other } else { self }
+        if other > self {
+            other
+        } else {
+            self
+        }
     }
 }
 
@@ -155,8 +163,23 @@ mod tests {
     fn metrics_differ() {
         let a = [0.0f32, 0.0];
         let b = [0.3f32, 0.4];
-        assert!(within(Metric::Euclidean, &a, &b, threshold(Metric::Euclidean, 0.5001)));
-        assert!(!within(Metric::Manhattan, &a, &b, threshold(Metric::Manhattan, 0.5001)));
-        assert!(within(Metric::Chebyshev, &a, &b, threshold(Metric::Chebyshev, 0.4)));
+        assert!(within(
+            Metric::Euclidean,
+            &a,
+            &b,
+            threshold(Metric::Euclidean, 0.5001)
+        ));
+        assert!(!within(
+            Metric::Manhattan,
+            &a,
+            &b,
+            threshold(Metric::Manhattan, 0.5001)
+        ));
+        assert!(within(
+            Metric::Chebyshev,
+            &a,
+            &b,
+            threshold(Metric::Chebyshev, 0.4)
+        ));
     }
 }

@@ -118,7 +118,9 @@ impl JoinOptions {
             return Err(Error::invalid("batch_points must be >= 1 when given"));
         }
         if self.result_buffer_pairs == Some(0) {
-            return Err(Error::invalid("result_buffer_pairs must be >= 1 when given"));
+            return Err(Error::invalid(
+                "result_buffer_pairs must be >= 1 when given",
+            ));
         }
         if self.threads == Some(0) {
             return Err(Error::invalid("threads must be >= 1 when given"));

@@ -36,7 +36,10 @@ impl PairSink for VecSink {
 
 /// Wraps a sink error so the engine reports it as `Cancelled` with the sink's message.
 pub(crate) fn sink_error(e: anyhow::Error) -> Error {
-    Error::with_kind(ErrorKind::Cancelled, e.context("the result sink stopped the join"))
+    Error::with_kind(
+        ErrorKind::Cancelled,
+        e.context("the result sink stopped the join"),
+    )
 }
 
 /// What a backend reports about a run.
@@ -122,17 +125,35 @@ pub(crate) fn assemble(
             }
             Ok(JoinOutput::Pairs(pairs))
         }
-        OutputForm::Csr => Ok(JoinOutput::Csr(build_csr(&pairs, self_join, rows, include_self, sorted)?)),
+        OutputForm::Csr => Ok(JoinOutput::Csr(build_csr(
+            &pairs,
+            self_join,
+            rows,
+            include_self,
+            sorted,
+        )?)),
     }
 }
 
 /// CSR from pairs: both directions for a self-join (plus the diagonal when asked), rows
 /// by the first element for A ⋈ B. Rows are sorted by neighbour id when `sorted`.
-pub fn build_csr(pairs: &[Pair], self_join: bool, rows: usize, include_self: bool, sorted: bool) -> Result<Csr> {
+pub fn build_csr(
+    pairs: &[Pair],
+    self_join: bool,
+    rows: usize,
+    include_self: bool,
+    sorted: bool,
+) -> Result<Csr> {
     let per_pair = if self_join { 2 } else { 1 };
     let total = (pairs.len() as u64)
         .checked_mul(per_pair)
-        .and_then(|t| t.checked_add(if self_join && include_self { rows as u64 } else { 0 }))
+        .and_then(|t| {
+            t.checked_add(if self_join && include_self {
+                rows as u64
+            } else {
+                0
+            })
+        })
         .ok_or_else(|| Error::new(ErrorKind::OutOfHostMemory, "CSR size overflows u64"))?;
     let total_usize = usize::try_from(total)
         .map_err(|_| Error::new(ErrorKind::OutOfHostMemory, "CSR does not fit in memory"))?;
