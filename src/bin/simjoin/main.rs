@@ -107,6 +107,12 @@ struct DemoArgs {
 }
 
 fn main() {
+    // Behave like other Unix tools when the reader goes away (`simjoin info | head`): exit
+    // quietly on SIGPIPE instead of panicking in println!.
+    // SAFETY: restoring the default disposition of a signal, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::SelfJoin { input, join } => run_join(&[input], &join),
