@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# System packages (Vulkan, lavapipe, validation layers, shaderc, CMake, venv): installed only
+# when missing, so this one command also works on a fresh Debian/Ubuntu machine.
+bash scripts/setup-debian.sh
 # Pin the software GPU so GPU-path tests are reproducible on any machine.
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
 export SIMJOIN_VALIDATION=1
