@@ -34,7 +34,8 @@ fn run(
 }
 
 /// Points from a seed: kind 0 uniform, 1 clustered, 2 with duplicates, 3 on a lattice of
-/// pitch eps (exact multiples, so distances of exactly eps occur).
+/// pitch eps (exact multiples, so distances of exactly eps occur), 4 far from the origin,
+/// 5 a tiny cloud around zero.
 fn points(seed: u64, n: usize, dim: usize, kind: u8, eps: f64) -> Vec<f64> {
     let mut s = seed | 1;
     let mut rnd = move || {
@@ -57,7 +58,11 @@ fn points(seed: u64, n: usize, dim: usize, kind: u8, eps: f64) -> Vec<f64> {
                         rnd()
                     }
                 }
-                _ => (rnd() * 8.0).floor() * eps,
+                3 => (rnd() * 8.0).floor() * eps,
+                // Far from the origin: f32 rounding of coordinates and cell edges matter.
+                4 => 1e5 + rnd() * 4.0 * eps,
+                // Tiny scale around zero, negative coordinates included.
+                _ => (rnd() - 0.5) * 4.0 * eps,
             };
             v.push(x);
         }
@@ -99,6 +104,11 @@ fn check(
     let b = if self_join { None } else { Some(&b) };
     let cpu = run(&a, b, &opts, Backend::Cpu, Algorithm::Auto);
     let gpu = run(&a, b, &opts, Backend::Gpu, Algorithm::Grid);
+    let want = match b {
+        Some(b) => simjoin::oracle::join(&a, b, metric, eps),
+        None => simjoin::oracle::self_join(&a, metric, eps),
+    };
+    assert_eq!(cpu, want, "CPU differs from the oracle");
     assert_eq!(
         cpu.len(),
         gpu.len(),
@@ -111,14 +121,14 @@ fn check(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 40, failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn cpu_and_gpu_agree(
         seed in any::<u64>(),
         n in 0usize..400,
         m in 0usize..300,
         dim in prop::sample::select(vec![1usize, 2, 3, 5, 8, 16, 33]),
-        kind in 0u8..4,
+        kind in 0u8..6,
         eps in prop::sample::select(vec![0.01f64, 0.05, 0.125, 0.3]),
         metric in prop::sample::select(vec![Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev]),
         f64_coords in any::<bool>(),
