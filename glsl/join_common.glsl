@@ -78,16 +78,14 @@ bool charge(uint cost) {
     return true;
 }
 
-// REORDER: the partial distance in variance order rejects most non-matches after a few
-// dimensions. That order is not the canonical one, so it only rejects above a margin that
-// covers any difference in rounding (metric::reject_margin); survivors are decided by the
-// canonical test.
-bool survives_reordered(uint rpos) {
+// The distance test against `limit`, over the dimensions in dataset order (the canonical
+// order of src/metric.rs) or, when `reordered`, in REORDER's order (meta[2K+1 ..]).
+bool distance_within(uint rpos, bool reordered, T limit) {
     precise T acc = T(0);
     uint base = rpos * DIM;
     bool alive = true;
     for (uint t = 0u; t < DIM && alive; t++) {
-        uint dim_t = meta[2u * K + 1u + t];
+        uint dim_t = reordered ? meta[2u * K + 1u + t] : t;
         precise T d = qp[dim_t] - r_coords[base + dim_t];
         if (METRIC == 0u) {
             acc = acc + d * d;
@@ -96,30 +94,20 @@ bool survives_reordered(uint rpos) {
         } else {
             acc = max(acc, abs(d));
         }
-        alive = (t & 3u) != 3u || acc <= pc.thr_reject;
+        alive = (t & 3u) != 3u || acc <= limit;
     }
-    return alive && acc <= pc.thr_reject;
+    return alive && acc <= limit;
 }
 
+// REORDER: the partial distance in variance order rejects most non-matches after a few
+// dimensions. That order is not the canonical one, so it only rejects above a margin that
+// covers any difference in rounding (metric::reject_margin, in thr_reject); survivors are
+// decided in canonical order.
 bool within_eps(uint rpos) {
-    if ((pc.flags & FLAG_REORDER) != 0u && !survives_reordered(rpos)) {
+    if ((pc.flags & FLAG_REORDER) != 0u && !distance_within(rpos, true, pc.thr_reject)) {
         return false;
     }
-    precise T acc = T(0);
-    uint base = rpos * DIM;
-    bool alive = true;
-    for (uint t = 0u; t < DIM && alive; t++) {
-        precise T d = qp[t] - r_coords[base + t];
-        if (METRIC == 0u) {
-            acc = acc + d * d;
-        } else if (METRIC == 1u) {
-            acc = acc + abs(d);
-        } else {
-            acc = max(acc, abs(d));
-        }
-        alive = (t & 3u) != 3u || acc <= pc.thr;
-    }
-    return alive && acc <= pc.thr;
+    return distance_within(rpos, false, pc.thr);
 }
 
 // Records a match with indexed position `rpos`. False when the result buffer is full: the

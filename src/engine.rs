@@ -128,11 +128,21 @@ impl Engine {
             b: b.copied(),
             opts,
         };
-        let backend = self.backend_for(opts)?;
-        let mut report = if opts.backend == Backend::Auto {
-            self.run_auto(backend, &job, sink)?
-        } else {
-            backend.run(&job, sink)?
+        let cpu = || crate::cpu::CpuBackend::new(opts.threads);
+        let mut report = match opts.backend {
+            Backend::Cpu => cpu().run(&job, sink)?,
+            Backend::Gpu => crate::gpu::backend(opts, true)?
+                .ok_or_else(|| Error::new(ErrorKind::NoDevice, "no Vulkan device found"))?
+                .run(&job, sink)?,
+            // A real GPU when present (probed once per engine: creating a Vulkan instance is
+            // not free), else the CPU.
+            Backend::Auto => match self
+                .gpu
+                .get_or_init(|| crate::gpu::backend(opts, false).ok().flatten())
+            {
+                Some(gpu) => self.run_gpu_or_cpu(gpu.as_ref(), &job, sink)?,
+                None => cpu().run(&job, sink)?,
+            },
         };
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
@@ -141,9 +151,9 @@ impl Engine {
     /// `Backend::Auto` on a GPU that cannot do this job (f64 without shaderFloat64, an
     /// algorithm only the CPU has) falls back to the CPU backend, as long as no pair has
     /// reached the caller's sink yet.
-    fn run_auto(
+    fn run_gpu_or_cpu(
         &self,
-        backend: Arc<dyn JoinBackend>,
+        gpu: &dyn JoinBackend,
         job: &Job,
         sink: Option<&mut dyn PairSink>,
     ) -> Result<JoinReport> {
@@ -161,7 +171,7 @@ impl Engine {
             inner,
             pushed: false,
         });
-        let first = backend.run(job, watch.as_mut().map(|w| w as &mut dyn PairSink));
+        let first = gpu.run(job, watch.as_mut().map(|w| w as &mut dyn PairSink));
         match first {
             Err(e)
                 if e.kind() == ErrorKind::Unsupported
@@ -175,25 +185,6 @@ impl Engine {
                 Ok(report)
             }
             other => other,
-        }
-    }
-
-    /// Chooses the backend: `Auto` takes a real GPU when one is present, else the CPU.
-    fn backend_for(&self, opts: &JoinOptions) -> Result<Arc<dyn JoinBackend>> {
-        match opts.backend {
-            Backend::Cpu => Ok(Arc::new(crate::cpu::CpuBackend::new(opts.threads))),
-            Backend::Gpu => crate::gpu::backend(opts, true)?
-                .ok_or_else(|| Error::new(ErrorKind::NoDevice, "no Vulkan device found")),
-            Backend::Auto => {
-                // Probe once per engine: creating a Vulkan instance is not free.
-                let gpu = self
-                    .gpu
-                    .get_or_init(|| crate::gpu::backend(opts, false).ok().flatten());
-                Ok(match gpu {
-                    Some(g) => g.clone(),
-                    None => Arc::new(crate::cpu::CpuBackend::new(opts.threads)),
-                })
-            }
         }
     }
 }

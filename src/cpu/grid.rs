@@ -323,53 +323,17 @@ fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
     em: &mut Emitter,
     q: &mut [T],
 ) {
-    match q.len() {
-        1 => query_cell::<T, M, AVX>(
-            qidx,
-            idx,
-            span,
-            ranges,
-            self_join,
-            thr,
-            early,
-            em,
-            &mut [T::ZERO; 1],
-        ),
-        2 => query_cell::<T, M, AVX>(
-            qidx,
-            idx,
-            span,
-            ranges,
-            self_join,
-            thr,
-            early,
-            em,
-            &mut [T::ZERO; 2],
-        ),
-        3 => query_cell::<T, M, AVX>(
-            qidx,
-            idx,
-            span,
-            ranges,
-            self_join,
-            thr,
-            early,
-            em,
-            &mut [T::ZERO; 3],
-        ),
-        4 => query_cell::<T, M, AVX>(
-            qidx,
-            idx,
-            span,
-            ranges,
-            self_join,
-            thr,
-            early,
-            em,
-            &mut [T::ZERO; 4],
-        ),
-        _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+    macro_rules! by_len {
+        ($($n:literal),*) => {
+            match q.len() {
+                $($n => query_cell::<T, M, AVX>(
+                    qidx, idx, span, ranges, self_join, thr, early, em, &mut [T::ZERO; $n],
+                ),)*
+                _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+            }
+        };
     }
+    by_len!(1, 2, 3, 4)
 }
 
 /// Scans the neighbour ranges for every query point of one work item.

@@ -53,27 +53,16 @@ pub enum SortStages {
 /// place. Barriers before and after make it see earlier writes of the stream and its
 /// results visible to later commands. Submit the stream to run it.
 pub fn sort_pairs_u32(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
-    sort_pairs(stream, keys, values, n, false, SortStages::Auto)
+    sort_pairs_with(stream, keys, values, n, false, SortStages::Auto)
 }
 
 /// As [`sort_pairs_u32`] with u64 keys.
 pub fn sort_pairs_u64(stream: &mut Stream, keys: &Buffer, values: &Buffer, n: usize) -> Result<()> {
-    sort_pairs(stream, keys, values, n, true, SortStages::Auto)
+    sort_pairs_with(stream, keys, values, n, true, SortStages::Auto)
 }
 
 /// [`sort_pairs_u32`] / [`sort_pairs_u64`] (by `key64`) with a choice of stages.
 pub fn sort_pairs_with(
-    stream: &mut Stream,
-    keys: &Buffer,
-    values: &Buffer,
-    n: usize,
-    key64: bool,
-    stages: SortStages,
-) -> Result<()> {
-    sort_pairs(stream, keys, values, n, key64, stages)
-}
-
-fn sort_pairs(
     stream: &mut Stream,
     keys: &Buffer,
     values: &Buffer,
