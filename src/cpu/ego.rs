@@ -18,22 +18,29 @@
 //! point-leaf tests.
 //!
 //! Leaves are joined by the vectorised kernel in variance order (early exit) with a
-//! safety margin, and every survivor is confirmed in canonical dimension order.
+//! safety margin, and every survivor is confirmed in canonical dimension order. From
+//! FILTER_MIN_DIM Euclidean dimensions the leaves use dot_filter.rs instead: f32 dot
+//! products reject under a proven bound, and survivors are confirmed the same way.
 
+use super::dot_filter::{self, FilterBound, FilterPoints};
 use super::emit::{Collector, Emitter};
 use super::store::{
     avx2_available, confirm, reject_threshold, scan, scan_cols, MetricKind, Store, LANES,
 };
 use crate::grid::GridGeometry;
-use crate::metric::accumulate;
 use crate::metric::reject_margin;
 use crate::metric::Coord;
+use crate::metric::{accumulate, within};
 use crate::options::Metric;
 use rayon::prelude::*;
 use std::ops::Range;
 
 /// Sequences at most this long are joined directly.
 pub(crate) const LEAF: usize = 128;
+
+/// From this many dimensions Euclidean leaves are joined through the dot-product filter
+/// (measured: bench/CPU_RESULTS.md, "dot-product filter").
+pub(crate) const FILTER_MIN_DIM: usize = 8;
 
 /// Points in EGO order, and the tree of their recursive halvings.
 pub(crate) struct EgoIndex<T> {
@@ -196,6 +203,63 @@ struct Ctx<'a, T> {
     /// canon[j] = store column holding dataset dimension j.
     canon: Vec<usize>,
     avx2: bool,
+    filter: Option<Filter<'a, T>>,
+}
+
+/// The dot-product filter's data for one join (dot_filter.rs).
+struct Filter<'a, T> {
+    /// x's and y's points as given: survivors are confirmed on these rows (one contiguous
+    /// read per point instead of one cache line per store column).
+    xrows: &'a [T],
+    yrows: &'a [T],
+    x: FilterPoints,
+    /// None in a self-join (y is x).
+    y: Option<FilterPoints>,
+    bound: FilterBound,
+    fma: bool,
+}
+
+impl<'a, T: Coord> Filter<'a, T> {
+    /// None when the filter cannot be used safely or usefully on this join.
+    fn new(
+        x: &EgoIndex<T>,
+        y: &EgoIndex<T>,
+        rows: (&'a [T], &'a [T]),
+        self_join: bool,
+        thr: T,
+    ) -> Option<Self> {
+        let dim = x.store.dim;
+        let bound = FilterBound::new(thr, dim)?;
+        // Centre of the root boxes (both sets' points must share the centre).
+        let center: Vec<f64> = (0..dim)
+            .map(|c| {
+                let lo = x.lo[c].to_f64().min(y.lo[c].to_f64());
+                let hi = x.hi[c].to_f64().max(y.hi[c].to_f64());
+                lo + (hi - lo) / 2.0
+            })
+            .collect();
+        let fx = FilterPoints::build(&x.store, &center)?;
+        let fy = match self_join {
+            true => None,
+            false => Some(FilterPoints::build(&y.store, &center)?),
+        };
+        let max_n2 = [Some(&fx), fy.as_ref()]
+            .into_iter()
+            .flatten()
+            .flat_map(|f| f.n2.iter())
+            .fold(0.0f64, |m, &v| m.max(v as f64));
+        if !bound.useful(max_n2) {
+            return None;
+        }
+        Some(Filter {
+            xrows: rows.0,
+            yrows: rows.1,
+            x: fx,
+            y: fy,
+            bound,
+            fma: dot_filter::fma_available(),
+        })
+    }
 }
 
 impl<T: Coord> Ctx<'_, T> {
@@ -248,6 +312,9 @@ impl<T: Coord> Ctx<'_, T> {
     }
 
     fn leaf<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut Scratch<T>) {
+        if let Some(f) = &self.filter {
+            return self.leaf_filtered::<M>(f, a, b, em);
+        }
         #[cfg(target_arch = "x86_64")]
         if self.avx2 {
             // SAFETY: avx2 was detected at run time.
@@ -301,52 +368,98 @@ impl<T: Coord> Ctx<'_, T> {
         // Candidates of b near a's box, copied column-major into sc.cand.
         let stride = LEAF + LANES;
         let mut found = 0;
-        let mut t0 = nb.start;
-        while t0 < nb.end {
-            let mut mask = box_screen::<T, M>(ys, t0, alo, ahi, self.reject);
-            if t0 + LANES > nb.end {
-                mask &= (1u32 << (nb.end - t0)) - 1;
+        screened::<T, M>(ys, nb.start..nb.end, alo, ahi, self.reject, |t| {
+            for c in 0..dim {
+                sc.cand[c * stride + found] = ys.block(c, t)[0];
             }
-            while mask != 0 {
-                let t = t0 + mask.trailing_zeros() as usize;
-                mask &= mask - 1;
-                for c in 0..dim {
-                    sc.cand[c * stride + found] = ys.block(c, t)[0];
-                }
-                sc.slot[found] = t as u32;
-                found += 1;
-            }
-            t0 += LANES;
-        }
+            sc.slot[found] = t as u32;
+            found += 1;
+        });
         if found == 0 {
             return;
         }
-        let mut s0 = na.start;
-        while s0 < na.end {
-            let mut mask = box_screen::<T, M>(xs, s0, blo, bhi, self.reject);
-            if s0 + LANES > na.end {
-                mask &= (1u32 << (na.end - s0)) - 1;
-            }
-            while mask != 0 {
-                let s = s0 + mask.trailing_zeros() as usize;
-                mask &= mask - 1;
-                xs.point(s, &mut sc.q);
-                let qid = xs.ids[s];
-                let (q, slot) = (&sc.q, &sc.slot);
-                scan_cols::<T, M>(q, &sc.cand, stride, 0, found, self.reject, true, |k| {
-                    let t = slot[k] as usize;
-                    if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
-                        let tid = ys.ids[t];
-                        if self.self_join {
-                            em.push(qid.min(tid), qid.max(tid));
-                        } else {
-                            em.push(qid, tid);
-                        }
-                    }
-                });
-            }
-            s0 += LANES;
+        let Scratch { q, cand, slot, .. } = sc;
+        screened::<T, M>(xs, na.start..na.end, blo, bhi, self.reject, |s| {
+            xs.point(s, q);
+            let qid = xs.ids[s];
+            scan_cols::<T, M>(q, cand, stride, 0, found, self.reject, true, |k| {
+                let t = slot[k] as usize;
+                if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
+                    self.emit(em, qid, ys.ids[t]);
+                }
+            });
+        });
+    }
+
+    #[inline(always)]
+    fn emit(&self, em: &mut Emitter, qid: u32, tid: u32) {
+        if self.self_join {
+            em.push(qid.min(tid), qid.max(tid));
+        } else {
+            em.push(qid, tid);
         }
+    }
+
+    /// Leaf join through the dot-product filter (dot_filter.rs): the two leaves' f32
+    /// copies are contiguous slot ranges, so they feed the kernel in place; the filter
+    /// rejects what it provably can and `confirm` decides the rest canonically. (Box
+    /// screening first, with copies of the survivors, measured 2x slower here.)
+    fn leaf_filtered<M: MetricKind>(&self, f: &Filter<T>, a: u32, b: u32, em: &mut Emitter) {
+        let (xs, ys) = (&self.x.store, &self.y.store);
+        let (fx, fy) = (&f.x, f.y.as_ref().unwrap_or(&f.x));
+        let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
+        let diagonal = self.self_join && a == b;
+        let (query, q_err, q_n2) = fx.block(na.start..na.end);
+        let (cand, c_err, c_n2) = fy.block(nb.start..nb.end);
+        let g = f.bound.cutoff(q_err, c_err, q_n2, c_n2);
+        let dim = xs.dim;
+        dot_filter::survivors(&query, &cand, dim, g, f.fma, |i, j0, mut mask| {
+            if diagonal && i >= j0 {
+                // Inside one leaf only pairs (i, j > i).
+                mask &= !((1u32 << (i - j0 + 1).min(16)) - 1) as u16;
+                if mask == 0 {
+                    return;
+                }
+            }
+            let qid = xs.ids[na.start + i];
+            let q = &f.xrows[qid as usize * dim..][..dim];
+            while mask != 0 {
+                let tid = ys.ids[nb.start + j0 + mask.trailing_zeros() as usize];
+                mask &= mask - 1;
+                if within(
+                    M::METRIC,
+                    q,
+                    &f.yrows[tid as usize * dim..][..dim],
+                    self.thr,
+                ) {
+                    self.emit(em, qid, tid);
+                }
+            }
+        });
+    }
+}
+
+/// Calls `f(s)` for each slot s in `r` of `xs` that `box_screen` keeps against `[lo, hi]`.
+#[inline(always)]
+fn screened<T: Coord, M: MetricKind>(
+    xs: &Store<T>,
+    r: Range<usize>,
+    lo: &[T],
+    hi: &[T],
+    reject: T,
+    mut f: impl FnMut(usize),
+) {
+    let mut s0 = r.start;
+    while s0 < r.end {
+        let mut mask = box_screen::<T, M>(xs, s0, lo, hi, reject);
+        if s0 + LANES > r.end {
+            mask &= (1u32 << (r.end - s0)) - 1;
+        }
+        while mask != 0 {
+            f(s0 + mask.trailing_zeros() as usize);
+            mask &= mask - 1;
+        }
+        s0 += LANES;
     }
 }
 
@@ -446,20 +559,23 @@ fn plan_pair<T: Coord, M: MetricKind>(
 }
 
 /// EGO*-join of `x` with `y` (`self_join`: x is y). `canon` maps dataset dimensions to
-/// store columns.
+/// store columns; `rows` are x's and y's points as given (row-major, dataset order).
+/// Returns notes for the report.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn join<T: Coord, M: MetricKind>(
     x: &EgoIndex<T>,
     y: &EgoIndex<T>,
+    rows: (&[T], &[T]),
     self_join: bool,
     thr: T,
     canon: Vec<usize>,
     out: &Collector,
     threads: usize,
-) {
+) -> Vec<String> {
     let dim = x.store.dim;
     let (nx, ny) = (x.store.n, y.store.n);
     if nx == 0 || ny == 0 {
-        return;
+        return Vec::new();
     }
     // Box distances are computed in f64 from T values: a pair's canonical T sum is at
     // least the exact box gap less T's and f64's rounding, both covered by the margins.
@@ -474,7 +590,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     } else {
         f64::INFINITY
     };
-    let ctx = Ctx {
+    let mut ctx = Ctx {
         x,
         y,
         self_join,
@@ -483,7 +599,21 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
         box_reject,
         canon,
         avx2: avx2_available(),
+        filter: None,
     };
+    let mut notes = Vec::new();
+    if M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM {
+        let t = std::time::Instant::now();
+        ctx.filter = Filter::new(x, y, rows, self_join, thr);
+        notes.push(match &ctx.filter {
+            Some(f) => format!(
+                "ego: leaves through the f32 dot-product filter ({}, built in {:.3} s), survivors confirmed exactly",
+                if f.fma { "AVX2+FMA" } else { "portable" },
+                t.elapsed().as_secs_f64()
+            ),
+            None => "ego: dot-product filter off (data or eps outside its safe range)".to_string(),
+        });
+    }
     let grain = (nx.max(ny) / (threads * 16)).max(LEAF);
     let mut tasks = Vec::new();
     if self_join {
@@ -499,4 +629,5 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
             Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
         }
     });
+    notes
 }

@@ -6,6 +6,7 @@
 //! GPU kernels, return the same pair set.
 
 mod brute;
+mod dot_filter;
 mod ego;
 mod emit;
 mod grid;
@@ -117,10 +118,12 @@ fn run<T: Coord, M: MetricKind>(
                 canon[j] = c;
             }
             let t1 = Instant::now();
-            match &x {
-                Some(x) => ego::join::<T, M>(x, &y, false, thr, canon, &out, threads),
-                None => ego::join::<T, M>(&y, &y, true, thr, canon, &out, threads),
-            }
+            notes.extend(match &x {
+                Some(x) => {
+                    ego::join::<T, M>(x, &y, (a, b.unwrap_or(a)), false, thr, canon, &out, threads)
+                }
+                None => ego::join::<T, M>(&y, &y, (a, a), true, thr, canon, &out, threads),
+            });
             phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
         }
         Algorithm::Brute => {

@@ -100,6 +100,11 @@ impl<T: Coord> Store<T> {
         load(&self.cols, c * self.stride + s)
     }
 
+    /// Column c (stored dimension c) of slots 0..n.
+    pub fn column(&self, c: usize) -> &[T] {
+        &self.cols[c * self.stride..c * self.stride + self.n]
+    }
+
     /// The stored coordinates of slot `s` into `out` (length dim).
     #[inline]
     pub fn point(&self, s: usize, out: &mut [T]) {

@@ -1,0 +1,405 @@
+//! Expanded-distance filter for high-dimensional Euclidean joins.
+//!
+//! Above ~16 dimensions the exact kernel (a subtraction, multiplication and addition per
+//! dimension and pair, in the canonical order every backend shares) is the whole cost,
+//! while peers that compute |x|^2 + |y|^2 - 2 x.y with a matrix product run at the
+//! machine's peak flop rate, but round differently from everyone else. This filter takes
+//! the matrix product's speed without its answers: register-blocked FMA dot products of f32
+//! copies of the centred points only decide which pairs can be *rejected*, under a proven
+//! error bound, and every survivor is decided by `store::confirm` in canonical arithmetic.
+//! The pair set is therefore the one every other backend returns, bit for bit.
+//!
+//! The bound, for points a, b with real distance D (of their T values):
+//! - each point is stored as x~ = f32(x - m) for a centre m (x - m taken in f64), so
+//!   |x~ - (x - m)| <= (u32 + 2 u64) |x - m| per coordinate and, with D~ = |x~_a - x~_b|,
+//!   D >= D~ - c_a - c_b where c_p = 1.01 u32 |x~_p| (+ an underflow term);
+//! - F = n_a + n_b - 2 x~_a.x~_b, evaluated in f32 in any order, with or without FMA (n_p is
+//!   |x~_p|^2 rounded once to f32), is within E = kappa (n_a + n_b) + sigma of D~^2: the dot
+//!   product's gamma_d sum|x~_a x~_b| <= gamma_d (n_a + n_b) / 2 plus three final roundings
+//!   of at most 2 (n_a + n_b) each; kappa = 4 (d + 16) u32 leaves more than 2x spare;
+//! - the canonical sum C (metric.rs, in T) is >= D^2 (1 - (d + 3) u_T) - 2 d tiny_T, so
+//!   D^2 > t_real = (thr + 2 d tiny_T) / (1 - 2 (d + 3) u_T) implies C > thr.
+//!
+//! Hence F > G = (sqrt(t_real) + c_a + c_b)^2 + E implies D^2 > t_real: no match. G grows
+//! with c and n, so one G built from a block's maxima serves every pair of the block.
+//! A NaN F (overflow) is never a rejection; data whose centred norms could overflow f32,
+//! and thresholds so small that underflow terms matter, do not use the filter at all.
+
+use super::store::Store;
+use crate::metric::Coord;
+use rayon::prelude::*;
+
+/// Query rows and candidate columns of one register tile (12 AVX2 accumulators).
+pub(crate) const ROWS: usize = 6;
+pub(crate) const COLS: usize = 16;
+
+const U32: f64 = f32::EPSILON as f64 / 2.0;
+/// Centred norms above this are refused (their squares and dot products stay far from
+/// f32's overflow).
+const MAX_NORM: f64 = 1e18;
+
+/// The f32 centred copy of a store (same slots, column-major) with per-slot norms.
+pub(crate) struct FilterPoints {
+    pub stride: usize,
+    /// Column c of slot s at `cols[c * stride + s]`; `stride` includes COLS of padding.
+    pub cols: Vec<f32>,
+    /// |x~|^2 rounded once to f32 (padded like the columns).
+    pub n2: Vec<f32>,
+    /// Per-slot bound c_p of the centring error (distance units).
+    pub err: Vec<f64>,
+}
+
+impl FilterPoints {
+    /// Centres `store` on `center` (one value per store column). None when a centred norm
+    /// would be too large for f32 arithmetic.
+    pub fn build<T: Coord>(store: &Store<T>, center: &[f64]) -> Option<Self> {
+        let (n, dim) = (store.n, store.dim);
+        let stride = n + COLS;
+        let mut cols = vec![0.0f32; stride * dim];
+        cols.par_chunks_mut(stride)
+            .enumerate()
+            .for_each(|(c, col)| {
+                let src = store.column(c);
+                for (dst, &x) in col.iter_mut().zip(src) {
+                    *dst = (x.to_f64() - center[c]) as f32;
+                }
+            });
+        let norms: Vec<f64> = (0..n)
+            .into_par_iter()
+            .with_min_len(1024)
+            .map(|s| {
+                (0..dim)
+                    .map(|c| {
+                        let v = cols[c * stride + s] as f64;
+                        v * v
+                    })
+                    .sum::<f64>()
+            })
+            .collect();
+        // Also catches infinite coordinates (an f64 value beyond f32's range).
+        if norms.iter().any(|&q| !(q.sqrt() <= MAX_NORM)) {
+            return None;
+        }
+        let tiny = dim as f64 * f32::from_bits(1) as f64 * 2.0;
+        let err = norms
+            .iter()
+            .map(|&q| 1.01 * U32 * q.sqrt() + tiny)
+            .collect();
+        let mut n2: Vec<f32> = norms.iter().map(|&q| q as f32).collect();
+        n2.resize(stride, 0.0);
+        Some(FilterPoints {
+            stride,
+            cols,
+            n2,
+            err,
+        })
+    }
+}
+
+impl FilterPoints {
+    /// Slots `r` as a kernel block, with their largest centring error and norm.
+    pub fn block(&self, r: std::ops::Range<usize>) -> (Block<'_>, f64, f64) {
+        let err = self.err[r.clone()].iter().fold(0.0f64, |m, &v| m.max(v));
+        let n2 = self.n2[r.clone()]
+            .iter()
+            .fold(0.0f64, |m, &v| m.max(v as f64));
+        let block = Block {
+            cols: &self.cols[r.start..],
+            stride: self.stride,
+            n2: &self.n2[r.start..],
+            len: r.len(),
+        };
+        (block, err, n2)
+    }
+}
+
+/// The join's constants of the bound.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FilterBound {
+    /// sqrt(t_real).
+    root: f64,
+    kappa: f64,
+    sigma: f64,
+}
+
+impl FilterBound {
+    /// For the canonical Euclidean threshold `thr` (in T) over `dim` dimensions; None when
+    /// the threshold is so small that underflow could dominate.
+    pub fn new<T: Coord>(thr: T, dim: usize) -> Option<Self> {
+        let d = dim as f64;
+        let u = T::UNIT_ROUNDOFF;
+        let tiny = if u > 1e-10 {
+            f32::MIN_POSITIVE as f64
+        } else {
+            f64::MIN_POSITIVE
+        };
+        let t_real = (thr.to_f64() + 2.0 * d * tiny) / (1.0 - 2.0 * (d + 3.0) * u);
+        if !(t_real >= 1e-30) || !t_real.is_finite() {
+            return None;
+        }
+        Some(FilterBound {
+            root: t_real.sqrt(),
+            kappa: 4.0 * (d + 16.0) * U32,
+            sigma: (4.0 * d + 16.0) * f32::MIN_POSITIVE as f64,
+        })
+    }
+
+    /// G for a block whose points have centring errors <= `err_a`, `err_b` and norms
+    /// <= `n2_a`, `n2_b`, rounded up to f32.
+    pub fn cutoff(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64) -> f32 {
+        let r = self.root + err_a + err_b;
+        // (1 + 1e-9) covers this f64 arithmetic's own rounding.
+        let g = (r * r + self.kappa * (n2_a + n2_b) + self.sigma) * (1.0 + 1e-9);
+        let g32 = g as f32;
+        if (g32 as f64) < g {
+            f32::from_bits(g32.to_bits() + 1)
+        } else {
+            g32
+        }
+    }
+
+    /// Whether the filter can reject anything for data whose centred norms reach
+    /// `max_n2`: when the error term alone exceeds the threshold, it cannot.
+    pub fn useful(&self, max_n2: f64) -> bool {
+        2.0 * self.kappa * max_n2 < self.root * self.root
+    }
+}
+
+/// A column-major f32 block: item i of column c at `cols[c * stride + i]`, `len` items.
+/// Readable (padding included) up to item `len` rounded up to ROWS (as queries) or COLS
+/// (as candidates) in every column, and `n2` likewise.
+pub(crate) struct Block<'a> {
+    pub cols: &'a [f32],
+    pub stride: usize,
+    pub n2: &'a [f32],
+    pub len: usize,
+}
+
+impl Block<'_> {
+    fn check(&self, dim: usize, pad: usize) {
+        let need = self.len.next_multiple_of(pad);
+        assert!(need <= self.stride && need <= self.n2.len());
+        assert!(dim == 0 || (dim - 1) * self.stride + need <= self.cols.len());
+    }
+}
+
+/// Calls `keep(i, j0, mask)` for every query i of `q` and tile of candidates
+/// `j0..j0 + COLS` of `c` where bit l of `mask` marks candidate j0 + l (< c.len) as not
+/// rejected: F <= g, or F not a number.
+pub(crate) fn survivors(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    g: f32,
+    fma: bool,
+    mut keep: impl FnMut(usize, usize, u16),
+) {
+    q.check(dim, ROWS);
+    c.check(dim, COLS);
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: avx2 and fma were detected at run time; the blocks were checked above.
+        return unsafe { survivors_fma(q, c, dim, g, &mut keep) };
+    }
+    let _ = fma;
+    survivors_portable(q, c, dim, g, &mut keep)
+}
+
+/// Mask of candidates `j0..` that exist.
+#[inline(always)]
+fn tail_mask(len: usize, j0: usize) -> u32 {
+    if j0 + COLS > len {
+        (1u32 << (len - j0)) - 1
+    } else {
+        (1u32 << COLS) - 1
+    }
+}
+
+fn survivors_portable(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    g: f32,
+    keep: &mut impl FnMut(usize, usize, u16),
+) {
+    for i0 in (0..q.len).step_by(ROWS) {
+        for j0 in (0..c.len).step_by(COLS) {
+            let mut acc = [[0.0f32; COLS]; ROWS];
+            for k in 0..dim {
+                let qa: &[f32; ROWS] = q.cols[k * q.stride + i0..][..ROWS].try_into().unwrap();
+                let cb: &[f32; COLS] = c.cols[k * c.stride + j0..][..COLS].try_into().unwrap();
+                for r in 0..ROWS {
+                    for l in 0..COLS {
+                        acc[r][l] += qa[r] * cb[l];
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate().take(q.len - i0) {
+                let qn = q.n2[i0 + r];
+                let mut mask = 0u32;
+                for (l, &dot) in row.iter().enumerate() {
+                    let f = (qn + c.n2[j0 + l]) - 2.0 * dot;
+                    mask |= (!(f > g) as u32) << l;
+                }
+                mask &= tail_mask(c.len, j0);
+                if mask != 0 {
+                    keep(i0 + r, j0, mask as u16);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn survivors_fma(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    g: f32,
+    keep: &mut impl FnMut(usize, usize, u16),
+) {
+    use std::arch::x86_64::*;
+    let gv = _mm256_set1_ps(g);
+    let two = _mm256_set1_ps(2.0);
+    let mut i0 = 0;
+    while i0 < q.len {
+        let mut j0 = 0;
+        while j0 < c.len {
+            let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm256_loadu_ps(cp);
+                let b1 = _mm256_loadu_ps(cp.add(8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*qp.add(r));
+                    acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            let cn0 = _mm256_loadu_ps(c.n2.as_ptr().add(j0));
+            let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
+            for (r, acc) in acc.iter().enumerate().take(q.len - i0) {
+                let qn = _mm256_set1_ps(*q.n2.get_unchecked(i0 + r));
+                let f0 = _mm256_fnmadd_ps(two, acc[0], _mm256_add_ps(qn, cn0));
+                let f1 = _mm256_fnmadd_ps(two, acc[1], _mm256_add_ps(qn, cn1));
+                // "not greater than, unordered true": a NaN is kept.
+                let m0 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NGT_UQ>(f0, gv)) as u32;
+                let m1 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NGT_UQ>(f1, gv)) as u32;
+                let mask = (m0 | m1 << 8) & tail_mask(c.len, j0);
+                if mask != 0 {
+                    keep(i0 + r, j0, mask as u16);
+                }
+            }
+            j0 += COLS;
+        }
+        i0 += ROWS;
+    }
+}
+
+/// Whether the FMA kernel may run (checked once per join; SIMJOIN_NO_AVX2 turns it off).
+pub(crate) fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        super::store::avx2_available() && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both kernels report exactly the pairs whose F (computed in f64 here) is clearly
+    /// below g, never one clearly above, on blocks with ragged edges.
+    #[test]
+    fn kernels_agree_with_f64_expansion() {
+        let dim = 19;
+        let (nq, nc) = (13, 37);
+        let mut seed = 7u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let (qs, cs) = (nq + ROWS, nc + COLS);
+        let mut qcols = vec![0.0f32; qs * dim];
+        let mut ccols = vec![0.0f32; cs * dim];
+        for k in 0..dim {
+            for i in 0..nq {
+                qcols[k * qs + i] = rnd();
+            }
+            for j in 0..nc {
+                ccols[k * cs + j] = rnd();
+            }
+        }
+        let norm = |cols: &[f32], s: usize, i: usize| -> f64 {
+            (0..dim).map(|k| (cols[k * s + i] as f64).powi(2)).sum()
+        };
+        let mut qn2: Vec<f32> = (0..nq).map(|i| norm(&qcols, qs, i) as f32).collect();
+        let mut cn2: Vec<f32> = (0..nc).map(|j| norm(&ccols, cs, j) as f32).collect();
+        qn2.resize(qs, 0.0);
+        cn2.resize(cs, 0.0);
+        let q = Block {
+            cols: &qcols,
+            stride: qs,
+            n2: &qn2,
+            len: nq,
+        };
+        let c = Block {
+            cols: &ccols,
+            stride: cs,
+            n2: &cn2,
+            len: nc,
+        };
+        let exact = |i: usize, j: usize| -> f64 {
+            (0..dim)
+                .map(|k| (qcols[k * qs + i] as f64 - ccols[k * cs + j] as f64).powi(2))
+                .sum()
+        };
+        let g = 2.6f32;
+        for fma in [false, fma_available()] {
+            let mut kept = vec![false; nq * nc];
+            survivors(&q, &c, dim, g, fma, |i, j0, mut mask| {
+                while mask != 0 {
+                    let j = j0 + mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
+                    assert!(j < nc && i < nq);
+                    assert!(!kept[i * nc + j], "reported twice");
+                    kept[i * nc + j] = true;
+                }
+            });
+            let (mut inside, mut outside) = (0, 0);
+            for i in 0..nq {
+                for j in 0..nc {
+                    let d2 = exact(i, j);
+                    if d2 < g as f64 * 0.999 {
+                        assert!(kept[i * nc + j], "fma {fma}: ({i}, {j}) d2 {d2} dropped");
+                        inside += 1;
+                    } else if d2 > g as f64 * 1.001 {
+                        assert!(!kept[i * nc + j], "fma {fma}: ({i}, {j}) d2 {d2} kept");
+                        outside += 1;
+                    }
+                }
+            }
+            assert!(inside > 20 && outside > 20, "{inside} {outside}");
+        }
+    }
+
+    #[test]
+    fn cutoff_rounds_up_and_grows() {
+        let b = FilterBound::new(0.25f32 * 0.25, 64).unwrap();
+        let g = b.cutoff(0.0, 0.0, 0.0, 0.0);
+        assert!(g as f64 >= 0.0625);
+        assert!(b.cutoff(1e-6, 1e-6, 1.0, 1.0) > g);
+        assert!(FilterBound::new(1e-36f32, 8).is_none());
+        assert!(b.useful(1.0) && !b.useful(1e6));
+    }
+}
