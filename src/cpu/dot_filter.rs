@@ -38,78 +38,122 @@ const U32: f64 = f32::EPSILON as f64 / 2.0;
 /// f32's overflow).
 const MAX_NORM: f64 = 1e18;
 
-/// The f32 centred copy of a store (same slots, column-major) with per-slot norms.
+/// The f32 centred copy of a store, packed leaf by leaf: each leaf (a range of slots the
+/// join compares as a whole) is one contiguous column-major block, so the kernel streams
+/// it from cache instead of touching one page per dimension of a store-wide column.
 pub(crate) struct FilterPoints {
-    pub stride: usize,
-    /// Column c of slot s at `cols[c * stride + s]`; `stride` includes COLS of padding.
-    pub cols: Vec<f32>,
-    /// |x~|^2 rounded once to f32 (padded like the columns).
-    pub n2: Vec<f32>,
-    /// Per-slot bound c_p of the centring error (distance units).
-    pub err: Vec<f64>,
+    dim: usize,
+    /// Leaf l's column c, item i at `cols[dim * leaves[l].offset + c * leaves[l].stride + i]`.
+    cols: Vec<f32>,
+    /// |x~|^2 rounded once to f32, item i of leaf l at `n2[leaves[l].offset + i]`.
+    n2: Vec<f32>,
+    leaves: Vec<PackedLeaf>,
+}
+
+struct PackedLeaf {
+    offset: usize,
+    /// Items, then padding up to a multiple of both ROWS and COLS' needs.
+    len: usize,
+    stride: usize,
+    /// Largest centring error bound c_p and largest n2 among the leaf's points.
+    max_err: f64,
+    max_n2: f64,
 }
 
 impl FilterPoints {
-    /// Centres `store` on `center` (one value per store column). None when a centred norm
-    /// would be too large for f32 arithmetic.
-    pub fn build<T: Coord>(store: &Store<T>, center: &[f64]) -> Option<Self> {
-        let (n, dim) = (store.n, store.dim);
-        let stride = n + COLS;
-        let mut cols = vec![0.0f32; stride * dim];
-        cols.par_chunks_mut(stride)
-            .enumerate()
-            .for_each(|(c, col)| {
-                let src = store.column(c);
-                for (dst, &x) in col.iter_mut().zip(src) {
-                    *dst = (x.to_f64() - center[c]) as f32;
-                }
-            });
-        let norms: Vec<f64> = (0..n)
-            .into_par_iter()
-            .with_min_len(1024)
-            .map(|s| {
-                (0..dim)
-                    .map(|c| {
-                        let v = cols[c * stride + s] as f64;
-                        v * v
-                    })
-                    .sum::<f64>()
+    /// Centres `store` on `center` (one value per store column) and packs `leaves` (slot
+    /// ranges). None when a centred norm would be too large for f32 arithmetic.
+    pub fn build<T: Coord>(
+        store: &Store<T>,
+        center: &[f64],
+        leaves: &[std::ops::Range<usize>],
+    ) -> Option<Self> {
+        let dim = store.dim;
+        let mut offset = 0;
+        let mut packed: Vec<PackedLeaf> = leaves
+            .iter()
+            .map(|r| {
+                let stride = r
+                    .len()
+                    .next_multiple_of(ROWS)
+                    .max(r.len().next_multiple_of(COLS));
+                let leaf = PackedLeaf {
+                    offset,
+                    len: r.len(),
+                    stride,
+                    max_err: 0.0,
+                    max_n2: 0.0,
+                };
+                offset += stride;
+                leaf
             })
             .collect();
-        // Also catches infinite coordinates (an f64 value beyond f32's range).
-        if norms.iter().any(|&q| !(q.sqrt() <= MAX_NORM)) {
-            return None;
+        let mut cols = vec![0.0f32; dim * offset];
+        let mut n2 = vec![0.0f32; offset];
+        // Each leaf's block is written by one task (they are disjoint slices).
+        let mut col_parts = Vec::with_capacity(packed.len());
+        let mut n2_parts = Vec::with_capacity(packed.len());
+        let (mut cols_rest, mut n2_rest) = (&mut cols[..], &mut n2[..]);
+        for leaf in &packed {
+            let (c, cr) = cols_rest.split_at_mut(dim * leaf.stride);
+            let (n, nr) = n2_rest.split_at_mut(leaf.stride);
+            col_parts.push(c);
+            n2_parts.push(n);
+            (cols_rest, n2_rest) = (cr, nr);
         }
         let tiny = dim as f64 * f32::from_bits(1) as f64 * 2.0;
-        let err = norms
-            .iter()
-            .map(|&q| 1.01 * U32 * q.sqrt() + tiny)
-            .collect();
-        let mut n2: Vec<f32> = norms.iter().map(|&q| q as f32).collect();
-        n2.resize(stride, 0.0);
-        Some(FilterPoints {
-            stride,
+        let ok = packed
+            .par_iter_mut()
+            .zip(leaves.par_iter())
+            .zip(col_parts.into_par_iter().zip(n2_parts.into_par_iter()))
+            .all(|((leaf, r), (cols, n2))| {
+                for c in 0..dim {
+                    let src = &store.column(c)[r.clone()];
+                    for (dst, &x) in cols[c * leaf.stride..].iter_mut().zip(src) {
+                        *dst = (x.to_f64() - center[c]) as f32;
+                    }
+                }
+                for i in 0..leaf.len {
+                    let q: f64 = (0..dim)
+                        .map(|c| {
+                            let v = cols[c * leaf.stride + i] as f64;
+                            v * v
+                        })
+                        .sum();
+                    // Also catches infinite coordinates (f64 values beyond f32's range).
+                    if !(q.sqrt() <= MAX_NORM) {
+                        return false;
+                    }
+                    n2[i] = q as f32;
+                    leaf.max_err = leaf.max_err.max(1.01 * U32 * q.sqrt() + tiny);
+                    leaf.max_n2 = leaf.max_n2.max(n2[i] as f64);
+                }
+                true
+            });
+        ok.then_some(FilterPoints {
+            dim,
             cols,
             n2,
-            err,
+            leaves: packed,
         })
     }
-}
 
-impl FilterPoints {
-    /// Slots `r` as a kernel block, with their largest centring error and norm.
-    pub fn block(&self, r: std::ops::Range<usize>) -> (Block<'_>, f64, f64) {
-        let err = self.err[r.clone()].iter().fold(0.0f64, |m, &v| m.max(v));
-        let n2 = self.n2[r.clone()]
-            .iter()
-            .fold(0.0f64, |m, &v| m.max(v as f64));
+    /// Leaf `l` (its position in `build`'s list) as a kernel block, with its points'
+    /// largest centring error and norm.
+    pub fn block(&self, l: usize) -> (Block<'_>, f64, f64) {
+        let leaf = &self.leaves[l];
         let block = Block {
-            cols: &self.cols[r.start..],
-            stride: self.stride,
-            n2: &self.n2[r.start..],
-            len: r.len(),
+            cols: &self.cols[self.dim * leaf.offset..][..self.dim * leaf.stride],
+            stride: leaf.stride,
+            n2: &self.n2[leaf.offset..][..leaf.stride],
+            len: leaf.len,
         };
-        (block, err, n2)
+        (block, leaf.max_err, leaf.max_n2)
+    }
+
+    /// The largest n2 over all points.
+    pub fn max_n2(&self) -> f64 {
+        self.leaves.iter().fold(0.0, |m, l| l.max_n2.max(m))
     }
 }
 

@@ -145,6 +145,26 @@ impl<T: Coord> EgoIndex<T> {
         id as u32
     }
 
+    /// The leaves' slot ranges, in node order.
+    fn leaf_ranges(&self) -> Vec<Range<usize>> {
+        let leaves = self.nodes.iter().filter(|n| n.children.is_none());
+        leaves.map(|n| n.start..n.end).collect()
+    }
+
+    /// For each node id, its position in `leaf_ranges` (u32::MAX for inner nodes).
+    fn leaf_numbers(&self) -> Vec<u32> {
+        let mut out = vec![u32::MAX; self.nodes.len()];
+        let leaves = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.children.is_none());
+        for (number, (id, _)) in leaves.enumerate() {
+            out[id] = number as u32;
+        }
+        out
+    }
+
     #[inline]
     fn cell(&self, s: usize) -> &[u32] {
         &self.cells[s * self.k..(s + 1) * self.k]
@@ -215,6 +235,9 @@ struct Filter<'a, T> {
     x: FilterPoints,
     /// None in a self-join (y is x).
     y: Option<FilterPoints>,
+    /// Node id -> its position among the leaves (FilterPoints' block number).
+    x_leaf: Vec<u32>,
+    y_leaf: Vec<u32>,
     bound: FilterBound,
     fma: bool,
 }
@@ -238,20 +261,18 @@ impl<'a, T: Coord> Filter<'a, T> {
                 lo + (hi - lo) / 2.0
             })
             .collect();
-        let fx = FilterPoints::build(&x.store, &center)?;
+        let fx = FilterPoints::build(&x.store, &center, &x.leaf_ranges())?;
         let fy = match self_join {
             true => None,
-            false => Some(FilterPoints::build(&y.store, &center)?),
+            false => Some(FilterPoints::build(&y.store, &center, &y.leaf_ranges())?),
         };
-        let max_n2 = [Some(&fx), fy.as_ref()]
-            .into_iter()
-            .flatten()
-            .flat_map(|f| f.n2.iter())
-            .fold(0.0f64, |m, &v| m.max(v as f64));
+        let max_n2 = fx.max_n2().max(fy.as_ref().map_or(0.0, |f| f.max_n2()));
         if !bound.useful(max_n2) {
             return None;
         }
         Some(Filter {
+            x_leaf: x.leaf_numbers(),
+            y_leaf: y.leaf_numbers(),
             xrows: rows.0,
             yrows: rows.1,
             x: fx,
@@ -409,8 +430,8 @@ impl<T: Coord> Ctx<'_, T> {
         let (fx, fy) = (&f.x, f.y.as_ref().unwrap_or(&f.x));
         let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
         let diagonal = self.self_join && a == b;
-        let (query, q_err, q_n2) = fx.block(na.start..na.end);
-        let (cand, c_err, c_n2) = fy.block(nb.start..nb.end);
+        let (query, q_err, q_n2) = fx.block(f.x_leaf[a as usize] as usize);
+        let (cand, c_err, c_n2) = fy.block(f.y_leaf[b as usize] as usize);
         let g = f.bound.cutoff(q_err, c_err, q_n2, c_n2);
         let dim = xs.dim;
         dot_filter::survivors(&query, &cand, dim, g, f.fma, |i, j0, mut mask| {
