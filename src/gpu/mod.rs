@@ -57,6 +57,14 @@ fn context(opts: &JoinOptions) -> Result<Arc<Context>> {
         device: selector.clone(),
         validation: None,
     })?;
+    // Testing knob: `SIMJOIN_GPU_DISPATCH_WIDTH=N` caps rows of workgroups at N, so every
+    // multi-workgroup dispatch runs as a 2-D grid (with surplus workgroups) at small sizes.
+    if let Some(width) = std::env::var("SIMJOIN_GPU_DISPATCH_WIDTH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        ctx.set_dispatch_width(width);
+    }
     map.insert(selector, ctx.clone());
     Ok(ctx)
 }
