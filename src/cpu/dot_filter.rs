@@ -229,24 +229,60 @@ impl Block<'_> {
 
 /// Calls `keep(i, j0, mask)` for every query i of `q` and tile of candidates
 /// `j0..j0 + COLS` of `c` where bit l of `mask` marks candidate j0 + l (< c.len) as not
-/// rejected: F <= g, or F not a number.
+/// rejected: F <= g, or F not a number. Only queries and candidates whose bit is set in
+/// `q_live`, `c_live` (words of 64 bits) are considered; tiles without any are skipped.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn survivors(
     q: &Block,
     c: &Block,
     dim: usize,
     g: f32,
     fma: bool,
+    q_live: &[u64],
+    c_live: &[u64],
     mut keep: impl FnMut(usize, usize, u16),
 ) {
     q.check(dim, ROWS);
     c.check(dim, COLS);
+    assert!(q_live.len() * 64 >= q.len && c_live.len() * 64 >= c.len);
+    let live = Live {
+        q: q_live,
+        c: c_live,
+    };
     #[cfg(target_arch = "x86_64")]
     if fma {
         // SAFETY: avx2 and fma were detected at run time; the blocks were checked above.
-        return unsafe { survivors_fma(q, c, dim, g, &mut keep) };
+        return unsafe { survivors_fma(q, c, dim, g, &live, &mut keep) };
     }
     let _ = fma;
-    survivors_portable(q, c, dim, g, &mut keep)
+    survivors_portable(q, c, dim, g, &live, &mut keep)
+}
+
+/// The live bits of a tile's rows and columns.
+struct Live<'a> {
+    q: &'a [u64],
+    c: &'a [u64],
+}
+
+impl Live<'_> {
+    /// `count` bits of `words` from bit `at` (count <= 32).
+    #[inline(always)]
+    fn bits(words: &[u64], at: usize, count: usize) -> u32 {
+        let (w, o) = (at / 64, at % 64);
+        let mut v = words[w] >> o;
+        if o + count > 64 && w + 1 < words.len() {
+            v |= words[w + 1] << (64 - o);
+        }
+        (v & ((1u64 << count) - 1)) as u32
+    }
+    #[inline(always)]
+    fn rows(&self, i0: usize) -> u32 {
+        Self::bits(self.q, i0, ROWS)
+    }
+    #[inline(always)]
+    fn cols(&self, j0: usize) -> u32 {
+        Self::bits(self.c, j0, COLS)
+    }
 }
 
 /// Mask of candidates `j0..` that exist.
@@ -264,10 +300,19 @@ fn survivors_portable(
     c: &Block,
     dim: usize,
     g: f32,
+    live: &Live,
     keep: &mut impl FnMut(usize, usize, u16),
 ) {
     for i0 in (0..q.len).step_by(ROWS) {
+        let rows = live.rows(i0);
+        if rows == 0 {
+            continue;
+        }
         for j0 in (0..c.len).step_by(COLS) {
+            let cols = live.cols(j0);
+            if cols == 0 {
+                continue;
+            }
             let mut acc = [[0.0f32; COLS]; ROWS];
             for k in 0..dim {
                 let qa: &[f32; ROWS] = q.cols[k * q.stride + i0..][..ROWS].try_into().unwrap();
@@ -279,13 +324,16 @@ fn survivors_portable(
                 }
             }
             for (r, row) in acc.iter().enumerate().take(q.len - i0) {
+                if rows >> r & 1 == 0 {
+                    continue;
+                }
                 let qn = q.n2[i0 + r];
                 let mut mask = 0u32;
                 for (l, &dot) in row.iter().enumerate() {
                     let f = (qn + c.n2[j0 + l]) - 2.0 * dot;
                     mask |= (!(f > g) as u32) << l;
                 }
-                mask &= tail_mask(c.len, j0);
+                mask &= tail_mask(c.len, j0) & cols;
                 if mask != 0 {
                     keep(i0 + r, j0, mask as u16);
                 }
@@ -301,6 +349,7 @@ unsafe fn survivors_fma(
     c: &Block,
     dim: usize,
     g: f32,
+    live: &Live,
     keep: &mut impl FnMut(usize, usize, u16),
 ) {
     use std::arch::x86_64::*;
@@ -308,8 +357,14 @@ unsafe fn survivors_fma(
     let two = _mm256_set1_ps(2.0);
     let mut i0 = 0;
     while i0 < q.len {
+        let rows = live.rows(i0);
         let mut j0 = 0;
-        while j0 < c.len {
+        while rows != 0 && j0 < c.len {
+            let cols = live.cols(j0);
+            if cols == 0 {
+                j0 += COLS;
+                continue;
+            }
             let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
             let mut qp = q.cols.as_ptr().add(i0);
             let mut cp = c.cols.as_ptr().add(j0);
@@ -327,13 +382,16 @@ unsafe fn survivors_fma(
             let cn0 = _mm256_loadu_ps(c.n2.as_ptr().add(j0));
             let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
             for (r, acc) in acc.iter().enumerate().take(q.len - i0) {
+                if rows >> r & 1 == 0 {
+                    continue;
+                }
                 let qn = _mm256_set1_ps(*q.n2.get_unchecked(i0 + r));
                 let f0 = _mm256_fnmadd_ps(two, acc[0], _mm256_add_ps(qn, cn0));
                 let f1 = _mm256_fnmadd_ps(two, acc[1], _mm256_add_ps(qn, cn1));
                 // "not greater than, unordered true": a NaN is kept.
                 let m0 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NGT_UQ>(f0, gv)) as u32;
                 let m1 = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NGT_UQ>(f1, gv)) as u32;
-                let mask = (m0 | m1 << 8) & tail_mask(c.len, j0);
+                let mask = (m0 | m1 << 8) & tail_mask(c.len, j0) & cols;
                 if mask != 0 {
                     keep(i0 + r, j0, mask as u16);
                 }
@@ -411,7 +469,7 @@ mod tests {
         let g = 2.6f32;
         for fma in [false, fma_available()] {
             let mut kept = vec![false; nq * nc];
-            survivors(&q, &c, dim, g, fma, |i, j0, mut mask| {
+            survivors(&q, &c, dim, g, fma, &[!0], &[!0], |i, j0, mut mask| {
                 while mask != 0 {
                     let j = j0 + mask.trailing_zeros() as usize;
                     mask &= mask - 1;
