@@ -3,6 +3,9 @@
 //! 1..128 dimensions, n = 0, 1, 2, self-join and A ⋈ B, each metric, f32 and f64, the
 //! output forms through the Engine, streaming sinks (including a failing one), proptest.
 
+mod common;
+
+use common::Rng;
 use proptest::prelude::*;
 use simjoin::{
     oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, Metric, OutputForm, Pair,
@@ -15,25 +18,6 @@ const ALGOS: [Algorithm; 4] = [
     Algorithm::Auto,
 ];
 const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
-
-/// splitmix64: a tiny deterministic generator, so every case is reproducible.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.unit().max(1e-300), self.unit());
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-}
 
 fn uniform(n: usize, d: usize, scale: f64, seed: u64) -> Vec<f64> {
     let mut r = Rng(seed);

@@ -1,5 +1,6 @@
-//! Shared setup for tests that touch Vulkan: pins lavapipe and turns validation on before
-//! the first Vulkan call, and checks that the validation layers reported no error.
+//! Shared test helpers: setup for tests that touch Vulkan (pins lavapipe and turns
+//! validation on before the first Vulkan call, checks that the validation layers reported
+//! no error), and a small deterministic random generator.
 #![allow(dead_code)]
 
 use std::sync::Once;
@@ -48,4 +49,26 @@ pub fn shared_context() -> std::sync::Arc<simjoin::vk::Context> {
         ctx
     })
     .clone()
+}
+
+/// splitmix64: a tiny deterministic generator, so every generated case is reproducible.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Standard normal (Box-Muller).
+    pub fn normal(&mut self) -> f64 {
+        let (u, v) = (self.unit().max(1e-300), self.unit());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
 }
