@@ -1,12 +1,12 @@
 //! Expanded-distance filter for high-dimensional Euclidean joins.
 //!
-//! Above ~16 dimensions the exact kernel (a subtraction, multiplication and addition per
+//! In high dimensions the exact kernel (a subtraction, multiplication and addition per
 //! dimension and pair, in the canonical order every backend shares) is the whole cost,
 //! while peers that compute |x|^2 + |y|^2 - 2 x.y with a matrix product run at the
 //! machine's peak flop rate, but round differently from everyone else. This filter takes
 //! the matrix product's speed without its answers: register-blocked FMA dot products of f32
 //! copies of the centred points only decide which pairs can be *rejected*, under a proven
-//! error bound, and every survivor is decided by `store::confirm` in canonical arithmetic.
+//! error bound, and every survivor is decided by `metric::within` in canonical arithmetic.
 //! The pair set is therefore the one every other backend returns, bit for bit.
 //!
 //! The bound, for points a, b with real distance D (of their T values):
@@ -52,8 +52,9 @@ pub(crate) struct FilterPoints {
 
 struct PackedLeaf {
     offset: usize,
-    /// Items, then padding up to a multiple of both ROWS and COLS' needs.
+    /// Points in the leaf.
     len: usize,
+    /// Column length: `len` rounded up so that whole ROWS and COLS tiles can be read.
     stride: usize,
     /// Largest centring error bound c_p and largest n2 among the leaf's points.
     max_err: f64,

@@ -439,6 +439,7 @@ impl<T: Coord> Ctx<'_, T> {
         }
     }
 
+    /// A matching pair: (smaller id, larger id) in a self-join, (A id, B id) otherwise.
     #[inline(always)]
     fn emit(&self, em: &mut Emitter, qid: u32, tid: u32) {
         if self.self_join {
@@ -449,10 +450,10 @@ impl<T: Coord> Ctx<'_, T> {
     }
 
     /// Leaf join through the dot-product filter (dot_filter.rs): the two leaves' f32
-    /// copies are contiguous slot ranges, so they feed the kernel in place; the filter
-    /// rejects what it provably can and `within` decides the rest canonically. (Screening
-    /// the points against the other leaf's box first, as `leaf_body` does, measured
-    /// 1.3-1.8x slower on the benchmark's 9-64-D workloads and no faster at 200k 16-D.)
+    /// copies are contiguous blocks, so they feed the kernel in place; the filter rejects
+    /// what it provably can and `within` decides the rest canonically. Box screens only
+    /// mark live points for the kernel to skip whole tiles (copying the screened points
+    /// into compact blocks, as `leaf_body` does, measured 1.3-1.8x slower here).
     #[inline(always)]
     fn leaf_filtered<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter) {
         let stats = &self.screen;
@@ -471,7 +472,7 @@ impl<T: Coord> Ctx<'_, T> {
         // Points near the other leaf's box (all of them inside one leaf): the kernel skips
         // tiles with none, and only these can pair. Screened on the first SCREEN_DIMS store
         // columns (the highest-variance ones; a prefix sum is still a lower bound), and only
-        // while screening pays in this task (see ScreenStats).
+        // while screening pays in this join (see ScreenStats).
         let (mut q_live, mut c_live) = ([!0u64; LEAF / 64], [!0u64; LEAF / 64]);
         if !diagonal && stats.on() {
             let k = dim.min(SCREEN_DIMS);
