@@ -288,3 +288,52 @@ fn portable_kernel_too() {
         .unwrap();
     assert!(status.success(), "the portable kernel failed a case");
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(32))]
+    /// Random high-dimensional inputs of several shapes: uniform, clustered, snapped to a
+    /// lattice (exact ties), heavily duplicated, far from the origin; eps from a tiny share
+    /// to about the spread; self-join and A ⋈ B, both precisions, against the oracle.
+    #[test]
+    fn random_high_dimensional_cases(
+        d in 8usize..80,
+        n in 0usize..300,
+        m in 1usize..120,
+        shape in 0usize..5,
+        eps_share in 0.02f64..0.6,
+        offset in proptest::prop_oneof![proptest::strategy::Just(0.0f64), proptest::strategy::Just(1e4), -1e3f64..1e3],
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let mut r = Rng(seed);
+        let point = |r: &mut Rng, i: usize| -> Vec<f64> {
+            match shape {
+                0 => (0..d).map(|_| r.unit()).collect(),
+                1 => (0..d).map(|j| ((i % 4) as f64 * 0.3 + j as f64 * 1e-3) + 0.05 * r.normal()).collect(),
+                2 => (0..d).map(|_| (r.unit() * 8.0).round() / 8.0).collect(),
+                3 => (0..d).map(|j| ((i % 3) * 7 + j) as f64 % 5.0 * 0.1).collect(),
+                _ => (0..d).map(|_| -(1.0 - r.unit()).ln() / 40.0).collect(),
+            }
+        };
+        let mut x = Vec::with_capacity(n * d);
+        for i in 0..n {
+            x.extend(point(&mut r, i).into_iter().map(|v| v + offset));
+        }
+        let mut y = Vec::with_capacity(m * d);
+        for i in 0..m {
+            y.extend(point(&mut r, i + 1).into_iter().map(|v| v + offset));
+        }
+        // Typical spread of a pair in these shapes is ~sqrt(d / 6).
+        let eps = eps_share * (d as f64 / 6.0).sqrt();
+        each_precision(&x, d, |a| check(a, None, eps, Expect::Any, "random"));
+        let (x32, y32): (Vec<f32>, Vec<f32>) = (
+            x.iter().map(|&v| v as f32).collect(),
+            y.iter().map(|&v| v as f32).collect(),
+        );
+        let a = Dataset::from_f32(&x32, d).unwrap();
+        let b = Dataset::from_f32(&y32, d).unwrap();
+        check(&a, Some(&b), eps, Expect::Any, "random A⋈B f32");
+        let a = Dataset::from_f64(&x, d).unwrap();
+        let b = Dataset::from_f64(&y, d).unwrap();
+        check(&a, Some(&b), eps, Expect::Any, "random A⋈B f64");
+    }
+}
