@@ -426,12 +426,7 @@ impl<T: Coord> Ctx<'_, T> {
                 scan_cols::<T, M>(q, &sc.cand, stride, 0, found, self.reject, true, |k| {
                     let t = slot[k] as usize;
                     if confirm::<T, M>(q, ys, t, &self.canon, self.thr) {
-                        let tid = ys.ids[t];
-                        if self.self_join {
-                            em.push(qid.min(tid), qid.max(tid));
-                        } else {
-                            em.push(qid, tid);
-                        }
+                        self.emit(em, qid, ys.ids[t]);
                     }
                 });
             }
