@@ -1,31 +1,57 @@
 //! The engine: validates a job, picks a backend, runs it into a sink, and assembles the
 //! requested output form. Backends only produce pairs; everything shared lives here.
 
+use crate::backend::{Job, JoinBackend};
+use crate::cpu::CpuBackend;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{Backend, JoinOptions, OutputForm};
 use crate::result::{assemble, JoinReport, JoinResult, PairSink, VecSink};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::Instant;
 
-/// One join to run: A ⋈ A (self-join, `b == None`) or A ⋈ B.
-pub(crate) struct Job<'a> {
-    pub a: Dataset<'a>,
-    pub b: Option<Dataset<'a>>,
-    pub opts: &'a JoinOptions,
+/// How to create an [`Engine`]: which device it owns, how many CPU threads, validation.
+/// These are fixed for the engine's life; per-join choices are in [`JoinOptions`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Vulkan device: index or case-insensitive name substring (see `simjoin info`).
+    /// `None`: the `SIMJOIN_DEVICE` environment variable, else the best device.
+    pub device: Option<String>,
+    /// CPU worker threads. `None`: one per core.
+    pub threads: Option<usize>,
+    /// Vulkan validation layers. `None`: on when `SIMJOIN_VALIDATION` is set (not "0").
+    pub validation: Option<bool>,
 }
 
-/// What every backend implements. `sink == None` means count only: the backend need not
-/// materialise pairs, only count them into `JoinReport::pairs`.
-/// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
-pub(crate) trait JoinBackend: Send + Sync {
-    fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
+impl EngineOptions {
+    pub fn validate(&self) -> Result<()> {
+        if self.threads == Some(0) {
+            return Err(Error::invalid("threads must be >= 1 when given"));
+        }
+        if self.device.as_deref().is_some_and(|d| d.trim().is_empty()) {
+            return Err(Error::invalid("device must not be empty when given"));
+        }
+        Ok(())
+    }
 }
 
-/// The simjoin engine. Cheap to create; the Vulkan context is created on first GPU use and
-/// kept. An `Engine` is `Send + Sync`: joins may run from several threads at once.
+/// The simjoin engine. It owns its CPU thread pool and its Vulkan context (device, queues,
+/// memory, compiled kernels), both created on first use and released when the engine is
+/// dropped. Engines are independent: several may live in one process, on the same or on
+/// different devices. An `Engine` is `Send + Sync`: joins may run from several threads
+/// at once.
 pub struct Engine {
-    gpu: OnceLock<Option<Arc<dyn JoinBackend>>>,
+    options: EngineOptions,
+    cpu: CpuBackend,
+    /// The GPU backend on the engine's device, created on first GPU use (or the reason
+    /// there is none, kept so that `auto` probes once).
+    gpu: OnceLock<std::result::Result<Gpu, Error>>,
+}
+
+/// A GPU backend and whether its device is a software rasterizer (never chosen by `auto`).
+struct Gpu {
+    backend: Box<dyn JoinBackend>,
+    software: bool,
 }
 
 impl Default for Engine {
@@ -34,11 +60,45 @@ impl Default for Engine {
     }
 }
 
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Engine {
+    /// An engine with default options: the best device, one CPU thread per core.
     pub fn new() -> Self {
         Engine {
+            options: EngineOptions::default(),
+            cpu: CpuBackend::new(None),
             gpu: OnceLock::new(),
         }
+    }
+
+    /// An engine with `options` (checked here; the device is opened on first GPU use).
+    pub fn with_options(options: EngineOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Engine {
+            cpu: CpuBackend::new(options.threads),
+            options,
+            gpu: OnceLock::new(),
+        })
+    }
+
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The engine's GPU backend, opening the device on first use.
+    fn gpu(&self) -> std::result::Result<&Gpu, &Error> {
+        self.gpu
+            .get_or_init(|| {
+                crate::gpu::open(&self.options).map(|(backend, software)| Gpu { backend, software })
+            })
+            .as_ref()
     }
 
     /// Self-join A ⋈ A.
@@ -128,20 +188,21 @@ impl Engine {
             b: b.copied(),
             opts,
         };
-        let cpu = || crate::cpu::CpuBackend::new(opts.threads);
         let mut report = match opts.backend {
-            Backend::Cpu => cpu().run(&job, sink)?,
-            Backend::Gpu => crate::gpu::backend(opts, true)?
-                .ok_or_else(|| Error::new(ErrorKind::NoDevice, "no Vulkan device found"))?
-                .run(&job, sink)?,
-            // A real GPU when present (probed once per engine: creating a Vulkan instance is
-            // not free), else the CPU.
-            Backend::Auto => match self
-                .gpu
-                .get_or_init(|| crate::gpu::backend(opts, false).ok().flatten())
-            {
-                Some(gpu) => self.run_gpu_or_cpu(gpu.as_ref(), &job, sink)?,
-                None => cpu().run(&job, sink)?,
+            Backend::Cpu => self.cpu.run(&job, sink)?,
+            Backend::Gpu => match self.gpu() {
+                Ok(gpu) => gpu.backend.run(&job, sink)?,
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::NoDevice,
+                        format!("no usable Vulkan device: {e}"),
+                    ))
+                }
+            },
+            // A real GPU when present, else the CPU.
+            Backend::Auto => match self.gpu() {
+                Ok(gpu) if !gpu.software => self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink)?,
+                _ => self.cpu.run(&job, sink)?,
             },
         };
         report.seconds = start.elapsed().as_secs_f64();
@@ -177,8 +238,7 @@ impl Engine {
                 if e.kind() == ErrorKind::Unsupported
                     && !watch.as_ref().is_some_and(|w| w.pushed) =>
             {
-                let cpu = crate::cpu::CpuBackend::new(job.opts.threads);
-                let mut report = cpu.run(job, watch.map(|w| w.inner))?;
+                let mut report = self.cpu.run(job, watch.map(|w| w.inner))?;
                 report.notes.push(format!(
                     "backend auto: the GPU could not run this job ({e}), ran on the CPU"
                 ));

@@ -12,6 +12,7 @@
 //! algorithms, `cpu` the native CPU backend, `ffi` the C surface; `metric` and `grid` hold
 //! the arithmetic and cell geometry every backend shares so that all agree pair for pair.
 
+mod backend;
 pub mod dataset;
 pub mod engine;
 pub mod error;
@@ -28,7 +29,7 @@ pub(crate) mod gpu;
 pub mod vk;
 
 pub use dataset::{Coords, Dataset, Precision};
-pub use engine::Engine;
+pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};

@@ -26,7 +26,7 @@ pub enum Backend {
     Auto = 0,
     /// The native multi-threaded CPU backend.
     Cpu = 1,
-    /// A Vulkan device (any kind, lavapipe included); `JoinOptions::device` or
+    /// A Vulkan device (any kind, lavapipe included); the engine's device (`EngineOptions::device`) or
     /// `SIMJOIN_DEVICE` picks which.
     Gpu = 2,
 }
@@ -79,10 +79,6 @@ pub struct JoinOptions {
     pub batch_points: Option<usize>,
     /// GPU: capacity of each device result buffer, in pairs (None = from device memory).
     pub result_buffer_pairs: Option<usize>,
-    /// CPU: worker threads (None = all cores).
-    pub threads: Option<usize>,
-    /// Vulkan device: index or name substring (None = `SIMJOIN_DEVICE`, else the best).
-    pub device: Option<String>,
 }
 
 impl JoinOptions {
@@ -98,8 +94,6 @@ impl JoinOptions {
             indexed_dims: None,
             batch_points: None,
             result_buffer_pairs: None,
-            threads: None,
-            device: None,
         }
     }
 
@@ -121,9 +115,6 @@ impl JoinOptions {
             return Err(Error::invalid(
                 "result_buffer_pairs must be >= 1 when given",
             ));
-        }
-        if self.threads == Some(0) {
-            return Err(Error::invalid("threads must be >= 1 when given"));
         }
         Ok(())
     }

@@ -335,10 +335,25 @@ fn threads_option_and_lss_unsupported() {
     let data = Dataset::from_f64(&x, 3).unwrap();
     let want = oracle::self_join(&data, Metric::Euclidean, 0.05);
     let mut o = opts(0.05, Metric::Euclidean, Algorithm::Grid);
-    o.threads = Some(1);
-    let r = Engine::new().self_join(&data, &o).unwrap();
+    let one = Engine::with_options(simjoin::EngineOptions {
+        threads: Some(1),
+        ..Default::default()
+    })
+    .unwrap();
+    let r = one.self_join(&data, &o).unwrap();
     assert_eq!(sorted(r.pairs().unwrap().to_vec()), want);
     assert!(r.report.device.contains("1 threads"));
+    // The engine keeps its pool: a second join runs on the same single thread.
+    let r = one.self_join(&data, &o).unwrap();
+    assert!(r.report.device.contains("1 threads"));
+    let zero = simjoin::EngineOptions {
+        threads: Some(0),
+        ..Default::default()
+    };
+    assert_eq!(
+        Engine::with_options(zero).unwrap_err().kind(),
+        ErrorKind::InvalidArgument
+    );
     o.algorithm = Algorithm::Lss;
     assert_eq!(
         Engine::new().self_join(&data, &o).unwrap_err().kind(),

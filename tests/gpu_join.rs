@@ -469,12 +469,20 @@ fn bad_device_and_failing_sink_give_clear_errors() {
     let engine = setup();
     let x = uniform(300, 2, 4);
     let data = Dataset::from_f64(&x, 2).unwrap();
-    let mut o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
-    o.device = Some("no-such-device-anywhere".into());
+    let o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    let elsewhere = Engine::with_options(simjoin::EngineOptions {
+        device: Some("no-such-device-anywhere".into()),
+        ..Default::default()
+    })
+    .unwrap();
     assert_eq!(
-        engine.self_join(&data, &o).unwrap_err().kind(),
+        elsewhere.self_join(&data, &o).unwrap_err().kind(),
         ErrorKind::NoDevice
     );
+    // `auto` on an engine without a usable device runs on the CPU.
+    let mut auto = o.clone();
+    auto.backend = simjoin::Backend::Auto;
+    assert_eq!(elsewhere.self_join(&data, &auto).unwrap().report.backend, "cpu");
     // A sink that refuses the first chunk stops the join with Cancelled.
     let o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
     let mut refuse = |_: &[Pair]| -> anyhow::Result<()> { anyhow::bail!("disk full") };

@@ -14,7 +14,7 @@ mod plan;
 mod store;
 
 use crate::dataset::Coords;
-use crate::engine::{Job, JoinBackend};
+use crate::backend::{Job, JoinBackend};
 use crate::error::{Error, Result};
 use crate::metric::{threshold, Coord};
 use crate::options::{Algorithm, Metric};
@@ -23,20 +23,33 @@ use emit::Collector;
 use std::time::Instant;
 use store::MetricKind;
 
+/// The CPU backend: one rayon pool per engine, started on the first CPU join (an engine
+/// that only ever runs on the GPU starts no worker threads) and reused by every join.
 pub(crate) struct CpuBackend {
     threads: Option<usize>,
+    pool: std::sync::OnceLock<rayon::ThreadPool>,
 }
 
 impl CpuBackend {
+    /// `threads`: worker threads (`None`: one per core).
     pub fn new(threads: Option<usize>) -> Self {
-        CpuBackend { threads }
+        CpuBackend {
+            threads,
+            pool: std::sync::OnceLock::new(),
+        }
     }
 
-    fn pool(&self) -> Result<rayon::ThreadPool> {
-        rayon::ThreadPoolBuilder::new()
+    fn pool(&self) -> Result<&rayon::ThreadPool> {
+        if let Some(pool) = self.pool.get() {
+            return Ok(pool);
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(self.threads.unwrap_or(0))
+            .thread_name(|i| format!("simjoin-cpu-{i}"))
             .build()
-            .map_err(|e| Error::from(anyhow::anyhow!("cannot start CPU worker threads: {e}")))
+            .map_err(|e| Error::from(anyhow::anyhow!("cannot start CPU worker threads: {e}")))?;
+        // Two threads may race to build it: one pool wins, the other is dropped unused.
+        Ok(self.pool.get_or_init(|| pool))
     }
 }
 

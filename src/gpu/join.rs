@@ -12,7 +12,7 @@
 use super::index::{plan_grid, GridIndex};
 use super::plan::{estimate_stride, plan_batches};
 use crate::dataset::{Coords, Dataset};
-use crate::engine::Job;
+use crate::backend::Job;
 use crate::error::{Error, ErrorKind, Result};
 use crate::metric::{reject_margin, threshold, Coord};
 use crate::options::Algorithm;

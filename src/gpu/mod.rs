@@ -16,46 +16,19 @@ pub(crate) mod index;
 mod join;
 pub(crate) mod plan;
 
-use crate::engine::{Job, JoinBackend};
-use crate::error::{Error, ErrorKind, Result};
-use crate::options::JoinOptions;
+use crate::backend::{Job, JoinBackend};
+use crate::engine::EngineOptions;
+use crate::error::Result;
 use crate::result::{JoinReport, PairSink};
 use crate::vk::{Context, ContextOptions};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-/// The GPU backend for `opts`. `explicit`: the caller asked for a GPU (any Vulkan device,
-/// lavapipe included); otherwise only a real (non-CPU) GPU is returned, or None.
-pub(crate) fn backend(opts: &JoinOptions, explicit: bool) -> Result<Option<Arc<dyn JoinBackend>>> {
-    match context(opts) {
-        Ok(ctx) if explicit || !ctx.is_software() => Ok(Some(Arc::new(GpuBackend { ctx }))),
-        Ok(_) => Ok(None),
-        Err(e) if explicit => Err(Error::new(
-            ErrorKind::NoDevice,
-            format!("no usable Vulkan device: {e}"),
-        )),
-        Err(_) => Ok(None),
-    }
-}
-
-/// One Vulkan context per device selector for the whole process: contexts are expensive
-/// (instance, device, pipelines), and kernels are cached in them.
-fn context(opts: &JoinOptions) -> Result<Arc<Context>> {
-    static CONTEXTS: OnceLock<Mutex<HashMap<Option<String>, Arc<Context>>>> = OnceLock::new();
-    let selector = opts
-        .device
-        .clone()
-        .or_else(|| std::env::var("SIMJOIN_DEVICE").ok());
-    let mut map = CONTEXTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(ctx) = map.get(&selector) {
-        return Ok(ctx.clone());
-    }
+/// Opens the engine's device: the GPU backend and whether the device is a software
+/// rasterizer. Each engine owns its context; it is released when the engine is dropped.
+pub(crate) fn open(opts: &EngineOptions) -> Result<(Box<dyn JoinBackend>, bool)> {
     let ctx = Context::new(&ContextOptions {
-        device: selector.clone(),
-        validation: None,
+        device: opts.device.clone(),
+        validation: opts.validation,
     })?;
     // Testing knob: `SIMJOIN_GPU_DISPATCH_WIDTH=N` caps rows of workgroups at N, so every
     // multi-workgroup dispatch runs as a 2-D grid (with surplus workgroups) at small sizes.
@@ -65,8 +38,8 @@ fn context(opts: &JoinOptions) -> Result<Arc<Context>> {
     {
         ctx.set_dispatch_width(width);
     }
-    map.insert(selector, ctx.clone());
-    Ok(ctx)
+    let software = ctx.is_software();
+    Ok((Box::new(GpuBackend { ctx }), software))
 }
 
 struct GpuBackend {

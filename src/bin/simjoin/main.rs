@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use input::{read_points, Points, Precision};
 use simjoin::{
-    Algorithm, Backend, Dataset, Engine, JoinOptions, JoinReport, Metric, OutputForm, Pair,
+    Algorithm, Backend, Dataset, Engine, EngineOptions, JoinOptions, JoinReport, Metric, OutputForm, Pair,
 };
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -161,9 +161,16 @@ fn options(args: &JoinArgs) -> JoinOptions {
     opts.metric = args.metric;
     opts.backend = args.backend;
     opts.algorithm = args.algorithm;
-    opts.threads = args.threads;
-    opts.device = args.device.clone();
     opts
+}
+
+/// The engine for a command: its device and CPU threads come from the command line.
+fn engine(args: &JoinArgs) -> Result<Engine> {
+    Ok(Engine::with_options(EngineOptions {
+        device: args.device.clone(),
+        threads: args.threads,
+        validation: None,
+    })?)
 }
 
 /// Runs a self-join (one input) or A ⋈ B (two inputs), printing the count, the stats, or
@@ -172,6 +179,7 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     let opts = options(args);
     // Check everything that needs no data first, so a typo fails fast.
     opts.validate()?;
+    let engine = engine(args)?;
     if let Some(path) = &args.output {
         output::check_output_path(path)?;
     }
@@ -188,7 +196,6 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     let read_seconds = read_start.elapsed().as_secs_f64();
     let (a, b) = (&datasets[0], datasets.get(1));
 
-    let engine = Engine::new();
     let progress = Progress::start("joining");
     let (report, pairs) = if args.output.is_some() {
         // Stream into memory so the spinner can show progress.

@@ -11,6 +11,7 @@ Pairs come back as (m, 2) uint32 arrays, sorted lexicographically.
 """
 import atexit
 import ctypes
+import threading
 
 import numpy as np
 
@@ -71,7 +72,7 @@ def _lookup(table, what, value):
         ) from None
 
 
-def _options(eps, metric, backend, algorithm, output, sorted, threads):
+def _options(eps, metric, backend, algorithm, output, sorted):
     opts = _native.Options()
     _check(lib.simjoin_options_init(ctypes.byref(opts)))
     opts.eps = float(eps)
@@ -80,23 +81,32 @@ def _options(eps, metric, backend, algorithm, output, sorted, threads):
     opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)
     opts.output = _lookup(_native.OUTPUTS, "output", output)
     opts.sorted = 1 if sorted else 0
-    opts.threads = int(threads or 0)
     return opts
 
 
 class _Engine:
-    """One process-wide engine (thread-safe); freed at interpreter exit."""
+    """Process-wide engines (thread-safe), one per CPU thread count asked for; each owns its
+    device and worker threads and is freed at interpreter exit."""
 
-    handle = None
+    handles = {}
+    lock = threading.Lock()
 
     @classmethod
-    def get(cls):
-        if cls.handle is None:
-            handle = ctypes.c_void_p()
-            _check(lib.simjoin_engine_new(ctypes.byref(handle)))
-            cls.handle = handle
-            atexit.register(lib.simjoin_engine_free, handle)
-        return cls.handle
+    def get(cls, threads=None):
+        key = None if threads is None else int(threads)
+        if key is not None and key < 1:
+            raise InvalidArgumentError(_native.INVALID_ARGUMENT, f"threads must be >= 1 (got {threads})")
+        with cls.lock:
+            handle = cls.handles.get(key)
+            if handle is None:
+                opts = _native.EngineOptions()
+                _check(lib.simjoin_engine_options_init(ctypes.byref(opts)))
+                opts.threads = key or 0
+                handle = ctypes.c_void_p()
+                _check(lib.simjoin_engine_new_with(ctypes.byref(opts), ctypes.byref(handle)))
+                cls.handles[key] = handle
+                atexit.register(lib.simjoin_engine_free, handle)
+            return handle
 
 
 def _collect(result, output, shape):
@@ -141,10 +151,10 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     "cpu" or "gpu"; algorithm: "auto", "grid", "ego", "brute" or "lss".
     """
     points = _as_points(X, "X")
-    opts = _options(eps, metric, backend, algorithm, output, sorted, threads)
+    opts = _options(eps, metric, backend, algorithm, output, sorted)
     m = _matrix(points)
     result = ctypes.c_void_p()
-    _check(lib.simjoin_self_join(_Engine.get(), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
+    _check(lib.simjoin_self_join(_Engine.get(threads), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
     return _collect(result, output.lower(), (points.shape[0], points.shape[0]))
 
 
@@ -162,12 +172,12 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
         common = np.result_type(a.dtype, b.dtype)
         common = common if common in (np.float32, np.float64) else np.float64
     a, b = _as_points(a, "A", common), _as_points(b, "B", common)
-    opts = _options(eps, metric, backend, algorithm, output, sorted, threads)
+    opts = _options(eps, metric, backend, algorithm, output, sorted)
     ma, mb = _matrix(a), _matrix(b)
     result = ctypes.c_void_p()
     _check(
         lib.simjoin_join(
-            _Engine.get(), ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)
+            _Engine.get(threads), ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)
         )
     )
     return _collect(result, output.lower(), (a.shape[0], b.shape[0]))

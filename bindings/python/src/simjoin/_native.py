@@ -27,11 +27,18 @@ class Options(ctypes.Structure):
         ("output", c_uint32),
         ("sorted", c_uint32),
         ("include_self", c_uint32),
-        ("threads", c_uint64),
         ("indexed_dims", c_uint64),
         ("batch_points", c_uint64),
         ("result_buffer_pairs", c_uint64),
+    ]
+
+
+class EngineOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
         ("device", c_char_p),
+        ("threads", c_uint64),
+        ("validation", c_uint32),
     ]
 
 
@@ -71,7 +78,10 @@ def _declare(lib):
         "simjoin_status_str": (c_char_p, [c_uint32]),
         "simjoin_last_error_message": (c_size_t, [ctypes.c_char_p, c_size_t]),
         "simjoin_options_init": (status, [POINTER(Options)]),
+        "simjoin_abi_version": (c_uint32, []),
+        "simjoin_engine_options_init": (status, [POINTER(EngineOptions)]),
         "simjoin_engine_new": (status, [POINTER(engine_p)]),
+        "simjoin_engine_new_with": (status, [POINTER(EngineOptions), POINTER(engine_p)]),
         "simjoin_engine_free": (None, [engine_p]),
         "simjoin_self_join": (status, [engine_p, POINTER(Matrix), POINTER(Options), POINTER(result_p)]),
         "simjoin_join": (
@@ -103,3 +113,11 @@ def _declare(lib):
 # ctypes.CDLL releases the GIL during each call, so joins from several Python threads run
 # in parallel (the engine is thread-safe).
 lib = _declare(ctypes.CDLL(_find_library()))
+
+# The structs above mirror ABI version 2 of simjoin.h.
+ABI_VERSION = 2
+if lib.simjoin_abi_version() != ABI_VERSION:
+    raise ImportError(
+        f"simjoin: the library has C ABI version {lib.simjoin_abi_version()}, "
+        f"these bindings need {ABI_VERSION}; reinstall the package"
+    )

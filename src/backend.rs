@@ -1,0 +1,23 @@
+//! The seam between the engine and its backends: what a join asks for ([`Job`]) and what
+//! every backend implements ([`JoinBackend`]). The engine (`engine.rs`) and the backends
+//! (`cpu/`, `gpu/`) both depend on this module and not on each other.
+
+use crate::dataset::Dataset;
+use crate::error::Result;
+use crate::options::JoinOptions;
+use crate::result::{JoinReport, PairSink};
+
+/// One join to run: A ⋈ A (self-join, `b == None`) or A ⋈ B. Dimensions and precision
+/// of A and B were checked equal by the engine.
+pub(crate) struct Job<'a> {
+    pub a: Dataset<'a>,
+    pub b: Option<Dataset<'a>>,
+    pub opts: &'a JoinOptions,
+}
+
+/// What every backend implements. `sink == None` means count only: the backend need not
+/// materialise pairs, only count them into `JoinReport::pairs`.
+/// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
+pub(crate) trait JoinBackend: Send + Sync {
+    fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
+}

@@ -1,0 +1,73 @@
+//! Borrowed input points (`simjoin_matrix`), checked and viewed as a `Dataset`.
+
+use super::null_arg;
+use crate::dataset::Dataset;
+use crate::error::Error;
+use std::ffi::c_void;
+
+/// Coordinate type of a `simjoin_matrix`: one of `SIMJOIN_DTYPE_*`.
+pub type simjoin_dtype = u32;
+pub const SIMJOIN_DTYPE_F32: simjoin_dtype = 0;
+pub const SIMJOIN_DTYPE_F64: simjoin_dtype = 1;
+
+/// A borrowed row-major point set: point i is `data[i*cols .. (i+1)*cols]`, in `float`
+/// (SIMJOIN_DTYPE_F32) or `double` (SIMJOIN_DTYPE_F64). `data` may be NULL only when
+/// `rows == 0`. simjoin reads it during the call only and never keeps it.
+#[repr(C)]
+pub struct simjoin_matrix {
+    pub data: *const c_void,
+    /// Number of points.
+    pub rows: usize,
+    /// Dimensions per point (>= 1).
+    pub cols: usize,
+    pub dtype: simjoin_dtype,
+}
+
+/// Borrows the caller's matrix as a validated `Dataset`.
+pub(crate) unsafe fn read_matrix<'a>(name: &str, m: *const simjoin_matrix) -> Result<Dataset<'a>, Error> {
+    let m = m.as_ref().ok_or_else(|| null_arg(name))?;
+    if m.cols == 0 {
+        return Err(Error::invalid(format!(
+            "{name}: points must have at least one dimension (cols = 0)"
+        )));
+    }
+    let len = m
+        .rows
+        .checked_mul(m.cols)
+        .ok_or_else(|| Error::invalid(format!("{name}: rows * cols overflows size_t")))?;
+    if m.data.is_null() && m.rows != 0 {
+        return Err(Error::invalid(format!(
+            "{name}->data is NULL but rows = {}",
+            m.rows
+        )));
+    }
+    let ds = match m.dtype {
+        SIMJOIN_DTYPE_F32 => Dataset::from_f32(borrow(name, m.data, len)?, m.cols),
+        SIMJOIN_DTYPE_F64 => Dataset::from_f64(borrow(name, m.data, len)?, m.cols),
+        other => {
+            return Err(Error::invalid(format!(
+                "{name}: unknown dtype value {other}"
+            )))
+        }
+    };
+    ds.map_err(|e| Error::with_kind(e.kind(), anyhow::anyhow!("{name}: {e}")))
+}
+
+/// The caller's `len` coordinates as a slice, refusing what `slice::from_raw_parts` may not
+/// be given: a misaligned pointer or more than isize::MAX bytes.
+unsafe fn borrow<'a, T>(name: &str, data: *const c_void, len: usize) -> Result<&'a [T], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if (data as usize) % std::mem::align_of::<T>() != 0 {
+        return Err(Error::invalid(format!(
+            "{name}->data is not aligned for its dtype ({} bytes)",
+            std::mem::align_of::<T>()
+        )));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>() {
+        return Err(Error::invalid(format!("{name}: rows * cols is too large")));
+    }
+    Ok(std::slice::from_raw_parts(data as *const T, len))
+}
+

@@ -1,0 +1,298 @@
+//! Join options (`simjoin_options`) and engine options (`simjoin_engine_options`): C
+//! structs that start with their own size so that they can grow, read field by field into
+//! the Rust options with unknown enum numbers refused.
+
+use super::{guard, null_arg, simjoin_status};
+use crate::engine::EngineOptions;
+use crate::error::Error;
+use crate::options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
+use std::ffi::{c_char, CStr};
+
+// Enum-like option values are plain u32 typedefs with #defined constants rather than Rust
+// enums: the caller may store any number in the struct, and reading an out-of-range value
+// into a Rust enum would be undefined behaviour. Unknown numbers are rejected instead.
+// The numbers are literals so that cbindgen can write them; a test checks that they equal
+// the Rust enums' discriminants.
+
+/// Distance function: one of `SIMJOIN_METRIC_*`.
+pub type simjoin_metric = u32;
+pub const SIMJOIN_METRIC_EUCLIDEAN: simjoin_metric = 0;
+pub const SIMJOIN_METRIC_MANHATTAN: simjoin_metric = 1;
+pub const SIMJOIN_METRIC_CHEBYSHEV: simjoin_metric = 2;
+
+/// Where the join runs: one of `SIMJOIN_BACKEND_*`.
+pub type simjoin_backend = u32;
+pub const SIMJOIN_BACKEND_AUTO: simjoin_backend = 0;
+pub const SIMJOIN_BACKEND_CPU: simjoin_backend = 1;
+pub const SIMJOIN_BACKEND_GPU: simjoin_backend = 2;
+
+/// Join algorithm: one of `SIMJOIN_ALGORITHM_*`.
+pub type simjoin_algorithm = u32;
+pub const SIMJOIN_ALGORITHM_AUTO: simjoin_algorithm = 0;
+pub const SIMJOIN_ALGORITHM_GRID: simjoin_algorithm = 1;
+pub const SIMJOIN_ALGORITHM_EGO: simjoin_algorithm = 2;
+pub const SIMJOIN_ALGORITHM_BRUTE: simjoin_algorithm = 3;
+pub const SIMJOIN_ALGORITHM_LSS: simjoin_algorithm = 4;
+
+/// What a join returns: one of `SIMJOIN_OUTPUT_*`.
+pub type simjoin_output = u32;
+/// Self-join: unique pairs (i < j). A join B: pairs (i in A, j in B).
+pub const SIMJOIN_OUTPUT_PAIRS: simjoin_output = 0;
+/// Neighbour table in CSR form (self-join: both directions).
+pub const SIMJOIN_OUTPUT_CSR: simjoin_output = 1;
+/// Only the number of pairs.
+pub const SIMJOIN_OUTPUT_COUNT: simjoin_output = 2;
+
+
+/// Join options. Call `simjoin_options_init` first: it sets `size` and every default.
+/// `size` lets the struct grow: a library reads only the fields the caller's struct has
+/// and uses defaults for the rest.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct simjoin_options {
+    /// `sizeof(simjoin_options)` as the caller compiled it.
+    pub size: usize,
+    /// Distance threshold: finite and > 0. A pair matches when dist <= eps.
+    pub eps: f64,
+    pub metric: simjoin_metric,
+    pub backend: simjoin_backend,
+    pub algorithm: simjoin_algorithm,
+    pub output: simjoin_output,
+    /// Non-zero: sort pairs lexicographically (and CSR rows by neighbour id).
+    pub sorted: u32,
+    /// Non-zero: self-join CSR lists each point as its own neighbour.
+    pub include_self: u32,
+    /// GPU grid: indexed dimensions (0 = chosen automatically).
+    pub indexed_dims: u64,
+    /// GPU: query points per batch (0 = automatic).
+    pub batch_points: u64,
+    /// GPU: result buffer capacity in pairs (0 = automatic).
+    pub result_buffer_pairs: u64,
+}
+
+impl simjoin_options {
+    fn defaults() -> Self {
+        let d = JoinOptions::new(1.0);
+        simjoin_options {
+            size: std::mem::size_of::<simjoin_options>(),
+            eps: 0.0,
+            metric: d.metric as u32,
+            backend: d.backend as u32,
+            algorithm: d.algorithm as u32,
+            output: d.output as u32,
+            sorted: d.sorted as u32,
+            include_self: d.include_self as u32,
+            indexed_dims: 0,
+            batch_points: 0,
+            result_buffer_pairs: 0,
+        }
+    }
+}
+
+/// Validation layers for an engine's Vulkan device: one of `SIMJOIN_VALIDATION_*`.
+pub type simjoin_validation = u32;
+/// On when the `SIMJOIN_VALIDATION` environment variable is set (not "0").
+pub const SIMJOIN_VALIDATION_DEFAULT: simjoin_validation = 0;
+pub const SIMJOIN_VALIDATION_ON: simjoin_validation = 1;
+pub const SIMJOIN_VALIDATION_OFF: simjoin_validation = 2;
+
+/// Engine options. Call `simjoin_engine_options_init` first: it sets `size` and every
+/// default. They hold for the engine's whole life.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct simjoin_engine_options {
+    /// `sizeof(simjoin_engine_options)` as the caller compiled it.
+    pub size: usize,
+    /// Vulkan device index or name substring, NUL-terminated (NULL = the
+    /// `SIMJOIN_DEVICE` environment variable, else the best device). Copied at creation.
+    pub device: *const c_char,
+    /// CPU worker threads (0 = one per core).
+    pub threads: u64,
+    /// One of `SIMJOIN_VALIDATION_*`.
+    pub validation: simjoin_validation,
+}
+
+impl simjoin_engine_options {
+    fn defaults() -> Self {
+        simjoin_engine_options {
+            size: std::mem::size_of::<simjoin_engine_options>(),
+            device: std::ptr::null(),
+            threads: 0,
+            validation: SIMJOIN_VALIDATION_DEFAULT,
+        }
+    }
+}
+
+const METRICS: [(u32, Metric); 3] = [
+    (SIMJOIN_METRIC_EUCLIDEAN, Metric::Euclidean),
+    (SIMJOIN_METRIC_MANHATTAN, Metric::Manhattan),
+    (SIMJOIN_METRIC_CHEBYSHEV, Metric::Chebyshev),
+];
+const BACKENDS: [(u32, Backend); 3] = [
+    (SIMJOIN_BACKEND_AUTO, Backend::Auto),
+    (SIMJOIN_BACKEND_CPU, Backend::Cpu),
+    (SIMJOIN_BACKEND_GPU, Backend::Gpu),
+];
+const ALGORITHMS: [(u32, Algorithm); 5] = [
+    (SIMJOIN_ALGORITHM_AUTO, Algorithm::Auto),
+    (SIMJOIN_ALGORITHM_GRID, Algorithm::Grid),
+    (SIMJOIN_ALGORITHM_EGO, Algorithm::Ego),
+    (SIMJOIN_ALGORITHM_BRUTE, Algorithm::Brute),
+    (SIMJOIN_ALGORITHM_LSS, Algorithm::Lss),
+];
+const OUTPUTS: [(u32, OutputForm); 3] = [
+    (SIMJOIN_OUTPUT_PAIRS, OutputForm::Pairs),
+    (SIMJOIN_OUTPUT_CSR, OutputForm::Csr),
+    (SIMJOIN_OUTPUT_COUNT, OutputForm::Count),
+];
+
+pub(crate) fn enum_value<T: Copy>(what: &str, value: u32, table: &[(u32, T)]) -> Result<T, Error> {
+    table
+        .iter()
+        .find(|(n, _)| *n == value)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| Error::invalid(format!("unknown {what} value {value}")))
+}
+
+pub(crate) fn optional_count(what: &str, value: u64) -> Result<Option<usize>, Error> {
+    if value == 0 {
+        return Ok(None);
+    }
+    usize::try_from(value)
+        .map(Some)
+        .map_err(|_| Error::invalid(format!("{what} {value} does not fit in size_t")))
+}
+
+/// Reads a size-prefixed options struct of the caller's into our `T`: fields the caller's
+/// (older) struct lacks keep `defaults`; fields of a newer caller beyond ours must be zero.
+///
+/// # Safety
+/// `ptr` is non-NULL and points at a readable struct of at least the `usize` it starts
+/// with and of the size that `usize` states.
+unsafe fn read_sized<T: Copy>(ptr: *const T, defaults: T, least: usize, what: &str) -> Result<T, Error> {
+    let ours = std::mem::size_of::<T>();
+    // SAFETY: the caller's struct starts with its size (a usize); unaligned read as the
+    // caller may hand any pointer.
+    let theirs = unsafe { std::ptr::read_unaligned(ptr as *const usize) };
+    if theirs < least {
+        return Err(Error::invalid(format!(
+            "{what}->size is {theirs}: call {what}_init before setting options"
+        )));
+    }
+    if theirs > ours {
+        // A newer caller: fine as long as it left every field this library does not know
+        // at zero (its default), as Linux does for extensible structs.
+        // SAFETY: the caller's struct is `theirs` bytes long (its size field says so).
+        let extra = unsafe { std::slice::from_raw_parts((ptr as *const u8).add(ours), theirs - ours) };
+        if extra.iter().any(|&b| b != 0) {
+            return Err(Error::unsupported(format!(
+                "{what} sets fields this simjoin library does not know (built against a newer header?)"
+            )));
+        }
+    }
+    let mut out = defaults;
+    // SAFETY: copies min(theirs, ours) bytes: readable in the caller's struct, writable in
+    // ours; every field of T is plain data valid for any bit pattern (integers, floats,
+    // raw pointers).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            ptr as *const u8,
+            &mut out as *mut T as *mut u8,
+            theirs.min(ours),
+        )
+    };
+    Ok(out)
+}
+
+/// Reads the caller's options struct, honouring its `size` (see `simjoin_options`).
+pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOptions, Error> {
+    if opts.is_null() {
+        return Err(null_arg("opts"));
+    }
+    let eps_end = std::mem::offset_of!(simjoin_options, eps) + std::mem::size_of::<f64>();
+    // SAFETY: non-NULL; the header's contract makes it a live simjoin_options of its size.
+    let o = unsafe { read_sized(opts, simjoin_options::defaults(), eps_end, "simjoin_options") }?;
+    let mut j = JoinOptions::new(o.eps);
+    j.metric = enum_value("metric", o.metric, &METRICS)?;
+    j.backend = enum_value("backend", o.backend, &BACKENDS)?;
+    j.algorithm = enum_value("algorithm", o.algorithm, &ALGORITHMS)?;
+    j.output = enum_value("output", o.output, &OUTPUTS)?;
+    j.sorted = o.sorted != 0;
+    j.include_self = o.include_self != 0;
+    j.indexed_dims = optional_count("indexed_dims", o.indexed_dims)?;
+    j.batch_points = optional_count("batch_points", o.batch_points)?;
+    j.result_buffer_pairs = optional_count("result_buffer_pairs", o.result_buffer_pairs)?;
+    j.validate()?;
+    Ok(j)
+}
+
+
+/// Reads the caller's engine options (see `simjoin_engine_options`).
+///
+/// # Safety
+/// `opts` is NULL (defaults) or a live `simjoin_engine_options` of its stated size whose
+/// `device`, when not NULL, is a NUL-terminated string.
+pub(crate) unsafe fn read_engine_options(
+    opts: *const simjoin_engine_options,
+) -> Result<EngineOptions, Error> {
+    if opts.is_null() {
+        return Ok(EngineOptions::default());
+    }
+    let least = std::mem::size_of::<usize>();
+    // SAFETY: non-NULL and, by the contract above, a live struct of its stated size.
+    let o = unsafe {
+        read_sized(
+            opts,
+            simjoin_engine_options::defaults(),
+            least,
+            "simjoin_engine_options",
+        )
+    }?;
+    let device = if o.device.is_null() {
+        None
+    } else {
+        // SAFETY: a non-NULL device is a NUL-terminated string (header contract).
+        let name = unsafe { CStr::from_ptr(o.device) }
+            .to_str()
+            .map_err(|_| Error::invalid("opts->device is not valid UTF-8"))?;
+        Some(name.to_owned())
+    };
+    let validation = match o.validation {
+        SIMJOIN_VALIDATION_DEFAULT => None,
+        SIMJOIN_VALIDATION_ON => Some(true),
+        SIMJOIN_VALIDATION_OFF => Some(false),
+        other => return Err(Error::invalid(format!("unknown validation value {other}"))),
+    };
+    let options = EngineOptions {
+        device,
+        threads: optional_count("threads", o.threads)?,
+        validation,
+    };
+    options.validate()?;
+    Ok(options)
+}
+
+/// Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic
+/// backend and algorithm; pairs output) and `opts->size = sizeof(simjoin_options)`.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_options_init(opts: *mut simjoin_options) -> simjoin_status {
+    guard(|| {
+        let opts = opts.as_mut().ok_or_else(|| null_arg("opts"))?;
+        *opts = simjoin_options::defaults();
+        Ok(())
+    })
+}
+
+/// Fills `*opts` with the engine defaults (the default device, one CPU thread per core,
+/// validation from the environment) and `opts->size = sizeof(simjoin_engine_options)`.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_engine_options_init(
+    opts: *mut simjoin_engine_options,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL or a writable simjoin_engine_options (header contract).
+        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
+        *opts = simjoin_engine_options::defaults();
+        Ok(())
+    })
+}
