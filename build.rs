@@ -1,14 +1,39 @@
-//! Compiles every `glsl/*.comp` to SPIR-V (Vulkan 1.2 target) and generates
-//! `$OUT_DIR/shaders.rs` with one `pub const NAME: &[u8]` per kernel, embedded in the library.
-//! Shared code lives in `glsl/*.glsl` and is pulled in with `#include "file.glsl"`.
+//! With the `gpu` feature: compiles every `glsl/*.comp` to SPIR-V (Vulkan 1.2 target) and
+//! generates `$OUT_DIR/shaders.rs` with one `pub const NAME: &[u8]` per kernel, embedded in
+//! the library. Shared code lives in `glsl/*.glsl` and is pulled in with
+//! `#include "file.glsl"`; `join_interface.glsl` is generated from src/gpu/interface.rs
+//! (the one definition of the join kernels' flags, bindings and parameters).
+//! Always: the shared library's SONAME carries the C ABI version (`libsimjoin.so.N`).
 
-use std::path::{Path, PathBuf};
-use std::{env, fs};
+use std::env;
+
+/// Keep equal to `ffi::SIMJOIN_ABI_VERSION` (tests/header.rs checks).
+const ABI_VERSION: u32 = 2;
+
+#[cfg(feature = "gpu")]
+mod interface {
+    #![allow(dead_code)]
+    include!("src/gpu/interface.rs");
+}
 
 fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libsimjoin.so.{ABI_VERSION}");
+    }
+    #[cfg(feature = "gpu")]
+    compile_shaders();
+}
+
+#[cfg(feature = "gpu")]
+fn compile_shaders() {
+    use std::fs;
+    use std::path::{Path, PathBuf};
     let glsl = Path::new("glsl");
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed=glsl");
+    println!("cargo:rerun-if-changed=src/gpu/interface.rs");
+    let generated = interface::glsl_header();
     let mut entries: Vec<PathBuf> = fs::read_dir(glsl)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
@@ -32,6 +57,12 @@ fn main() {
         opts.set_target_spirv(shaderc::SpirvVersion::V1_5);
         opts.set_optimization_level(shaderc::OptimizationLevel::Performance);
         opts.set_include_callback(|name, _ty, _from, _depth| {
+            if name == "join_interface.glsl" {
+                return Ok(shaderc::ResolvedInclude {
+                    resolved_name: "src/gpu/interface.rs (generated)".into(),
+                    content: generated.clone(),
+                });
+            }
             let p = glsl.join(name);
             let content = fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
             Ok(shaderc::ResolvedInclude {
@@ -59,4 +90,5 @@ fn main() {
         ));
     }
     fs::write(out.join("shaders.rs"), module).unwrap();
+    fs::write(out.join("join_interface.glsl"), generated).unwrap();
 }

@@ -32,7 +32,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// on-GPU time between timestamps, in seconds.
 fn time_gpu(
     stream: &mut Stream,
-    timer: &GpuTimer,
+    timer: &std::sync::Arc<GpuTimer>,
     reps: usize,
     mut reset: impl FnMut(&mut Stream) -> simjoin::Result<()>,
     mut work: impl FnMut(&mut Stream) -> simjoin::Result<()>,

@@ -21,45 +21,29 @@ layout(constant_id = 2) const uint K = 1;        // indexed dimensions (grid onl
 layout(constant_id = 3) const uint METRIC = 0;   // 0 Euclidean, 1 Manhattan, 2 Chebyshev
 layout(constant_id = 4) const uint SORT_DIM = 0; // SORTIDU dimension (grid only)
 
-// Flags (push constant `flags`).
-const uint FLAG_SELF = 1u;    // self-join: unicomp, home cell from the next position on
-const uint FLAG_COUNT = 2u;   // count only: matches kept in states[].w, no pairs written
-const uint FLAG_SWAP = 4u;    // write pairs as (indexed id, query id)
-const uint FLAG_SORTIDU = 8u; // cells are sorted on SORT_DIM: search a window
-const uint FLAG_REORDER = 16u; // grid: reject in variance order first (REORDER)
+// Flags, binding numbers and the push-constant block: generated from src/gpu/interface.rs.
+#include "join_interface.glsl"
 
 const uint DONE = 0xFFFFFFFFu;
 
-layout(std430, set = 0, binding = 0) readonly buffer IndexedCoords { T r_coords[]; };
-layout(std430, set = 0, binding = 1) readonly buffer QueryCoords { T q_coords[]; };
-layout(std430, set = 0, binding = 2) readonly buffer CellKeys { uint64_t cell_keys[]; };
-layout(std430, set = 0, binding = 3) readonly buffer CellRanges { uvec2 cell_ranges[]; };
-layout(std430, set = 0, binding = 4) readonly buffer IndexedIds { uint r_ids[]; };
-layout(std430, set = 0, binding = 5) readonly buffer QueryIds { uint q_ids[]; };
-layout(std430, set = 0, binding = 6) readonly buffer QueryCells { uint q_cells[]; };
+layout(std430, set = 0, binding = BINDING_R_COORDS) readonly buffer IndexedCoords { T r_coords[]; };
+layout(std430, set = 0, binding = BINDING_Q_COORDS) readonly buffer QueryCoords { T q_coords[]; };
+layout(std430, set = 0, binding = BINDING_CELL_KEYS) readonly buffer CellKeys { uint64_t cell_keys[]; };
+layout(std430, set = 0, binding = BINDING_CELL_RANGES) readonly buffer CellRanges { uvec2 cell_ranges[]; };
+layout(std430, set = 0, binding = BINDING_R_IDS) readonly buffer IndexedIds { uint r_ids[]; };
+layout(std430, set = 0, binding = BINDING_Q_IDS) readonly buffer QueryIds { uint q_ids[]; };
+layout(std430, set = 0, binding = BINDING_Q_CELLS) readonly buffer QueryCells { uint q_cells[]; };
 // cells per dimension [K], mask offsets [K+1] (relative to 2K+1+DIM), dimensions by
 // decreasing variance [DIM], mask coordinates.
-layout(std430, set = 0, binding = 7) readonly buffer GridMeta { uint meta[]; };
-layout(std430, set = 0, binding = 8) writeonly buffer Results { uvec2 results[]; };
+layout(std430, set = 0, binding = BINDING_META) readonly buffer GridMeta { uint meta[]; };
+layout(std430, set = 0, binding = BINDING_RESULTS) writeonly buffer Results { uvec2 results[]; };
 // [0] result slots taken in this dispatch (may exceed capacity), [1] 1 if a query stopped.
-layout(std430, set = 0, binding = 9) buffer Counters { uint counters[]; };
+layout(std430, set = 0, binding = BINDING_COUNTERS) buffer Counters { uint counters[]; };
 // Per thread of the batch: (phase, combination, position + 1, matches so far); phase DONE
 // when finished. Zeroed by the host before a batch's first dispatch.
-layout(std430, set = 0, binding = 10) buffer States { uvec4 states[]; };
+layout(std430, set = 0, binding = BINDING_STATES) buffer States { uvec4 states[]; };
 
-layout(push_constant) uniform Params {
-    uint q_begin;   // first query position of the batch
-    uint q_count;   // queries in the batch
-    uint q_stride;  // query position = q_begin + thread * q_stride (estimation samples)
-    uint capacity;  // result slots in `results`
-    uint flags;
-    uint n_cells;   // non-empty cells (grid) or indexed points (brute)
-    uint budget;    // loop iterations a thread may run per dispatch (0 = unlimited)
-    uint log_cells; // bound on the iterations of one binary search
-    T thr;          // metric::threshold(metric, eps)
-    T window;       // SORTIDU half-window: > any |q_u - r_u| of a matching pair
-    T thr_reject;   // thr * (1 + metric::reject_margin), rounded up: REORDER rejections
-} pc;
+JOIN_PARAMS_BLOCK
 
 T qp[DIM];          // the query point, in registers
 uint q_id;

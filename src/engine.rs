@@ -96,7 +96,14 @@ impl Engine {
     fn gpu(&self) -> std::result::Result<&Gpu, &Error> {
         self.gpu
             .get_or_init(|| {
-                crate::gpu::open(&self.options).map(|(backend, software)| Gpu { backend, software })
+                #[cfg(feature = "gpu")]
+                return crate::gpu::open(&self.options)
+                    .map(|(backend, software)| Gpu { backend, software });
+                #[cfg(not(feature = "gpu"))]
+                Err(Error::new(
+                    ErrorKind::NoDevice,
+                    "this simjoin library was built without the `gpu` feature",
+                ))
             })
             .as_ref()
     }

@@ -14,6 +14,7 @@
 
 mod backend;
 pub mod dataset;
+mod device;
 pub mod engine;
 pub mod error;
 pub mod ffi;
@@ -25,12 +26,22 @@ pub mod oracle;
 pub mod result;
 
 pub(crate) mod cpu;
+#[cfg(feature = "gpu")]
 pub(crate) mod gpu;
+#[cfg(feature = "gpu")]
 pub mod vk;
+
+/// The GPU join kernels' interface (flags, bindings, push constants) and the GLSL header
+/// generated from it; public for the test that checks the compiled kernels against it.
+#[cfg(feature = "gpu")]
+#[doc(hidden)]
+pub mod kernel_interface {
+    pub use crate::gpu::interface::*;
+}
 
 pub use dataset::{Coords, Dataset, Precision};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
-pub use vk::{devices, DeviceInfo};
+pub use device::{devices, DeviceInfo};

@@ -187,7 +187,10 @@ pub unsafe extern "C" fn simjoin_last_error_message(buf: *mut c_char, len: usize
 
 #[cfg(test)]
 mod tests {
+    use super::options::{read_options, ALGORITHMS, BACKENDS, METRICS, OUTPUTS};
     use super::*;
+    use crate::options::Metric;
+    use std::ffi::CStr;
 
     fn last_error() -> String {
         let mut buf = [0 as c_char; 256];

@@ -71,7 +71,7 @@ pub struct simjoin_options {
 }
 
 impl simjoin_options {
-    fn defaults() -> Self {
+    pub(crate) fn defaults() -> Self {
         let d = JoinOptions::new(1.0);
         simjoin_options {
             size: std::mem::size_of::<simjoin_options>(),
@@ -123,24 +123,24 @@ impl simjoin_engine_options {
     }
 }
 
-const METRICS: [(u32, Metric); 3] = [
+pub(crate) const METRICS: [(u32, Metric); 3] = [
     (SIMJOIN_METRIC_EUCLIDEAN, Metric::Euclidean),
     (SIMJOIN_METRIC_MANHATTAN, Metric::Manhattan),
     (SIMJOIN_METRIC_CHEBYSHEV, Metric::Chebyshev),
 ];
-const BACKENDS: [(u32, Backend); 3] = [
+pub(crate) const BACKENDS: [(u32, Backend); 3] = [
     (SIMJOIN_BACKEND_AUTO, Backend::Auto),
     (SIMJOIN_BACKEND_CPU, Backend::Cpu),
     (SIMJOIN_BACKEND_GPU, Backend::Gpu),
 ];
-const ALGORITHMS: [(u32, Algorithm); 5] = [
+pub(crate) const ALGORITHMS: [(u32, Algorithm); 5] = [
     (SIMJOIN_ALGORITHM_AUTO, Algorithm::Auto),
     (SIMJOIN_ALGORITHM_GRID, Algorithm::Grid),
     (SIMJOIN_ALGORITHM_EGO, Algorithm::Ego),
     (SIMJOIN_ALGORITHM_BRUTE, Algorithm::Brute),
     (SIMJOIN_ALGORITHM_LSS, Algorithm::Lss),
 ];
-const OUTPUTS: [(u32, OutputForm); 3] = [
+pub(crate) const OUTPUTS: [(u32, OutputForm); 3] = [
     (SIMJOIN_OUTPUT_PAIRS, OutputForm::Pairs),
     (SIMJOIN_OUTPUT_CSR, OutputForm::Csr),
     (SIMJOIN_OUTPUT_COUNT, OutputForm::Count),

@@ -12,7 +12,10 @@
 //! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp` (f32/f64) with `join_*.glsl`: the
 //!   kernels; the match test is `metric.rs`'s, bit for bit.
 
+mod batch;
+mod device_data;
 pub(crate) mod index;
+pub mod interface;
 mod join;
 pub(crate) mod plan;
 

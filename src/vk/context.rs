@@ -1,18 +1,19 @@
-//! The Vulkan context: instance (with validation when asked), device choice, logical device,
-//! queues, allocator, limits and features. One per device; shared as `Arc<Context>`.
+//! The Vulkan context: the logical device on the chosen physical device, its queues, the
+//! memory allocator, limits and features. One per device; shared as `Arc<Context>` by
+//! everything made from it (buffers, kernels, streams), so it is destroyed last.
+//! (`instance.rs` owns the instance, `device_choice.rs` picks the device.)
 
+use super::device_choice::{candidates, choose, Candidate};
+use super::instance::Instance;
 use super::kernel::KernelCache;
-use super::{vkr, DeviceInfo, VALIDATION_ERRORS, VALIDATION_WARNINGS};
+use super::vkr;
 use crate::error::{Error, ErrorKind, Result};
 use ash::vk;
 use gpu_allocator::vulkan::{Allocator, AllocatorCreateDesc};
 use gpu_allocator::{AllocationSizes, AllocatorDebugSettings};
-use std::ffi::{c_char, c_void, CStr};
-use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 /// At most this many compute queues are used ("streams" beyond it share queues).
 const MAX_COMPUTE_QUEUES: u32 = 3;
 
@@ -65,15 +66,14 @@ pub struct QueueLayout {
     pub transfer_family: Option<u32>,
 }
 
-/// Owns the Vulkan instance and device. `Send + Sync`: queues and the allocator are behind
-/// mutexes, so streams and buffers may be created and used from several threads.
+/// Owns the Vulkan device (and the instance it came from). `Send + Sync`: queues and the
+/// allocator are behind mutexes, so streams and buffers may be created and used from
+/// several threads. Fields drop in declaration order after `Drop::drop`: the kernels and
+/// the allocator's memory go in `drop`, then the device, then the instance.
 pub struct Context {
-    _entry: ash::Entry,
-    pub(crate) instance: ash::Instance,
-    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
-    pub(crate) physical: vk::PhysicalDevice,
-    pub(crate) device: ash::Device,
-    allocator: ManuallyDrop<Mutex<Allocator>>,
+    pub(crate) kernels: KernelCache,
+    /// `None` only during `drop`, which frees the allocator's memory before the device.
+    allocator: Option<Mutex<Allocator>>,
     compute_queues: Vec<Mutex<vk::Queue>>,
     transfer_queue: Option<Mutex<vk::Queue>>,
     queue_layout: QueueLayout,
@@ -86,53 +86,30 @@ pub struct Context {
     dispatch_width: AtomicU32,
     /// timestampValidBits of the compute and the transfer family.
     timestamp_bits: [u32; 2],
-    validation: bool,
-    pub(crate) kernels: KernelCache,
+    pub(crate) physical: vk::PhysicalDevice,
+    pub(crate) device: LogicalDevice,
+    pub(crate) instance: Instance,
 }
 
-/// A queue the context owns, as streams address it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QueueId {
-    Compute(usize),
-    Transfer,
-}
+/// An owned logical device: waits for it to be idle and destroys it when dropped.
+pub(crate) struct LogicalDevice(ash::Device);
 
-fn cstr_field(chars: &[c_char]) -> String {
-    let bytes: Vec<u8> = chars
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-fn version_string(v: u32) -> String {
-    format!(
-        "{}.{}.{}",
-        vk::api_version_major(v),
-        vk::api_version_minor(v),
-        vk::api_version_patch(v)
-    )
-}
-
-fn kind_name(t: vk::PhysicalDeviceType) -> &'static str {
-    match t {
-        vk::PhysicalDeviceType::DISCRETE_GPU => "discrete",
-        vk::PhysicalDeviceType::INTEGRATED_GPU => "integrated",
-        vk::PhysicalDeviceType::VIRTUAL_GPU => "virtual",
-        vk::PhysicalDeviceType::CPU => "cpu",
-        _ => "other",
+impl std::ops::Deref for LogicalDevice {
+    type Target = ash::Device;
+    fn deref(&self) -> &ash::Device {
+        &self.0
     }
 }
 
-/// Automatic choice order: discrete > integrated > virtual > CPU > other.
-fn kind_rank(t: vk::PhysicalDeviceType) -> u32 {
-    match t {
-        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
-        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
-        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
-        vk::PhysicalDeviceType::CPU => 3,
-        _ => 4,
+impl Drop for LogicalDevice {
+    fn drop(&mut self) {
+        // SAFETY: the owner (`Context`) drops this only after every object made from the
+        // device (buffers, pipelines, streams hold the context) and the allocator's memory
+        // are gone; waiting for idle first lets no queued work outlive the device.
+        unsafe {
+            let _ = self.0.device_wait_idle();
+            self.0.destroy_device(None);
+        }
     }
 }
 
@@ -142,404 +119,35 @@ fn env_flag(name: &str) -> bool {
         .unwrap_or(false)
 }
 
-unsafe extern "system" fn debug_callback(
-    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
-    _types: vk::DebugUtilsMessageTypeFlagsEXT,
-    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
-    _user: *mut c_void,
-) -> vk::Bool32 {
-    let message = if data.is_null() || (*data).p_message.is_null() {
-        "(no message)".into()
-    } else {
-        CStr::from_ptr((*data).p_message).to_string_lossy()
-    };
-    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
-        VALIDATION_ERRORS.fetch_add(1, Ordering::SeqCst);
-        eprintln!("[vulkan validation ERROR] {message}");
-    } else if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::WARNING) {
-        VALIDATION_WARNINGS.fetch_add(1, Ordering::SeqCst);
-        eprintln!("[vulkan validation warning] {message}");
-    }
-    vk::FALSE
-}
-
-/// What the debug messenger reports: errors and warnings, to `debug_callback`.
-fn messenger_info() -> vk::DebugUtilsMessengerCreateInfoEXT<'static> {
-    vk::DebugUtilsMessengerCreateInfoEXT::default()
-        .message_severity(
-            vk::DebugUtilsMessageSeverityFlagsEXT::ERROR
-                | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING,
-        )
-        .message_type(
-            vk::DebugUtilsMessageTypeFlagsEXT::GENERAL
-                | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION
-                | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE,
-        )
-        .pfn_user_callback(Some(debug_callback))
-}
-
-fn load_entry() -> Result<ash::Entry> {
-    unsafe { ash::Entry::load() }.map_err(|e| {
-        Error::new(
-            ErrorKind::NoDevice,
-            format!("cannot load the Vulkan loader (libvulkan.so.1): {e}"),
-        )
-    })
-}
-
-fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance> {
-    let app = vk::ApplicationInfo::default()
-        .application_name(c"simjoin")
-        .engine_name(c"simjoin")
-        .api_version(vk::API_VERSION_1_2);
-    let mut layers: Vec<*const c_char> = Vec::new();
-    let mut extensions: Vec<*const c_char> = Vec::new();
-    if validation {
-        let available = unsafe { entry.enumerate_instance_layer_properties() }
-            .map_err(vkr("listing instance layers"))?;
-        let found = available
-            .iter()
-            .any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == VALIDATION_LAYER));
-        if !found {
-            return Err(Error::unsupported(
-                "SIMJOIN_VALIDATION is set but the Khronos validation layer (VK_LAYER_KHRONOS_validation) \
-                 is not installed (Debian: apt install vulkan-validationlayers)",
-            ));
-        }
-        layers.push(VALIDATION_LAYER.as_ptr());
-        extensions.push(ash::ext::debug_utils::NAME.as_ptr());
-    }
-    let mut info = vk::InstanceCreateInfo::default()
-        .application_info(&app)
-        .enabled_layer_names(&layers)
-        .enabled_extension_names(&extensions);
-    // Also report problems of instance creation and destruction themselves.
-    let mut creation_messenger = messenger_info();
-    if validation {
-        info = info.push_next(&mut creation_messenger);
-    }
-    unsafe { entry.create_instance(&info, None) }.map_err(|r| {
-        let mut e = super::vk_error(r, "creating the Vulkan instance");
-        if r == vk::Result::ERROR_INCOMPATIBLE_DRIVER {
-            e = Error::new(ErrorKind::NoDevice, format!("no Vulkan 1.2 driver: {e}"));
-        }
-        e
-    })
-}
-
-/// Everything read about one physical device.
-#[derive(Debug)]
-struct Candidate {
-    index: usize,
-    physical: vk::PhysicalDevice,
-    props: vk::PhysicalDeviceProperties,
-    subgroup_size: u32,
-    driver: String,
-    families: Vec<vk::QueueFamilyProperties>,
-    memory: vk::PhysicalDeviceMemoryProperties,
-    int64: bool,
-    float64: bool,
-    timeline: bool,
-    bda: bool,
-    int64_atomics: bool,
-    scalar_layout: bool,
-}
-
-impl Candidate {
-    fn read(instance: &ash::Instance, index: usize, physical: vk::PhysicalDevice) -> Candidate {
-        let props = unsafe { instance.get_physical_device_properties(physical) };
-        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
-        let memory = unsafe { instance.get_physical_device_memory_properties(physical) };
-        let api_ok = props.api_version >= vk::API_VERSION_1_2;
-        let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
-        let mut driver = vk::PhysicalDeviceDriverProperties::default();
-        let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
-        let mut features = vk::PhysicalDeviceFeatures2::default();
-        if api_ok {
-            let mut props2 = vk::PhysicalDeviceProperties2::default()
-                .push_next(&mut subgroup)
-                .push_next(&mut driver);
-            unsafe { instance.get_physical_device_properties2(physical, &mut props2) };
-            features = features.push_next(&mut f12);
-            unsafe { instance.get_physical_device_features2(physical, &mut features) };
-        }
-        let base = features.features;
-        Candidate {
-            index,
-            physical,
-            props,
-            subgroup_size: subgroup.subgroup_size,
-            driver: format!(
-                "{} ({})",
-                cstr_field(&driver.driver_name),
-                cstr_field(&driver.driver_info)
-            ),
-            families,
-            memory,
-            int64: base.shader_int64 == vk::TRUE,
-            float64: base.shader_float64 == vk::TRUE,
-            timeline: f12.timeline_semaphore == vk::TRUE,
-            bda: f12.buffer_device_address == vk::TRUE,
-            int64_atomics: f12.shader_buffer_int64_atomics == vk::TRUE,
-            scalar_layout: f12.scalar_block_layout == vk::TRUE,
-        }
-    }
-
-    fn name(&self) -> String {
-        cstr_field(&self.props.device_name)
-    }
-
-    /// The compute family with the most queues (ties: the lower index).
-    fn compute_family(&self) -> Option<u32> {
-        let mut best: Option<(u32, u32)> = None;
-        for (i, f) in self.families.iter().enumerate() {
-            let more = best.map_or(true, |(_, count)| f.queue_count > count);
-            if f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0 && more {
-                best = Some((i as u32, f.queue_count));
-            }
-        }
-        best.map(|(i, _)| i)
-    }
-
-    /// A transfer-only family (a DMA engine), when there is one.
-    fn transfer_family(&self) -> Option<u32> {
-        self.families
-            .iter()
-            .position(|f| {
-                f.queue_flags.contains(vk::QueueFlags::TRANSFER)
-                    && !f
-                        .queue_flags
-                        .intersects(vk::QueueFlags::COMPUTE | vk::QueueFlags::GRAPHICS)
-                    && f.queue_count > 0
-            })
-            .map(|i| i as u32)
-    }
-
-    /// Why this device cannot run simjoin's kernels, if it cannot.
-    fn missing(&self) -> Vec<&'static str> {
-        let mut missing = Vec::new();
-        if self.props.api_version < vk::API_VERSION_1_2 {
-            missing.push("Vulkan 1.2");
-        }
-        if self.compute_family().is_none() {
-            missing.push("a compute queue");
-        }
-        if !self.timeline {
-            missing.push("timelineSemaphore");
-        }
-        if !self.bda {
-            missing.push("bufferDeviceAddress");
-        }
-        if !self.int64 {
-            missing.push("shaderInt64");
-        }
-        missing
-    }
-
-    fn info(&self) -> DeviceInfo {
-        let l = &self.props.limits;
-        let mut details = Vec::new();
-        for (i, f) in self.families.iter().enumerate() {
-            details.push(format!(
-                "queue family {i}: {} queue(s), {:?}",
-                f.queue_count, f.queue_flags
-            ));
-        }
-        for (i, h) in self.memory.memory_heaps_as_slice().iter().enumerate() {
-            details.push(format!(
-                "memory heap {i}: {} MiB, {:?}",
-                h.size >> 20,
-                h.flags
-            ));
-        }
-        for (i, t) in self.memory.memory_types_as_slice().iter().enumerate() {
-            details.push(format!(
-                "memory type {i}: heap {}, {:?}",
-                t.heap_index, t.property_flags
-            ));
-        }
-        details.push(format!(
-            "maxStorageBufferRange: {} MiB",
-            l.max_storage_buffer_range >> 20
-        ));
-        details.push(format!(
-            "maxComputeWorkGroupCount: {:?}",
-            l.max_compute_work_group_count
-        ));
-        details.push(format!(
-            "maxComputeWorkGroupSize: {:?}, invocations {}",
-            l.max_compute_work_group_size, l.max_compute_work_group_invocations
-        ));
-        details.push(format!(
-            "maxComputeSharedMemorySize: {} KiB",
-            l.max_compute_shared_memory_size >> 10
-        ));
-        details.push(format!(
-            "maxPushConstantsSize: {} B",
-            l.max_push_constants_size
-        ));
-        details.push(format!("subgroup size: {}", self.subgroup_size));
-        details.push(format!(
-            "shaderFloat64: {}, shaderInt64: {}",
-            self.float64, self.int64
-        ));
-        details.push(format!(
-            "timelineSemaphore: {}, bufferDeviceAddress: {}, 64-bit buffer atomics: {}",
-            self.timeline, self.bda, self.int64_atomics
-        ));
-        let missing = self.missing();
-        if missing.is_empty() {
-            details.push("usable by simjoin: yes".into());
-        } else {
-            details.push(format!(
-                "usable by simjoin: no (lacks {})",
-                missing.join(", ")
-            ));
-        }
-        DeviceInfo {
-            index: self.index,
-            name: self.name(),
-            kind: kind_name(self.props.device_type).into(),
-            api_version: version_string(self.props.api_version),
-            driver: self.driver.clone(),
-            details,
-        }
-    }
-}
-
-fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>> {
-    let physical =
-        unsafe { instance.enumerate_physical_devices() }.map_err(vkr("listing Vulkan devices"))?;
-    Ok(physical
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| Candidate::read(instance, i, p))
-        .collect())
-}
-
-pub(super) fn list_devices() -> Result<Vec<DeviceInfo>> {
-    let Ok(entry) = load_entry() else {
-        return Ok(Vec::new());
-    };
-    let instance = match create_instance(&entry, false) {
-        Ok(i) => i,
-        Err(e) if e.kind() == ErrorKind::NoDevice => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    let result = candidates(&instance).map(|c| c.iter().map(Candidate::info).collect());
-    unsafe { instance.destroy_instance(None) };
-    result
-}
-
-/// Picks the device: by selector (index or name substring), else by kind rank.
-fn choose(cands: Vec<Candidate>, selector: Option<&str>) -> Result<Candidate> {
-    if cands.is_empty() {
-        return Err(Error::new(ErrorKind::NoDevice, "no Vulkan device found"));
-    }
-    let chosen = match selector.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(sel) => {
-            let names: Vec<String> = cands
-                .iter()
-                .map(|c| format!("{}: {}", c.index, c.name()))
-                .collect();
-            let found = match sel.parse::<usize>() {
-                Ok(i) => cands.into_iter().find(|c| c.index == i),
-                Err(_) => {
-                    let needle = sel.to_lowercase();
-                    cands
-                        .into_iter()
-                        .find(|c| c.name().to_lowercase().contains(&needle))
-                }
-            };
-            found.ok_or_else(|| {
-                Error::new(
-                    ErrorKind::NoDevice,
-                    format!(
-                        "no Vulkan device matches {sel:?} (devices: {})",
-                        names.join("; ")
-                    ),
-                )
-            })?
-        }
-        None => {
-            let mut usable: Vec<Candidate> = cands
-                .into_iter()
-                .filter(|c| c.missing().is_empty())
-                .collect();
-            usable.sort_by_key(|c| (kind_rank(c.props.device_type), c.index));
-            usable.into_iter().next().ok_or_else(|| {
-                Error::new(ErrorKind::NoDevice, "no Vulkan device has what simjoin needs (Vulkan 1.2, timeline semaphores, buffer device address, shaderInt64)")
-            })?
-        }
-    };
-    let missing = chosen.missing();
-    if !missing.is_empty() {
-        return Err(Error::unsupported(format!(
-            "Vulkan device {:?} lacks {}",
-            chosen.name(),
-            missing.join(", ")
-        )));
-    }
-    Ok(chosen)
+/// A queue the context owns, as streams address it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QueueId {
+    Compute(usize),
+    Transfer,
 }
 
 impl Context {
-    /// Creates a context on the device `opts` (or `SIMJOIN_DEVICE`) selects.
+    /// Creates a context on the device `opts` (or `SIMJOIN_DEVICE`) selects. Each step's
+    /// result owns itself, so a failure part-way destroys what exists, in reverse order.
     pub fn new(opts: &ContextOptions) -> Result<Arc<Context>> {
         let validation = opts
             .validation
             .unwrap_or_else(|| env_flag("SIMJOIN_VALIDATION"));
+        // The one place that reads SIMJOIN_DEVICE.
         let selector = opts
             .device
             .clone()
             .or_else(|| std::env::var("SIMJOIN_DEVICE").ok());
-        let entry = load_entry()?;
-        let instance = create_instance(&entry, validation)?;
-        // From here on, failures must destroy what exists: build in a guard-like sequence.
-        let debug = if validation {
-            let loader = ash::ext::debug_utils::Instance::new(&entry, &instance);
-            let info = messenger_info();
-            match unsafe { loader.create_debug_utils_messenger(&info, None) } {
-                Ok(m) => Some((loader, m)),
-                Err(r) => {
-                    unsafe { instance.destroy_instance(None) };
-                    return Err(super::vk_error(r, "creating the debug messenger"));
-                }
-            }
-        } else {
-            None
-        };
-        let destroy_instance = |debug: &Option<(
-            ash::ext::debug_utils::Instance,
-            vk::DebugUtilsMessengerEXT,
-        )>| unsafe {
-            if let Some((loader, m)) = debug {
-                loader.destroy_debug_utils_messenger(*m, None);
-            }
-            instance.destroy_instance(None);
-        };
-        let chosen = match candidates(&instance).and_then(|c| choose(c, selector.as_deref())) {
-            Ok(c) => c,
-            Err(e) => {
-                destroy_instance(&debug);
-                return Err(e);
-            }
-        };
-        match Self::create_device(&instance, &chosen) {
-            Ok((device, layout)) => Ok(Arc::new(Self::assemble(
-                entry, instance, debug, chosen, device, layout, validation,
-            )?)),
-            Err(e) => {
-                destroy_instance(&debug);
-                Err(e)
-            }
-        }
+        let instance = Instance::new(validation)?;
+        let chosen = choose(candidates(&instance.raw)?, selector.as_deref())?;
+        let (device, layout) = Self::create_device(&instance.raw, &chosen)?;
+        Ok(Arc::new(Self::assemble(instance, chosen, device, layout)?))
     }
 
     fn create_device(
         instance: &ash::Instance,
         c: &Candidate,
-    ) -> Result<(ash::Device, QueueLayout)> {
+    ) -> Result<(LogicalDevice, QueueLayout)> {
         let compute_family = c.compute_family().expect("checked by missing()");
         let compute_queues = c.families[compute_family as usize]
             .queue_count
@@ -568,10 +176,13 @@ impl Context {
             .queue_create_infos(&queue_infos)
             .enabled_features(&base)
             .push_next(&mut f12);
+        // SAFETY: `c.physical` belongs to `instance`; the queue infos name existing families
+        // with at most their queue count; every enabled feature was reported supported
+        // (`Candidate::missing` checked the required ones, optional ones are read).
         let device = unsafe { instance.create_device(c.physical, &info, None) }
             .map_err(vkr("creating the Vulkan device"))?;
         Ok((
-            device,
+            LogicalDevice(device),
             QueueLayout {
                 compute_family,
                 compute_queues,
@@ -581,45 +192,29 @@ impl Context {
     }
 
     fn assemble(
-        entry: ash::Entry,
-        instance: ash::Instance,
-        debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+        instance: Instance,
         c: Candidate,
-        device: ash::Device,
+        device: LogicalDevice,
         layout: QueueLayout,
-        validation: bool,
     ) -> Result<Context> {
         let allocator = Allocator::new(&AllocatorCreateDesc {
-            instance: instance.clone(),
-            device: device.clone(),
+            instance: instance.raw.clone(),
+            device: (*device).clone(),
             physical_device: c.physical,
             debug_settings: AllocatorDebugSettings::default(),
             buffer_device_address: true,
             allocation_sizes: AllocationSizes::new(64 << 20, 64 << 20)
                 .with_max_device_memblock_size(256 << 20)
                 .with_max_host_memblock_size(256 << 20),
-        });
-        let allocator = match allocator {
-            Ok(a) => a,
-            Err(e) => {
-                unsafe {
-                    device.destroy_device(None);
-                    if let Some((loader, m)) = &debug {
-                        loader.destroy_debug_utils_messenger(*m, None);
-                    }
-                    instance.destroy_instance(None);
-                }
-                return Err(Error::new(
-                    ErrorKind::Internal,
-                    format!("creating the memory allocator: {e}"),
-                ));
-            }
-        };
+        })
+        .map_err(|e| Error::new(ErrorKind::Internal, format!("creating the memory allocator: {e}")))?;
         let compute_queues = (0..layout.compute_queues)
+            // SAFETY: queue i < the count requested for this family at device creation.
             .map(|i| Mutex::new(unsafe { device.get_device_queue(layout.compute_family, i) }))
             .collect();
         let transfer_queue = layout
             .transfer_family
+            // SAFETY: one queue was requested for the transfer family.
             .map(|f| Mutex::new(unsafe { device.get_device_queue(f, 0) }));
         let l = &c.props.limits;
         let timestamps = c.families[layout.compute_family as usize].timestamp_valid_bits > 0;
@@ -628,7 +223,8 @@ impl Context {
             max_memory_allocation_size: {
                 let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
                 let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut m3);
-                unsafe { instance.get_physical_device_properties2(c.physical, &mut p2) };
+                // SAFETY: a Vulkan 1.2 device (checked); the chain points at a local.
+                unsafe { instance.raw.get_physical_device_properties2(c.physical, &mut p2) };
                 m3.max_memory_allocation_size
             },
             max_compute_work_group_count: l.max_compute_work_group_count,
@@ -655,12 +251,8 @@ impl Context {
                     .contains(vk::MemoryPropertyFlags::HOST_VISIBLE)
             });
         Ok(Context {
-            _entry: entry,
-            instance,
-            debug,
             physical: c.physical,
-            device,
-            allocator: ManuallyDrop::new(Mutex::new(allocator)),
+            allocator: Some(Mutex::new(allocator)),
             compute_queues,
             transfer_queue,
             queue_layout: layout,
@@ -681,8 +273,9 @@ impl Context {
                     .transfer_family
                     .map_or(0, |f| c.families[f as usize].timestamp_valid_bits),
             ],
-            validation,
             kernels: KernelCache::default(),
+            device,
+            instance,
         })
     }
 
@@ -732,7 +325,7 @@ impl Context {
 
     /// Whether validation layers are on for this context.
     pub fn validation_enabled(&self) -> bool {
-        self.validation
+        self.instance.validation
     }
 
     pub fn limits(&self) -> &Limits {
@@ -764,12 +357,16 @@ impl Context {
 
     /// The raw ash instance and physical device (e.g. to query more properties).
     pub fn raw_instance(&self) -> (&ash::Instance, vk::PhysicalDevice) {
-        (&self.instance, self.physical)
+        (&self.instance.raw, self.physical)
     }
 
     pub(crate) fn allocator(&self) -> MutexGuard<'_, Allocator> {
         // A panic while holding the lock leaves the allocator consistent enough to free.
-        self.allocator.lock().unwrap_or_else(|p| p.into_inner())
+        self.allocator
+            .as_ref()
+            .expect("present until drop")
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn queue_family(&self, q: QueueId) -> u32 {
@@ -820,23 +417,20 @@ impl Context {
             .chain(self.transfer_queue.iter())
             .map(|q| q.lock().unwrap_or_else(|p| p.into_inner()))
             .collect();
+        // SAFETY: every queue's mutex is held, as vkDeviceWaitIdle requires.
         unsafe { self.device.device_wait_idle() }.map_err(vkr("waiting for the device"))
     }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
-        unsafe {
-            let _ = self.device.device_wait_idle();
-            self.kernels.destroy(&self.device);
-            // The allocator frees its memory blocks: before the device goes.
-            ManuallyDrop::drop(&mut self.allocator);
-            self.device.destroy_device(None);
-            if let Some((loader, m)) = &self.debug {
-                loader.destroy_debug_utils_messenger(*m, None);
-            }
-            self.instance.destroy_instance(None);
-        }
+        // Every buffer, kernel, stream and timer holds an `Arc` of the context, so none is
+        // left; wait for stray work anyway (a leaked stream's submissions).
+        let _ = self.wait_idle();
+        // SAFETY: the device is idle and no `Kernel` exists (see above).
+        unsafe { self.kernels.destroy(&self.device) };
+        // The allocator frees its memory blocks: before the device (a field, dropped next).
+        drop(self.allocator.take());
     }
 }
 
@@ -851,93 +445,3 @@ impl std::fmt::Debug for Context {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A made-up device: `kind`, name, and whether it has what simjoin needs.
-    fn fake(index: usize, kind: vk::PhysicalDeviceType, name: &str, capable: bool) -> Candidate {
-        let mut props = vk::PhysicalDeviceProperties {
-            device_type: kind,
-            api_version: vk::API_VERSION_1_2,
-            ..Default::default()
-        };
-        for (dst, src) in props.device_name.iter_mut().zip(name.bytes()) {
-            *dst = src as c_char;
-        }
-        let family = vk::QueueFamilyProperties {
-            queue_flags: vk::QueueFlags::COMPUTE | vk::QueueFlags::TRANSFER,
-            queue_count: 1,
-            ..Default::default()
-        };
-        Candidate {
-            index,
-            physical: vk::PhysicalDevice::null(),
-            props,
-            subgroup_size: 32,
-            driver: String::new(),
-            families: vec![family],
-            memory: vk::PhysicalDeviceMemoryProperties::default(),
-            int64: true,
-            float64: false,
-            timeline: capable,
-            bda: true,
-            int64_atomics: false,
-            scalar_layout: false,
-        }
-    }
-
-    fn devices() -> Vec<Candidate> {
-        vec![
-            fake(0, vk::PhysicalDeviceType::CPU, "llvmpipe", true),
-            fake(1, vk::PhysicalDeviceType::INTEGRATED_GPU, "Intel UHD", true),
-            fake(
-                2,
-                vk::PhysicalDeviceType::DISCRETE_GPU,
-                "Old Discrete",
-                false,
-            ),
-            fake(3, vk::PhysicalDeviceType::DISCRETE_GPU, "NVIDIA H100", true),
-            fake(4, vk::PhysicalDeviceType::VIRTUAL_GPU, "virtio", true),
-        ]
-    }
-
-    #[test]
-    fn automatic_choice_prefers_capable_discrete_then_integrated() {
-        assert_eq!(choose(devices(), None).unwrap().index, 3);
-        let no_discrete: Vec<_> = devices().into_iter().filter(|c| c.index != 3).collect();
-        assert_eq!(choose(no_discrete, None).unwrap().index, 1);
-        let only_cpu_and_virtual: Vec<_> = devices()
-            .into_iter()
-            .filter(|c| c.index == 0 || c.index == 4)
-            .collect();
-        assert_eq!(choose(only_cpu_and_virtual, None).unwrap().index, 4);
-        assert_eq!(
-            choose(Vec::new(), None).unwrap_err().kind(),
-            ErrorKind::NoDevice
-        );
-    }
-
-    #[test]
-    fn selector_by_index_or_name_and_clear_errors() {
-        assert_eq!(choose(devices(), Some("0")).unwrap().index, 0);
-        assert_eq!(choose(devices(), Some("h100")).unwrap().index, 3);
-        assert_eq!(
-            choose(devices(), Some("  ")).unwrap().index,
-            3,
-            "blank means automatic"
-        );
-        assert_eq!(
-            choose(devices(), Some("7")).unwrap_err().kind(),
-            ErrorKind::NoDevice
-        );
-        assert_eq!(
-            choose(devices(), Some("radeon")).unwrap_err().kind(),
-            ErrorKind::NoDevice
-        );
-        // Asking for a device that lacks a required feature names what is missing.
-        let err = choose(devices(), Some("old")).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported);
-        assert!(err.to_string().contains("timelineSemaphore"), "{err}");
-    }
-}

@@ -66,19 +66,29 @@ pub(crate) struct KernelCache {
 }
 
 impl KernelCache {
-    /// Called by the context's Drop after the device is idle.
+    /// Destroys every cached pipeline. Called by the context's Drop.
+    ///
+    /// # Safety
+    /// The device is idle and no `Kernel` of this context exists any more (each holds an
+    /// `Arc` of the context, so the context's Drop runs only after the last one is gone).
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         for (_, k) in map.drain() {
-            device.destroy_pipeline(k.pipeline, None);
-            device.destroy_pipeline_layout(k.pipeline_layout, None);
-            device.destroy_descriptor_set_layout(k.set_layout, None);
-            device.destroy_shader_module(k.module, None);
+            // SAFETY: per this function's contract nothing uses these objects any more;
+            // each is destroyed once (drained from the map), dependents first.
+            unsafe {
+                device.destroy_pipeline(k.pipeline, None);
+                device.destroy_pipeline_layout(k.pipeline_layout, None);
+                device.destroy_descriptor_set_layout(k.set_layout, None);
+                device.destroy_shader_module(k.module, None);
+            }
         }
     }
 }
 
-/// A compute pipeline ready to dispatch on a [`super::Stream`]. Cheap to clone.
+/// A compute pipeline ready to dispatch on a [`super::Stream`]. Cheap to clone. It holds
+/// its context, so the pipeline (owned by the context's cache) outlives every kernel and
+/// every frame that recorded it.
 #[derive(Clone)]
 pub struct Kernel {
     pub(crate) ctx: Arc<Context>,
@@ -159,6 +169,8 @@ impl Context {
         let device = &self.device;
         let words = ash::util::read_spv(&mut std::io::Cursor::new(spirv))
             .map_err(|e| Error::invalid(format!("kernel {name}: not SPIR-V: {e}")))?;
+        // SAFETY: `words` is SPIR-V as read_spv returns it (aligned u32 words, magic checked);
+        // our embedded modules are compiled by build.rs for this Vulkan version.
         let module = unsafe {
             device.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)
         }
@@ -172,6 +184,7 @@ impl Context {
                     .stage_flags(vk::ShaderStageFlags::COMPUTE)
             })
             .collect();
+        // SAFETY: a valid create info (storage buffers at bindings 0..n, compute stage).
         let set_layout = unsafe {
             device.create_descriptor_set_layout(
                 &vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings),
@@ -181,6 +194,7 @@ impl Context {
         let set_layout = match set_layout {
             Ok(s) => s,
             Err(r) => {
+                // SAFETY: the module was just created and nothing uses it.
                 unsafe { device.destroy_shader_module(module, None) };
                 return Err(super::vk_error(r, "creating a descriptor set layout"));
             }
@@ -197,9 +211,12 @@ impl Context {
         if spec.push_bytes > 0 {
             layout_info = layout_info.push_constant_ranges(&push);
         }
+        // SAFETY: the set layout is live; the push range is within maxPushConstantsSize
+        // (checked by `kernel`).
         let pipeline_layout = match unsafe { device.create_pipeline_layout(&layout_info, None) } {
             Ok(l) => l,
             Err(r) => {
+                // SAFETY: both were just created and nothing uses them.
                 unsafe {
                     device.destroy_descriptor_set_layout(set_layout, None);
                     device.destroy_shader_module(module, None);
@@ -233,6 +250,8 @@ impl Context {
         let info = vk::ComputePipelineCreateInfo::default()
             .stage(stage)
             .layout(pipeline_layout);
+        // SAFETY: module, layout and specialization data are live for the call; the
+        // workgroup size is within the device limits (checked by `kernel`).
         match unsafe { device.create_compute_pipelines(vk::PipelineCache::null(), &[info], None) } {
             Ok(p) => Ok(KernelObjects {
                 module,
@@ -241,6 +260,7 @@ impl Context {
                 pipeline: p[0],
             }),
             Err((_, r)) => {
+                // SAFETY: all three were just created and nothing uses them.
                 unsafe {
                     device.destroy_pipeline_layout(pipeline_layout, None);
                     device.destroy_descriptor_set_layout(set_layout, None);

@@ -2,7 +2,7 @@
 //! upload/download helpers that take the zero-copy path where device memory is mappable.
 
 use super::context::Context;
-use super::stream::Stream;
+
 use crate::error::{Error, ErrorKind, Result};
 use ash::vk;
 use bytemuck::Pod;
@@ -23,8 +23,10 @@ pub enum Memory {
     Readback,
 }
 
-/// A Vulkan buffer and its memory. Holds its context alive. The caller keeps a buffer alive
-/// until the GPU work that uses it has finished (wait on the [`super::Ticket`]).
+/// A Vulkan buffer and its memory, always handed out as `Arc<Buffer>`. It holds its context
+/// alive, and every stream command that uses it holds a clone until the GPU has executed
+/// that command: dropping the caller's handle while work is in flight is safe, the memory
+/// is freed when the last user (the host or the GPU work) is done.
 pub struct Buffer {
     ctx: Arc<Context>,
     raw: vk::Buffer,
@@ -37,10 +39,11 @@ pub struct Buffer {
     properties: vk::MemoryPropertyFlags,
 }
 
-/// A byte window of a buffer, as bound to a kernel's storage-buffer binding.
-#[derive(Clone, Copy)]
-pub struct BufferRange<'a> {
-    pub buffer: &'a Buffer,
+/// A byte window of a buffer, as bound to a kernel's storage-buffer binding. It shares
+/// ownership of the buffer, so a dispatch that binds it keeps the buffer alive.
+#[derive(Clone)]
+pub struct BufferRange {
+    pub buffer: Arc<Buffer>,
     pub offset: u64,
     pub size: u64,
 }
@@ -59,7 +62,7 @@ fn alloc_error(e: AllocationError, name: &str, size: u64) -> Error {
 impl Buffer {
     /// A buffer of `size` bytes usable as storage buffer, copy source/destination, indirect
     /// arguments and by device address.
-    pub fn new(ctx: &Arc<Context>, size: u64, memory: Memory, name: &str) -> Result<Buffer> {
+    pub fn new(ctx: &Arc<Context>, size: u64, memory: Memory, name: &str) -> Result<Arc<Buffer>> {
         let limit = ctx.limits().max_memory_allocation_size;
         if limit > 0 && size > limit {
             return Err(Error::new(
@@ -83,8 +86,22 @@ impl Buffer {
             info.sharing_mode(vk::SharingMode::EXCLUSIVE)
         };
         let device = &ctx.device;
+        // SAFETY: `info` is a valid create info (usage flags the device supports, size > 0,
+        // queue families of this device) and the device is alive (we hold its context).
         let raw = unsafe { device.create_buffer(&info, None) }
             .map_err(super::vkr("creating a buffer"))?;
+        // From here on the buffer is owned: a failure below destroys it (Drop).
+        let mut buffer = Buffer {
+            ctx: ctx.clone(),
+            raw,
+            allocation: None,
+            size,
+            memory,
+            address: 0,
+            properties: vk::MemoryPropertyFlags::empty(),
+            coherent_map: false,
+        };
+        // SAFETY: `raw` is a live buffer of this device.
         let requirements = unsafe { device.get_buffer_memory_requirements(raw) };
         let location = match memory {
             Memory::Device => MemoryLocation::GpuOnly,
@@ -98,35 +115,30 @@ impl Buffer {
             linear: true,
             allocation_scheme: AllocationScheme::GpuAllocatorManaged,
         };
-        let allocation = match ctx.allocator().allocate(&desc) {
-            Ok(a) => a,
-            Err(e) => {
-                unsafe { device.destroy_buffer(raw, None) };
-                return Err(alloc_error(e, name, size));
-            }
-        };
-        let mut buffer = Buffer {
-            ctx: ctx.clone(),
-            raw,
-            allocation: None,
-            size,
-            memory,
-            address: 0,
-            properties: allocation.memory_properties(),
-            coherent_map: allocation.mapped_ptr().is_some()
-                && allocation
-                    .memory_properties()
-                    .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
-                && (memory != Memory::Device || ctx.zero_copy()),
-        };
+        let allocation = ctx
+            .allocator()
+            .allocate(&desc)
+            .map_err(|e| alloc_error(e, name, size))?;
+        buffer.properties = allocation.memory_properties();
+        buffer.coherent_map = allocation.mapped_ptr().is_some()
+            && allocation
+                .memory_properties()
+                .contains(vk::MemoryPropertyFlags::HOST_COHERENT)
+            && (memory != Memory::Device || ctx.zero_copy());
+        // SAFETY: reading the allocation's memory handle and offset; the allocation stays
+        // alive in `buffer` (freed by Drop after the buffer is destroyed).
         let (memory_handle, offset) = unsafe { (allocation.memory(), allocation.offset()) };
-        buffer.allocation = Some(allocation); // from here on, Drop frees both
+        buffer.allocation = Some(allocation);
+        // SAFETY: the allocation satisfies `requirements` (gpu-allocator honours size,
+        // alignment and memory type bits) and `raw` has no memory bound yet.
         unsafe { device.bind_buffer_memory(raw, memory_handle, offset) }
             .map_err(super::vkr("binding buffer memory"))?;
+        // SAFETY: `raw` was created with SHADER_DEVICE_ADDRESS usage, the device has the
+        // bufferDeviceAddress feature enabled (checked at context creation), memory is bound.
         buffer.address = unsafe {
             device.get_buffer_device_address(&vk::BufferDeviceAddressInfo::default().buffer(raw))
         };
-        Ok(buffer)
+        Ok(Arc::new(buffer))
     }
 
     /// The size asked for, in bytes.
@@ -169,18 +181,18 @@ impl Buffer {
     }
 
     /// The whole buffer as a binding.
-    pub fn all(&self) -> BufferRange<'_> {
+    pub fn all(self: &Arc<Self>) -> BufferRange {
         BufferRange {
-            buffer: self,
+            buffer: self.clone(),
             offset: 0,
             size: self.size,
         }
     }
 
     /// Bytes `offset..offset + size` as a binding (checked when bound).
-    pub fn slice(&self, offset: u64, size: u64) -> BufferRange<'_> {
+    pub fn slice(self: &Arc<Self>, offset: u64, size: u64) -> BufferRange {
         BufferRange {
-            buffer: self,
+            buffer: self.clone(),
             offset,
             size,
         }
@@ -205,6 +217,8 @@ impl Buffer {
             .as_ref()
             .and_then(|a| a.mapped_ptr())
             .expect("checked coherent_map");
+        // SAFETY: offset + len <= size (checked above) and the mapping covers the whole
+        // allocation, which is at least `size` bytes.
         Ok(unsafe { (base.as_ptr() as *mut u8).add(offset as usize) })
     }
 
@@ -217,6 +231,9 @@ impl Buffer {
             bytes.len() as u64,
             "Buffer::write",
         )?;
+        // SAFETY: `dst` is valid for `bytes.len()` bytes (mapped_bytes checked the range);
+        // mapped device memory never overlaps a Rust slice. Device access to these bytes at
+        // the same time gives the device unspecified values, never host memory unsafety.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst, bytes.len()) };
         Ok(())
     }
@@ -229,6 +246,8 @@ impl Buffer {
             bytes.len() as u64,
             "Buffer::read",
         )?;
+        // SAFETY: `src` is valid for `bytes.len()` bytes (range checked) and `T: Pod`
+        // accepts any bit pattern, so whatever the device wrote is a valid `T`.
         unsafe { std::ptr::copy_nonoverlapping(src as *const u8, bytes.as_mut_ptr(), bytes.len()) };
         Ok(())
     }
@@ -243,6 +262,8 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        // SAFETY: no GPU work uses the buffer any more: every recorded command holds an
+        // `Arc` of it until its submission completed, so this runs after the last one.
         unsafe { self.ctx.device.destroy_buffer(self.raw, None) };
         if let Some(a) = self.allocation.take() {
             let _ = self.ctx.allocator().free(a);
@@ -264,12 +285,14 @@ impl std::fmt::Debug for Buffer {
 /// Buffers come back to the pool when the [`PooledBuffer`] is dropped.
 pub struct StagingPool {
     ctx: Arc<Context>,
-    free: Mutex<Vec<Buffer>>,
+    free: Mutex<Vec<Arc<Buffer>>>,
 }
 
-/// A staging buffer on loan from a [`StagingPool`]; derefs to [`Buffer`].
+/// A staging buffer on loan from a [`StagingPool`]; derefs to `Arc<Buffer>`. Dropped, it
+/// goes back to the pool only when no GPU work holds it any more (else it is freed once
+/// that work completes), so a pooled buffer is never handed out while in use.
 pub struct PooledBuffer {
-    buffer: Option<Buffer>,
+    buffer: Option<Arc<Buffer>>,
     pool: Weak<StagingPool>,
 }
 
@@ -326,8 +349,8 @@ impl StagingPool {
 }
 
 impl std::ops::Deref for PooledBuffer {
-    type Target = Buffer;
-    fn deref(&self) -> &Buffer {
+    type Target = Arc<Buffer>;
+    fn deref(&self) -> &Arc<Buffer> {
         self.buffer.as_ref().expect("present until drop")
     }
 }
@@ -335,62 +358,15 @@ impl std::ops::Deref for PooledBuffer {
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let (Some(buffer), Some(pool)) = (self.buffer.take(), self.pool.upgrade()) {
-            let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
-            if free.len() < MAX_RETAINED {
-                free.push(buffer);
+            // Only an unshared buffer is idle: a clone held by a stream frame means GPU work
+            // may still use it.
+            if Arc::strong_count(&buffer) == 1 {
+                let mut free = pool.free.lock().unwrap_or_else(|p| p.into_inner());
+                if free.len() < MAX_RETAINED {
+                    free.push(buffer);
+                }
             }
         }
     }
 }
 
-impl Context {
-    /// A device-local buffer holding `data`. Zero-copy where device memory is mapped
-    /// (unified memory: written in place), or where a host-visible upload buffer lands in
-    /// device memory (resizable BAR: that buffer is returned, its `memory()` is `Upload`);
-    /// else written to a staging buffer and copied (waited for).
-    pub fn upload<T: Pod>(self: &Arc<Self>, data: &[T], name: &str) -> Result<Buffer> {
-        let bytes = std::mem::size_of_val(data) as u64;
-        let buffer = Buffer::new(self, bytes, Memory::Device, name)?;
-        if buffer.is_mapped() {
-            buffer.write(0, data)?;
-            return Ok(buffer);
-        }
-        if bytes == 0 {
-            return Ok(buffer);
-        }
-        let staging = Buffer::new(self, bytes, Memory::Upload, name)?;
-        staging.write(0, data)?;
-        if self.zero_copy() && staging.is_device_local() {
-            return Ok(staging);
-        }
-        let mut stream = Stream::new(self, 0)?;
-        stream.copy(&staging, 0, &buffer, 0, bytes)?;
-        stream.submit()?.wait()?;
-        Ok(buffer)
-    }
-
-    /// Reads `count` elements of `T` from element `first` of any buffer: directly where it
-    /// is mapped, else through a read-back staging copy (waited for). The caller makes
-    /// sure the device has finished writing it.
-    pub fn download<T: Pod>(
-        self: &Arc<Self>,
-        buffer: &Buffer,
-        first: usize,
-        count: usize,
-    ) -> Result<Vec<T>> {
-        // Mapped reads of uncached device memory (a BAR window) crawl: copy those instead.
-        if buffer.is_mapped() && (self.has_unified_memory() || buffer.is_host_cached()) {
-            return buffer.read_vec(first, count);
-        }
-        let bytes = (count * size_of::<T>()) as u64;
-        let offset = (first * size_of::<T>()) as u64;
-        if bytes == 0 {
-            return Ok(Vec::new());
-        }
-        let staging = Buffer::new(self, bytes, Memory::Readback, "download staging")?;
-        let mut stream = Stream::new(self, 0)?;
-        stream.copy(buffer, offset, &staging, 0, bytes)?;
-        stream.submit()?.wait()?;
-        staging.read_vec(0, count)
-    }
-}

@@ -64,16 +64,21 @@
 //! dispatch grids at small sizes. [`GpuTimer`] + [`Stream::timestamp`] time GPU work.
 
 mod context;
+mod device_choice;
+mod instance;
 mod kernel;
 mod memory;
 pub mod scan;
 pub mod sort;
 mod stream;
+mod timer;
+mod transfer;
 
 pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
-pub use stream::{GpuTimer, Stream, Ticket};
+pub use stream::{Stream, Ticket};
+pub use timer::GpuTimer;
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.
@@ -83,6 +88,7 @@ pub mod shaders {
 
 use crate::error::{Error, ErrorKind};
 use ash::vk;
+pub use crate::device::DeviceInfo;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);
@@ -122,24 +128,7 @@ pub(crate) fn vkr(what: &'static str) -> impl Fn(vk::Result) -> Error {
     move |r| vk_error(r, what)
 }
 
-/// One Vulkan device as `simjoin info` and backend selection see it.
-#[derive(Clone, Debug, Default)]
-pub struct DeviceInfo {
-    /// Index in enumeration order (what `SIMJOIN_DEVICE=<index>` selects).
-    pub index: usize,
-    pub name: String,
-    /// "discrete", "integrated", "virtual", "cpu" or "other".
-    pub kind: String,
-    /// Vulkan API version the device reports, e.g. "1.3.255".
-    pub api_version: String,
-    /// Driver name and version.
-    pub driver: String,
-    /// Human-readable lines: queue families, memory heaps, the limits simjoin relies on,
-    /// optional features (f64, int64, subgroup size).
-    pub details: Vec<String>,
-}
-
 /// Lists the Vulkan devices present (empty when there is no Vulkan loader or driver).
-pub fn devices() -> crate::Result<Vec<DeviceInfo>> {
-    context::list_devices()
+pub(crate) fn devices() -> crate::Result<Vec<DeviceInfo>> {
+    device_choice::list_devices()
 }

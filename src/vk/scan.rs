@@ -41,8 +41,8 @@ fn workgroup_size(ctx: &Context) -> u32 {
 /// Barriers before and after, as for the sort. Submit the stream to run it.
 pub fn exclusive_scan_u32_to_u64(
     stream: &mut Stream,
-    counts: &Buffer,
-    offsets: &Buffer,
+    counts: &Arc<Buffer>,
+    offsets: &Arc<Buffer>,
     n: usize,
 ) -> Result<()> {
     let ctx: Arc<Context> = stream.context().clone();

@@ -5,6 +5,7 @@
 use super::context::{Context, QueueId};
 use super::kernel::Kernel;
 use super::memory::{Buffer, BufferRange};
+use super::timer::GpuTimer;
 use super::vkr;
 use crate::error::{Error, Result};
 use ash::vk;
@@ -23,6 +24,8 @@ impl Timeline {
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
         let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
+        // SAFETY: a valid timeline create info (the timelineSemaphore feature is enabled at
+        // device creation); the device is alive (we hold its context).
         let semaphore = unsafe { ctx.device.create_semaphore(&info, None) }
             .map_err(vkr("creating a timeline semaphore"))?;
         Ok(Timeline {
@@ -32,6 +35,7 @@ impl Timeline {
     }
 
     fn completed(&self) -> Result<u64> {
+        // SAFETY: our live timeline semaphore; reading its counter needs no synchronization.
         unsafe { self.ctx.device.get_semaphore_counter_value(self.semaphore) }
             .map_err(vkr("reading a timeline semaphore"))
     }
@@ -42,6 +46,7 @@ impl Timeline {
         let info = vk::SemaphoreWaitInfo::default()
             .semaphores(&semaphores)
             .values(&values);
+        // SAFETY: waits on our live semaphore; host waits need no external synchronization.
         match unsafe { self.ctx.device.wait_semaphores(&info, timeout_ns) } {
             Ok(()) => Ok(true),
             Err(vk::Result::TIMEOUT) => Ok(false),
@@ -52,6 +57,9 @@ impl Timeline {
 
 impl Drop for Timeline {
     fn drop(&mut self) {
+        // SAFETY: the last `Arc` is gone: no stream signals it any more (a stream holds its
+        // own timeline) and no frame waits on it (frames hold the timelines they wait on
+        // until they complete), so no pending submission refers to it.
         unsafe { self.ctx.device.destroy_semaphore(self.semaphore, None) };
     }
 }
@@ -81,87 +89,15 @@ impl Ticket {
     }
 }
 
-/// GPU timestamps: `slots` query slots that streams write with [`Stream::timestamp`];
-/// read them once the submission that wrote them has completed.
-pub struct GpuTimer {
-    ctx: Arc<Context>,
-    pool: vk::QueryPool,
-    slots: u32,
-    /// Valid bits of the queue each slot was last written on.
-    valid_bits: Vec<std::sync::atomic::AtomicU32>,
-}
-
-impl GpuTimer {
-    pub fn new(ctx: &Arc<Context>, slots: u32) -> Result<GpuTimer> {
-        if ctx.limits().timestamp_period_ns <= 0.0 {
-            return Err(Error::unsupported("the compute queue has no timestamps"));
-        }
-        let info = vk::QueryPoolCreateInfo::default()
-            .query_type(vk::QueryType::TIMESTAMP)
-            .query_count(slots.max(1));
-        let pool = unsafe { ctx.device.create_query_pool(&info, None) }
-            .map_err(vkr("creating a query pool"))?;
-        let valid_bits = (0..slots)
-            .map(|_| std::sync::atomic::AtomicU32::new(0))
-            .collect();
-        Ok(GpuTimer {
-            ctx: ctx.clone(),
-            pool,
-            slots,
-            valid_bits,
-        })
-    }
-
-    /// Seconds from the timestamp in slot `from` to the one in slot `to` (both written by
-    /// completed work on the same queue).
-    pub fn seconds(&self, from: u32, to: u32) -> Result<f64> {
-        let ticks = |slot: u32| -> Result<u64> {
-            if slot >= self.slots {
-                return Err(Error::invalid(format!(
-                    "timer slot {slot} of {}",
-                    self.slots
-                )));
-            }
-            let mut value = [0u64; 1];
-            unsafe {
-                self.ctx.device.get_query_pool_results(
-                    self.pool,
-                    slot,
-                    &mut value,
-                    vk::QueryResultFlags::TYPE_64,
-                )
-            }
-            .map_err(|r| match r {
-                vk::Result::NOT_READY => {
-                    Error::invalid(format!("timer slot {slot} not written by completed work"))
-                }
-                r => super::vk_error(r, "reading a timestamp"),
-            })?;
-            let bits = self.valid_bits[slot as usize].load(std::sync::atomic::Ordering::Relaxed);
-            Ok(if bits >= 64 {
-                value[0]
-            } else {
-                value[0] & ((1u64 << bits) - 1)
-            })
-        };
-        let (a, b) = (ticks(from)?, ticks(to)?);
-        Ok(b.wrapping_sub(a) as f64 * self.ctx.limits().timestamp_period_ns as f64 * 1e-9)
-    }
-}
-
-impl Drop for GpuTimer {
-    fn drop(&mut self) {
-        unsafe { self.ctx.device.destroy_query_pool(self.pool, None) };
-    }
-}
-
 /// One command buffer plus what it needs until the GPU has executed it.
 struct Frame {
     cmd: vk::CommandBuffer,
     descriptor_pools: Vec<DescriptorPool>,
     /// Timeline value the submission signals (0 while recording).
     value: u64,
-    /// Timelines waited on and user resources: kept alive until the frame is recycled.
+    /// Everything the recorded commands use (buffers, kernels, timers, timelines waited
+    /// on): kept alive until the frame is recycled, i.e. until the GPU has executed it.
+    /// This is what makes dropping a resource while work is in flight safe.
     held: Vec<Box<dyn Any + Send + Sync>>,
 }
 
@@ -211,15 +147,11 @@ impl Stream {
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(ctx.queue_family(queue))
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
+        // The timeline first: it destroys itself if the pool cannot be created.
+        let timeline = Arc::new(Timeline::new(ctx)?);
+        // SAFETY: a valid create info for a queue family of this live device.
         let pool = unsafe { ctx.device.create_command_pool(&info, None) }
             .map_err(vkr("creating a command pool"))?;
-        let timeline = match Timeline::new(ctx) {
-            Ok(t) => Arc::new(t),
-            Err(e) => {
-                unsafe { ctx.device.destroy_command_pool(pool, None) };
-                return Err(e);
-            }
-        };
         Ok(Stream {
             ctx: ctx.clone(),
             queue,
@@ -249,6 +181,10 @@ impl Stream {
             let frame = match self.in_flight.iter().position(|f| f.value <= done) {
                 Some(i) => {
                     let mut f = self.in_flight.swap_remove(i);
+                    // SAFETY: the frame's submission has completed (its timeline value is
+                    // reached, or it was never submitted), so its command buffer and
+                    // descriptor sets are not in use; the pools belong to this stream and
+                    // are used by one thread at a time (`&mut self`).
                     unsafe {
                         device
                             .reset_command_buffer(f.cmd, vk::CommandBufferResetFlags::empty())
@@ -270,6 +206,7 @@ impl Stream {
                         .command_pool(self.pool)
                         .level(vk::CommandBufferLevel::PRIMARY)
                         .command_buffer_count(1);
+                    // SAFETY: our command pool, used by one thread at a time (`&mut self`).
                     let cmd = unsafe { device.allocate_command_buffers(&info) }
                         .map_err(vkr("allocating a command buffer"))?[0];
                     Frame {
@@ -282,6 +219,7 @@ impl Stream {
             };
             let begin = vk::CommandBufferBeginInfo::default()
                 .flags(vk::CommandBufferUsageFlags::ONE_TIME_SUBMIT);
+            // SAFETY: the command buffer is in the initial state (new or just reset).
             let started = unsafe { device.begin_command_buffer(frame.cmd, &begin) };
             if let Err(r) = started {
                 // Not recording: park it as reusable (value 0) so it is not leaked.
@@ -315,9 +253,9 @@ impl Stream {
     /// Copies `size` bytes from `src[src_offset..]` to `dst[dst_offset..]`.
     pub fn copy(
         &mut self,
-        src: &Buffer,
+        src: &Arc<Buffer>,
         src_offset: u64,
-        dst: &Buffer,
+        dst: &Arc<Buffer>,
         dst_offset: u64,
         size: u64,
     ) -> Result<()> {
@@ -332,16 +270,20 @@ impl Stream {
             dst_offset,
             size,
         };
+        // SAFETY: both buffers are live buffers of this device with TRANSFER usage, the
+        // region is inside both (checked), and `cmd` is recording. The frame holds both
+        // buffers until the command has executed.
         unsafe {
             self.ctx
                 .device
                 .cmd_copy_buffer(cmd, src.raw(), dst.raw(), &[region])
         };
-        Ok(())
+        self.hold(src.clone())?;
+        self.hold(dst.clone())
     }
 
     /// Fills `size` bytes at `offset` with the 32-bit `value` (both multiples of 4).
-    pub fn fill(&mut self, buffer: &Buffer, offset: u64, size: u64, value: u32) -> Result<()> {
+    pub fn fill(&mut self, buffer: &Arc<Buffer>, offset: u64, size: u64, value: u32) -> Result<()> {
         self.check_range(buffer, offset, size, "fill")?;
         if offset % 4 != 0 || size % 4 != 0 {
             return Err(Error::invalid(format!(
@@ -352,17 +294,19 @@ impl Stream {
             return Ok(());
         }
         let cmd = self.frame()?.cmd;
+        // SAFETY: a live buffer of this device, range inside it and 4-byte aligned
+        // (checked), `cmd` recording; the frame holds the buffer until executed.
         unsafe {
             self.ctx
                 .device
                 .cmd_fill_buffer(cmd, buffer.raw(), offset, size, value)
         };
-        Ok(())
+        self.hold(buffer.clone())
     }
 
     /// Writes `data` (at most 65536 bytes, a multiple of 4) at `offset` (a multiple of 4) in
     /// stream order, unlike a host write to a mapped buffer, which happens at once.
-    pub fn update(&mut self, buffer: &Buffer, offset: u64, data: &[u8]) -> Result<()> {
+    pub fn update(&mut self, buffer: &Arc<Buffer>, offset: u64, data: &[u8]) -> Result<()> {
         let size = data.len() as u64;
         self.check_range(buffer, offset, size, "update")?;
         if offset % 4 != 0 || size % 4 != 0 || size > 65536 {
@@ -374,12 +318,15 @@ impl Stream {
             return Ok(());
         }
         let cmd = self.frame()?.cmd;
+        // SAFETY: a live buffer of this device, range inside it, size and offset multiples
+        // of 4 and at most 65536 bytes (checked); the data is copied into the command
+        // buffer at record time; the frame holds the buffer until executed.
         unsafe {
             self.ctx
                 .device
                 .cmd_update_buffer(cmd, buffer.raw(), offset, data)
         };
-        Ok(())
+        self.hold(buffer.clone())
     }
 
     /// Makes every earlier write of this stream (kernels, copies, fills) visible to every
@@ -415,6 +362,8 @@ impl Stream {
         let barrier = vk::MemoryBarrier::default()
             .src_access_mask(src_access)
             .dst_access_mask(dst_access);
+        // SAFETY: a global memory barrier with stages and accesses the queue supports
+        // (transfer-only on a transfer queue), recorded into a recording command buffer.
         unsafe {
             self.ctx.device.cmd_pipeline_barrier(
                 cmd,
@@ -453,12 +402,15 @@ impl Stream {
             return Ok(());
         }
         let cmd = self.bind(kernel, &infos, push)?;
+        // SAFETY: the pipeline, its descriptor set (every binding a live buffer range,
+        // checked against the kernel and the device limits) and its push constants are
+        // bound; group counts are within the device limits (checked).
         unsafe {
             self.ctx
                 .device
                 .cmd_dispatch(cmd, groups[0], groups[1], groups[2])
         };
-        Ok(())
+        self.hold_dispatch(kernel, bindings)
     }
 
     /// Dispatches at least `threads` invocations of a 1-D kernel: one row of workgroups when
@@ -505,7 +457,7 @@ impl Stream {
     pub fn dispatch_indirect(
         &mut self,
         kernel: &Kernel,
-        args: &Buffer,
+        args: &Arc<Buffer>,
         offset: u64,
         bindings: &[BufferRange],
         push: &[u8],
@@ -518,12 +470,17 @@ impl Stream {
         }
         let infos = self.check_kernel_args(kernel, bindings, push)?;
         let cmd = self.bind(kernel, &infos, push)?;
+        // SAFETY: as for `dispatch`; `args` is a live buffer with INDIRECT usage holding 12
+        // bytes at the 4-byte-aligned `offset` (checked). The workgroup counts it holds are
+        // the caller's to keep within the device limits (the device clamps or faults the
+        // dispatch, never host memory).
         unsafe {
             self.ctx
                 .device
                 .cmd_dispatch_indirect(cmd, args.raw(), offset)
         };
-        Ok(())
+        self.hold(args.clone())?;
+        self.hold_dispatch(kernel, bindings)
     }
 
     /// Checks a dispatch's arguments against the kernel and the device limits; returns the
@@ -564,7 +521,7 @@ impl Stream {
         let mut infos = Vec::with_capacity(bindings.len());
         for (i, b) in bindings.iter().enumerate() {
             self.check_range(
-                b.buffer,
+                &b.buffer,
                 b.offset,
                 b.size,
                 &format!("kernel {name} binding {i}"),
@@ -611,6 +568,10 @@ impl Stream {
         let cmd = self.frame()?.cmd;
         let device = &self.ctx.device;
         let objects = &kernel.objects;
+        // SAFETY: `set` was allocated from this frame's pool with the kernel's layout and is
+        // not in use by pending work (the frame is recording); every write names a binding
+        // of that layout with a live buffer; pipeline and layout belong to this device;
+        // `push` is exactly the layout's push-constant range (checked by the caller).
         unsafe {
             if let Some(set) = set {
                 let writes: Vec<_> = infos
@@ -662,6 +623,7 @@ impl Stream {
             let info = vk::DescriptorPoolCreateInfo::default()
                 .max_sets(POOL_SETS)
                 .pool_sizes(&sizes);
+            // SAFETY: a valid create info for this live device.
             let raw = unsafe { device.create_descriptor_pool(&info, None) }
                 .map_err(vkr("creating a descriptor pool"))?;
             frame.descriptor_pools.push(DescriptorPool {
@@ -675,6 +637,8 @@ impl Stream {
         let info = vk::DescriptorSetAllocateInfo::default()
             .descriptor_pool(pool.raw)
             .set_layouts(&layouts);
+        // SAFETY: the frame's own pool (used by one thread: `&mut self`) has room for one
+        // more set of `needed` buffers (checked above); the layout is the kernel's.
         let set = unsafe { device.allocate_descriptor_sets(&info) }
             .map_err(vkr("allocating a descriptor set"))?[0];
         pool.sets_left -= 1;
@@ -684,7 +648,7 @@ impl Stream {
 
     /// Records a timestamp into `slot` of `timer`, taken when all earlier commands of this
     /// stream have finished. The timer must outlive the submission.
-    pub fn timestamp(&mut self, timer: &GpuTimer, slot: u32) -> Result<()> {
+    pub fn timestamp(&mut self, timer: &Arc<GpuTimer>, slot: u32) -> Result<()> {
         if !Arc::ptr_eq(&timer.ctx, &self.ctx) || slot >= timer.slots {
             return Err(Error::invalid(format!(
                 "timestamp: slot {slot} of another context or beyond {}",
@@ -697,6 +661,9 @@ impl Stream {
         }
         timer.valid_bits[slot as usize].store(bits, std::sync::atomic::Ordering::Relaxed);
         let cmd = self.frame()?.cmd;
+        // SAFETY: the timer's live query pool of this device, `slot` inside it (checked);
+        // the queue supports timestamps (bits > 0). The frame holds the timer until the
+        // commands have executed.
         unsafe {
             self.ctx
                 .device
@@ -708,12 +675,29 @@ impl Stream {
                 slot,
             );
         }
+        self.hold(timer.clone())
+    }
+
+    /// Keeps `thing` (e.g. an `Arc` of a resource only a kernel addresses, through a
+    /// device address) alive until the work recorded so far has run. Buffers, kernels and
+    /// timers named in commands are held automatically.
+    pub fn keep_alive<T: Send + Sync + 'static>(&mut self, thing: T) -> Result<()> {
+        self.hold(thing)
+    }
+
+    fn hold<T: Send + Sync + 'static>(&mut self, thing: T) -> Result<()> {
+        self.frame()?.held.push(Box::new(thing));
         Ok(())
     }
 
-    /// Keeps `thing` (e.g. an `Arc<Buffer>`) alive until the work recorded so far has run.
-    pub fn keep_alive<T: Send + Sync + 'static>(&mut self, thing: T) -> Result<()> {
-        self.frame()?.held.push(Box::new(thing));
+    /// Holds what a dispatch uses: the kernel (its pipeline and layouts) and every bound
+    /// buffer.
+    fn hold_dispatch(&mut self, kernel: &Kernel, bindings: &[BufferRange]) -> Result<()> {
+        let frame = self.frame()?;
+        frame.held.push(Box::new(kernel.clone()));
+        for b in bindings {
+            frame.held.push(Box::new(b.buffer.clone()));
+        }
         Ok(())
     }
 
@@ -759,6 +743,7 @@ impl Stream {
                 vk::AccessFlags::SHADER_WRITE | vk::AccessFlags::TRANSFER_WRITE
             })
             .dst_access_mask(vk::AccessFlags::HOST_READ);
+        // SAFETY: a global barrier to the host stage in a recording command buffer.
         unsafe {
             device.cmd_pipeline_barrier(
                 cmd,
@@ -770,6 +755,7 @@ impl Stream {
                 &[],
             );
         }
+        // SAFETY: `cmd` is recording.
         let ended = unsafe { device.end_command_buffer(cmd) };
         if let Err(r) = ended {
             // Drop the broken recording: the frame is reset before its next use.
@@ -804,6 +790,9 @@ impl Stream {
             .push_next(&mut timeline_info);
         let result = {
             let queue = self.ctx.lock_queue(self.queue);
+            // SAFETY: the queue is externally synchronized by its mutex (held); `cmd` is
+            // executable; every semaphore is a live timeline of this device (ours, or held
+            // through `waits` and then by the frame) with wait values in the info chain.
             unsafe { device.queue_submit(*queue, &[submit], vk::Fence::null()) }
         };
         let mut frame = self.recording.take().expect("recording");
@@ -844,6 +833,9 @@ impl Drop for Stream {
         // Work still queued uses this stream's command buffers and descriptor sets.
         let _ = self.timeline.wait(self.last_signalled, u64::MAX);
         let device = &self.ctx.device;
+        // SAFETY: all submitted work of this stream has completed (waited above; after a
+        // device loss nothing executes any more), so its command buffers and descriptor
+        // pools are idle; they and the command pool belong to this stream alone.
         unsafe {
             if let Some(f) = self.recording.take() {
                 let _ = device.end_command_buffer(f.cmd);

@@ -1,0 +1,436 @@
+//! The batch driver: the estimation pass, then the batches over three slots, each a stream
+//! (its own queue where the device has several), a device result buffer, counters,
+//! per-query continuation states and, where device memory is not host-mapped, pinned
+//! read-back buffers. A slot's batch goes: search (kernel) -> read the counters -> copy
+//! exactly the pairs found to its pinned buffer -> hand them to the sink -> search again if
+//! some query stopped early (result buffer full, or a software device's loop budget used
+//! up), resuming where it stopped. While the host assembles one slot's pairs, the other two
+//! slots' kernels and copies run.
+//!
+//! Lifetimes: every buffer, the kernel and the timer are shared (`Arc`) with the streams'
+//! in-flight frames, so nothing here depends on declaration or drop order.
+
+use super::device_data::DeviceData;
+use super::interface::{flags, JoinParams};
+use super::plan::{plan_batches, BatchPlan};
+use crate::error::{ErrorKind, Result};
+use crate::metric::Coord;
+use crate::result::{sink_error, Pair, PairSink};
+use crate::vk::{Buffer, Context, GpuTimer, Kernel, Memory, Stream, Ticket};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Streams (and pinned buffers) the batches rotate over.
+pub(super) const SLOTS: usize = 3;
+/// Default result buffer: 2^24 pairs (128 MiB), less where the binding limit is smaller.
+const DEFAULT_RESULT_PAIRS: u64 = 1 << 24;
+/// Smallest result buffer tried when device memory runs out.
+const MIN_RESULT_PAIRS: u64 = 1 << 10;
+
+/// One batch slot: a stream and its buffers.
+pub(super) struct Slot {
+    stream: Stream,
+    results: Arc<Buffer>,
+    /// [pairs written or attempted, some query stopped early].
+    counters: Arc<Buffer>,
+    /// Continuation state per query of the batch (uvec4).
+    states: Arc<Buffer>,
+    /// Pinned read-back buffers where device memory is not mapped.
+    results_host: Option<Arc<Buffer>>,
+    counters_host: Option<Arc<Buffer>>,
+    states_host: Option<Arc<Buffer>>,
+    state: SlotState,
+}
+
+enum SlotState {
+    Free,
+    Searching {
+        queries: Range<u32>,
+        ticket: Ticket,
+        submitted: Instant,
+    },
+    Downloading {
+        queries: Range<u32>,
+        pairs: usize,
+        incomplete: bool,
+        ticket: Ticket,
+        submitted: Instant,
+    },
+}
+
+/// Measured times (seconds) for the report.
+#[derive(Default)]
+pub(super) struct Times {
+    pub upload: f64,
+    pub estimate: f64,
+    pub wait_search: f64,
+    pub download: f64,
+    pub assemble: f64,
+    pub loop_wall: f64,
+    /// Sum over batches of submit-to-done seconds (observed on the host).
+    pub busy: f64,
+    /// Sum of the search dispatches' GPU time (timestamps), when the queue has them.
+    pub gpu_search: Option<f64>,
+}
+
+/// What the batch loop counted, for the report.
+#[derive(Default)]
+pub(super) struct Counts {
+    pub pairs: u64,
+    pub dispatches: usize,
+    pub resumed: usize,
+    pub overflowed: usize,
+}
+
+/// What every dispatch of one join shares.
+pub(super) struct Run<'a, T: Coord> {
+    pub kernel: Kernel,
+    /// Two timestamp slots per batch slot (around its search dispatch), where supported.
+    pub timer: Option<Arc<GpuTimer>>,
+    pub data: &'a DeviceData,
+    /// The parameters every dispatch shares; the batch fields are set per dispatch.
+    pub params: JoinParams<T>,
+}
+
+impl<T: Coord> Run<'_, T>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    /// The push constants of one dispatch over `queries` (every `stride`-th position).
+    fn push(&self, queries: &Range<u32>, q_count: u32, stride: u32, bits: u32) -> JoinParams<T> {
+        JoinParams {
+            q_begin: queries.start,
+            q_count,
+            q_stride: stride,
+            flags: bits,
+            ..self.params
+        }
+    }
+}
+
+fn new_slot(
+    ctx: &Arc<Context>,
+    index: usize,
+    capacity: u64,
+    max_points: usize,
+    counting: bool,
+) -> Result<Slot> {
+    let result_bytes = if counting { 8 } else { capacity * 8 };
+    let state_bytes = max_points as u64 * 16;
+    let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
+    let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
+    let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
+    // `SIMJOIN_GPU_STAGING=1` takes the discrete-GPU path (copies into pinned buffers) on
+    // a unified-memory device too, so that tests on lavapipe cover it.
+    let staging =
+        !results.is_mapped() || std::env::var("SIMJOIN_GPU_STAGING").is_ok_and(|v| v == "1");
+    let pinned = |bytes, name| -> Result<Option<Arc<Buffer>>> {
+        Ok(if !staging {
+            None
+        } else {
+            Some(Buffer::new(ctx, bytes, Memory::Readback, name)?)
+        })
+    };
+    Ok(Slot {
+        stream: Stream::new(ctx, index)?,
+        results_host: pinned(result_bytes, "pinned results")?,
+        counters_host: pinned(8, "pinned counters")?,
+        states_host: pinned(state_bytes, "pinned query states")?,
+        results,
+        counters,
+        states,
+        state: SlotState::Free,
+    })
+}
+
+/// The three slots. Result-buffer capacity: the user's, else the default within the binding
+/// limit. On device out-of-memory, the result buffers and the batch size (query states)
+/// are halved, down to MIN_RESULT_PAIRS pairs and `min_points` queries, before giving up.
+/// Returns the slots, the capacity and the most queries per batch.
+pub(super) fn make_slots(
+    ctx: &Arc<Context>,
+    requested: Option<usize>,
+    mut max_points: usize,
+    min_points: usize,
+    counting: bool,
+) -> Result<(Vec<Slot>, u32, usize)> {
+    let limit_pairs = ctx.limits().max_storage_buffer_range / 8;
+    let mut capacity = match requested {
+        Some(c) => (c as u64).min(limit_pairs),
+        None => DEFAULT_RESULT_PAIRS.min(limit_pairs),
+    }
+    .min(u32::MAX as u64 / 2)
+    .max(1);
+    loop {
+        match (0..SLOTS)
+            .map(|i| new_slot(ctx, i, capacity, max_points, counting))
+            .collect::<Result<Vec<_>>>()
+        {
+            Ok(slots) => return Ok((slots, capacity as u32, max_points)),
+            Err(e)
+                if e.kind() == ErrorKind::OutOfDeviceMemory
+                    && (capacity > MIN_RESULT_PAIRS || max_points > min_points) =>
+            {
+                capacity = (capacity / 2).max(MIN_RESULT_PAIRS.min(capacity));
+                max_points = (max_points / 2).max(min_points);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The estimation pass: count-only over every `stride`-th of `nq` queries (slot 0), then
+/// the batch plan.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn estimate<T: Coord>(
+    run: &Run<'_, T>,
+    slot: &mut Slot,
+    nq: usize,
+    stride: usize,
+    max_points: usize,
+    batch_points: Option<usize>,
+    counts: &mut Counts,
+) -> Result<BatchPlan>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    let n_samples = nq.div_ceil(stride);
+    let push = run.push(
+        &(0..nq as u32),
+        n_samples as u32,
+        stride as u32,
+        run.params.flags | flags::FLAG_COUNT,
+    );
+    let mut fresh = true;
+    loop {
+        submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
+        counts.dispatches += 1;
+        fresh = false;
+        if read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?[1] == 0 {
+            break;
+        }
+    }
+    let sample_counts = read_matches(slot, n_samples)?;
+    Ok(plan_batches(
+        nq,
+        stride,
+        &sample_counts,
+        run.params.capacity as usize,
+        max_points,
+        batch_points,
+    ))
+}
+
+/// Runs the batches, three in flight (busy slots are completed oldest first), delivering
+/// pairs to `sink` or, without one, only counting them.
+pub(super) fn run_batches<T: Coord>(
+    run: &Run<'_, T>,
+    slots: &mut [Slot],
+    ranges: Vec<Range<u32>>,
+    mut sink: Option<&mut dyn PairSink>,
+    times: &mut Times,
+    counts: &mut Counts,
+) -> Result<()>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    let counting = sink.is_none();
+    let capacity = run.params.capacity as usize;
+    let t_loop = Instant::now();
+    let mut queue: VecDeque<Range<u32>> = ranges.into();
+    let mut busy: VecDeque<usize> = VecDeque::new();
+    let bits = run.params.flags | if counting { flags::FLAG_COUNT } else { 0 };
+    loop {
+        for (s, slot) in slots.iter_mut().enumerate() {
+            if matches!(slot.state, SlotState::Free) {
+                if let Some(queries) = queue.pop_front() {
+                    let push = run.push(&queries, queries.len() as u32, 1, bits);
+                    let ticket =
+                        submit_search(run, slot, s, &push, queries.len(), true, counting)?;
+                    counts.dispatches += 1;
+                    slot.state = SlotState::Searching {
+                        queries,
+                        ticket,
+                        submitted: Instant::now(),
+                    };
+                    busy.push_back(s);
+                }
+            }
+        }
+        let Some(s) = busy.pop_front() else { break };
+        let slot = &mut slots[s];
+        // What to do once this dispatch's pairs are delivered: resume it, or free the slot.
+        let (queries, incomplete, submitted) =
+            match std::mem::replace(&mut slot.state, SlotState::Free) {
+                SlotState::Free => continue,
+                SlotState::Searching {
+                    queries,
+                    ticket,
+                    submitted,
+                } => {
+                    let t = Instant::now();
+                    ticket.wait()?;
+                    times.wait_search += t.elapsed().as_secs_f64();
+                    if let (Some(timer), Some(gpu)) = (&run.timer, times.gpu_search.as_mut()) {
+                        *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
+                    }
+                    let t = Instant::now();
+                    let head =
+                        read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?;
+                    let (slots_taken, incomplete) = (head[0] as usize, head[1] != 0);
+                    if slots_taken > capacity {
+                        counts.overflowed += 1;
+                    }
+                    if counting {
+                        if !incomplete {
+                            counts.pairs += read_matches(slot, queries.len())?
+                                .iter()
+                                .map(|&c| c as u64)
+                                .sum::<u64>();
+                        }
+                        times.download += t.elapsed().as_secs_f64();
+                        (queries, incomplete, submitted)
+                    } else {
+                        let pairs = slots_taken.min(capacity);
+                        if let (Some(host), true) = (&slot.results_host, pairs > 0) {
+                            // Copy exactly the pairs found to the pinned buffer.
+                            slot.stream.barrier()?;
+                            slot.stream
+                                .copy(&slot.results, 0, host, 0, pairs as u64 * 8)?;
+                            let ticket = slot.stream.submit()?;
+                            slot.state = SlotState::Downloading {
+                                queries,
+                                pairs,
+                                incomplete,
+                                ticket,
+                                submitted,
+                            };
+                            busy.push_front(s);
+                            times.download += t.elapsed().as_secs_f64();
+                            continue;
+                        }
+                        times.download += t.elapsed().as_secs_f64();
+                        deliver(slot, pairs, &mut sink, &mut counts.pairs, times)?;
+                        (queries, incomplete, submitted)
+                    }
+                }
+                SlotState::Downloading {
+                    queries,
+                    pairs,
+                    incomplete,
+                    ticket,
+                    submitted,
+                } => {
+                    let t = Instant::now();
+                    ticket.wait()?;
+                    times.download += t.elapsed().as_secs_f64();
+                    deliver(slot, pairs, &mut sink, &mut counts.pairs, times)?;
+                    (queries, incomplete, submitted)
+                }
+            };
+        times.busy += submitted.elapsed().as_secs_f64();
+        if incomplete {
+            // Some queries stopped early: run the batch again; finished queries return at once.
+            let push = run.push(&queries, queries.len() as u32, 1, bits);
+            let ticket = submit_search(run, slot, s, &push, queries.len(), false, counting)?;
+            counts.dispatches += 1;
+            counts.resumed += 1;
+            slot.state = SlotState::Searching {
+                queries,
+                ticket,
+                submitted: Instant::now(),
+            };
+            busy.push_back(s);
+        }
+    }
+    times.loop_wall = t_loop.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Hands the first `pairs` results of `slot` to the sink.
+fn deliver(
+    slot: &Slot,
+    pairs: usize,
+    sink: &mut Option<&mut dyn PairSink>,
+    total: &mut u64,
+    times: &mut Times,
+) -> Result<()> {
+    let t = Instant::now();
+    let chunk: Vec<Pair> = slot
+        .results_host
+        .as_ref()
+        .unwrap_or(&slot.results)
+        .read_vec(0, pairs)?;
+    times.download += t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    *total += chunk.len() as u64;
+    if let Some(sink) = sink.as_deref_mut() {
+        sink.push(&chunk).map_err(sink_error)?;
+    }
+    times.assemble += t.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Records and submits one search dispatch: zero the counters (and, for a new batch, the
+/// query states), dispatch, and copy counters (and states when counting) to the pinned
+/// buffers where device memory is not mapped.
+fn submit_search<T: Coord>(
+    run: &Run<'_, T>,
+    slot: &mut Slot,
+    slot_index: usize,
+    push: &JoinParams<T>,
+    threads: usize,
+    fresh: bool,
+    counting: bool,
+) -> Result<Ticket>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    slot.stream.fill(&slot.counters, 0, 8, 0)?;
+    if fresh {
+        slot.stream.fill(&slot.states, 0, threads as u64 * 16, 0)?;
+    }
+    slot.stream.barrier()?;
+    let bindings = run
+        .data
+        .bindings(&slot.results, &slot.counters, &slot.states);
+    let stamps = run.timer.as_ref().map(|t| (t, 2 * slot_index as u32));
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first)?;
+    }
+    slot.stream.dispatch_threads(
+        &run.kernel,
+        threads as u64,
+        &bindings,
+        bytemuck::bytes_of(push),
+    )?;
+    if let Some((timer, first)) = stamps {
+        slot.stream.timestamp(timer, first + 1)?;
+    }
+    if let Some(host) = &slot.counters_host {
+        slot.stream.barrier()?;
+        slot.stream.copy(&slot.counters, 0, host, 0, 8)?;
+        if counting {
+            let states_host = slot.states_host.as_ref().expect("pinned with the counters");
+            slot.stream
+                .copy(&slot.states, 0, states_host, 0, threads as u64 * 16)?;
+        }
+    }
+    slot.stream.submit()
+}
+
+fn read_words(buffer: &Buffer, words: usize) -> Result<Vec<u32>> {
+    buffer.read_vec(0, words)
+}
+
+/// Matches per query of the last count-only batch (the states' fourth word).
+fn read_matches(slot: &Slot, threads: usize) -> Result<Vec<u32>> {
+    let states: Vec<[u32; 4]> = slot
+        .states_host
+        .as_ref()
+        .unwrap_or(&slot.states)
+        .read_vec(0, threads)?;
+    Ok(states.iter().map(|s| s[3]).collect())
+}
