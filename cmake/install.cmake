@@ -23,11 +23,19 @@ endforeach()
 file(STRINGS "${_root}/include/simjoin.h" _line REGEX "^#define SIMJOIN_VERSION_STRING ")
 string(REGEX REPLACE ".*\"(.*)\".*" "\\1" SIMJOIN_VERSION "${_line}")
 
+# The shared library's SONAME is libsimjoin.so.<ABI version> (build.rs): install it under
+# that name, with the usual development symlink libsimjoin.so -> libsimjoin.so.<ABI>.
+file(STRINGS "${_root}/include/simjoin.h" _abi REGEX "^#define SIMJOIN_ABI_VERSION ")
+string(REGEX REPLACE ".*SIMJOIN_ABI_VERSION ([0-9]+).*" "\\1" SIMJOIN_ABI_VERSION "${_abi}")
+
 file(INSTALL "${_root}/include/simjoin.h" "${_root}/bindings/cpp/simjoin.hpp"
      DESTINATION "${PREFIX}/include")
-file(INSTALL "${LIB_DIR}/libsimjoin.so" "${LIB_DIR}/libsimjoin.a" DESTINATION "${PREFIX}/lib")
+file(INSTALL "${LIB_DIR}/libsimjoin.a" DESTINATION "${PREFIX}/lib")
+file(REMOVE "${PREFIX}/lib/libsimjoin.so" "${PREFIX}/lib/libsimjoin.so.${SIMJOIN_ABI_VERSION}")
+file(COPY_FILE "${LIB_DIR}/libsimjoin.so" "${PREFIX}/lib/libsimjoin.so.${SIMJOIN_ABI_VERSION}")
+file(CREATE_LINK "libsimjoin.so.${SIMJOIN_ABI_VERSION}" "${PREFIX}/lib/libsimjoin.so" SYMBOLIC)
 file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/simjoinConfig.cmake" DESTINATION "${PREFIX}/lib/cmake/simjoin")
 include(CMakePackageConfigHelpers)
 write_basic_package_version_file("${PREFIX}/lib/cmake/simjoin/simjoinConfigVersion.cmake"
   VERSION "${SIMJOIN_VERSION}" COMPATIBILITY SameMinorVersion)
-message(STATUS "simjoin ${SIMJOIN_VERSION} installed in ${PREFIX}")
+message(STATUS "simjoin ${SIMJOIN_VERSION} (C ABI ${SIMJOIN_ABI_VERSION}) installed in ${PREFIX}")

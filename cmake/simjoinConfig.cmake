@@ -3,7 +3,7 @@
 # cmake/install.cmake, next to <prefix>/lib/libsimjoin.{so,a} and <prefix>/include/simjoin.h.
 #
 # Targets:
-#   simjoin::simjoin_shared  the shared library (libsimjoin.so)
+#   simjoin::simjoin_shared  the shared library (libsimjoin.so.<ABI>, SONAME libsimjoin.so.<ABI>)
 #   simjoin::simjoin_static  the static library (libsimjoin.a) with the system libraries
 #                            the Rust standard library needs
 #   simjoin::simjoin         simjoin_static when simjoin_USE_STATIC_LIBS is ON, else
@@ -11,6 +11,8 @@
 # The C++ RAII wrapper (simjoin.hpp) is in the same include directory.
 
 get_filename_component(_simjoin_prefix "${CMAKE_CURRENT_LIST_DIR}/../../.." ABSOLUTE)
+file(STRINGS "${_simjoin_prefix}/include/simjoin.h" _simjoin_abi REGEX "^#define SIMJOIN_ABI_VERSION ")
+string(REGEX REPLACE ".*SIMJOIN_ABI_VERSION ([0-9]+).*" "\\1" SIMJOIN_ABI_VERSION "${_simjoin_abi}")
 
 # What `cargo rustc --lib --crate-type staticlib -- --print native-static-libs` prints
 # (checked by tests/check-static-libs.sh). The same link line is documented in README.md.
@@ -19,10 +21,9 @@ set(SIMJOIN_NATIVE_STATIC_LIBS -ldl -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 if(NOT TARGET simjoin::simjoin_shared)
   add_library(simjoin::simjoin_shared SHARED IMPORTED)
   set_target_properties(simjoin::simjoin_shared PROPERTIES
-    IMPORTED_LOCATION "${_simjoin_prefix}/lib/libsimjoin.so"
-    # rustc writes no SONAME: link with -lsimjoin so executables record "libsimjoin.so"
-    # rather than the absolute build path.
-    IMPORTED_NO_SONAME TRUE
+    IMPORTED_LOCATION "${_simjoin_prefix}/lib/libsimjoin.so.${SIMJOIN_ABI_VERSION}"
+    # Executables record the SONAME, so a library of another ABI version is never loaded.
+    IMPORTED_SONAME "libsimjoin.so.${SIMJOIN_ABI_VERSION}"
     INTERFACE_INCLUDE_DIRECTORIES "${_simjoin_prefix}/include")
 
   add_library(simjoin::simjoin_static STATIC IMPORTED)
@@ -40,7 +41,8 @@ if(NOT TARGET simjoin::simjoin_shared)
   endif()
 endif()
 
-foreach(_simjoin_file "${_simjoin_prefix}/include/simjoin.h" "${_simjoin_prefix}/lib/libsimjoin.so"
+foreach(_simjoin_file "${_simjoin_prefix}/include/simjoin.h"
+        "${_simjoin_prefix}/lib/libsimjoin.so.${SIMJOIN_ABI_VERSION}"
         "${_simjoin_prefix}/lib/libsimjoin.a")
   if(NOT EXISTS "${_simjoin_file}")
     set(simjoin_FOUND FALSE)
@@ -48,4 +50,5 @@ foreach(_simjoin_file "${_simjoin_prefix}/include/simjoin.h" "${_simjoin_prefix}
   endif()
 endforeach()
 unset(_simjoin_file)
+unset(_simjoin_abi)
 unset(_simjoin_prefix)

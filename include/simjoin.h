@@ -16,10 +16,19 @@
 
 /* The version of the header; simjoin_version() gives the library's. */
 #define SIMJOIN_VERSION_MAJOR 0
-#define SIMJOIN_VERSION_MINOR 1
+#define SIMJOIN_VERSION_MINOR 2
 #define SIMJOIN_VERSION_PATCH 0
-#define SIMJOIN_VERSION_STRING "0.1.0"
+#define SIMJOIN_VERSION_STRING "0.2.0"
 
+
+/**
+ * The C ABI's version: bumped whenever a change breaks callers compiled against an older
+ * header (a struct loses or moves a field, a function changes its signature). It is the
+ * number in the shared library's SONAME (`libsimjoin.so.2`).
+ * 2: device choice and CPU threads moved from `simjoin_options` to
+ * `simjoin_engine_options` (`simjoin_engine_new_with`).
+ */
+#define SIMJOIN_ABI_VERSION 2
 
 /**
  * Status of a call. The numbers are fixed: new statuses are only ever appended.
@@ -76,6 +85,58 @@ typedef struct simjoin_engine simjoin_engine;
 typedef struct simjoin_result simjoin_result;
 
 /**
+ * Validation layers for an engine's Vulkan device: one of `SIMJOIN_VALIDATION_*`.
+ */
+typedef uint32_t simjoin_validation;
+
+/**
+ * Engine options. Call `simjoin_engine_options_init` first: it sets `size` and every
+ * default. They hold for the engine's whole life.
+ */
+typedef struct simjoin_engine_options {
+  /**
+   * `sizeof(simjoin_engine_options)` as the caller compiled it.
+   */
+  size_t size;
+  /**
+   * Vulkan device index or name substring, NUL-terminated (NULL = the
+   * `SIMJOIN_DEVICE` environment variable, else the best device). Copied at creation.
+   */
+  const char *device;
+  /**
+   * CPU worker threads (0 = one per core).
+   */
+  uint64_t threads;
+  /**
+   * One of `SIMJOIN_VALIDATION_*`.
+   */
+  simjoin_validation validation;
+} simjoin_engine_options;
+
+/**
+ * Coordinate type of a `simjoin_matrix`: one of `SIMJOIN_DTYPE_*`.
+ */
+typedef uint32_t simjoin_dtype;
+
+/**
+ * A borrowed row-major point set: point i is `data[i*cols .. (i+1)*cols]`, in `float`
+ * (SIMJOIN_DTYPE_F32) or `double` (SIMJOIN_DTYPE_F64). `data` may be NULL only when
+ * `rows == 0`. simjoin reads it during the call only and never keeps it.
+ */
+typedef struct simjoin_matrix {
+  const void *data;
+  /**
+   * Number of points.
+   */
+  size_t rows;
+  /**
+   * Dimensions per point (>= 1).
+   */
+  size_t cols;
+  simjoin_dtype dtype;
+} simjoin_matrix;
+
+/**
  * Distance function: one of `SIMJOIN_METRIC_*`.
  */
 typedef uint32_t simjoin_metric;
@@ -122,10 +183,6 @@ typedef struct simjoin_options {
    */
   uint32_t include_self;
   /**
-   * CPU worker threads (0 = all cores).
-   */
-  uint64_t threads;
-  /**
    * GPU grid: indexed dimensions (0 = chosen automatically).
    */
   uint64_t indexed_dims;
@@ -137,34 +194,7 @@ typedef struct simjoin_options {
    * GPU: result buffer capacity in pairs (0 = automatic).
    */
   uint64_t result_buffer_pairs;
-  /**
-   * Vulkan device index or name substring, NUL-terminated (NULL = default).
-   */
-  const char *device;
 } simjoin_options;
-
-/**
- * Coordinate type of a `simjoin_matrix`: one of `SIMJOIN_DTYPE_*`.
- */
-typedef uint32_t simjoin_dtype;
-
-/**
- * A borrowed row-major point set: point i is `data[i*cols .. (i+1)*cols]`, in `float`
- * (SIMJOIN_DTYPE_F32) or `double` (SIMJOIN_DTYPE_F64). `data` may be NULL only when
- * `rows == 0`. simjoin reads it during the call only and never keeps it.
- */
-typedef struct simjoin_matrix {
-  const void *data;
-  /**
-   * Number of points.
-   */
-  size_t rows;
-  /**
-   * Dimensions per point (>= 1).
-   */
-  size_t cols;
-  simjoin_dtype dtype;
-} simjoin_matrix;
 
 /**
  * Receives result pairs during a streaming join: `pairs` holds `count` pairs as
@@ -206,6 +236,10 @@ typedef struct simjoin_report {
   const char *device;
 } simjoin_report;
 
+#define SIMJOIN_DTYPE_F32 0
+
+#define SIMJOIN_DTYPE_F64 1
+
 #define SIMJOIN_METRIC_EUCLIDEAN 0
 
 #define SIMJOIN_METRIC_MANHATTAN 1
@@ -243,9 +277,14 @@ typedef struct simjoin_report {
  */
 #define SIMJOIN_OUTPUT_COUNT 2
 
-#define SIMJOIN_DTYPE_F32 0
+/**
+ * On when the `SIMJOIN_VALIDATION` environment variable is set (not "0").
+ */
+#define SIMJOIN_VALIDATION_DEFAULT 0
 
-#define SIMJOIN_DTYPE_F64 1
+#define SIMJOIN_VALIDATION_ON 1
+
+#define SIMJOIN_VALIDATION_OFF 2
 
 #ifdef __cplusplus
 extern "C" {
@@ -256,6 +295,12 @@ extern "C" {
  * of the header it was built with).
  */
 const char *simjoin_version(void);
+
+/**
+ * The ABI version of the library (equals SIMJOIN_ABI_VERSION of the header it was built
+ * with; a caller may compare the two at startup).
+ */
+uint32_t simjoin_abi_version(void);
 
 /**
  * A short static description of a status number ("unknown status" for others).
@@ -271,18 +316,21 @@ const char *simjoin_status_str(uint32_t status);
 size_t simjoin_last_error_message(char *buf, size_t len);
 
 /**
- * Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic
- * backend and algorithm; pairs output) and `opts->size = sizeof(simjoin_options)`.
- */
-simjoin_status simjoin_options_init(struct simjoin_options *opts);
-
-/**
- * Creates an engine. Cheap: the Vulkan context is created on the first GPU join.
+ * Creates an engine with default options (`simjoin_engine_new_with(NULL, out)`). Cheap:
+ * the Vulkan device is opened on the first GPU join.
  */
 simjoin_status simjoin_engine_new(struct simjoin_engine **out);
 
 /**
- * Frees an engine (NULL is fine). No join may be running on it.
+ * Creates an engine with `opts` (NULL: the defaults). The device is opened on the first
+ * GPU join; the engine owns it until `simjoin_engine_free`.
+ */
+simjoin_status simjoin_engine_new_with(const struct simjoin_engine_options *opts,
+                                       struct simjoin_engine **out);
+
+/**
+ * Frees an engine and releases its device and threads (NULL is fine). No join may be
+ * running on it.
  */
 void simjoin_engine_free(struct simjoin_engine *engine);
 
@@ -328,6 +376,18 @@ simjoin_status simjoin_join_stream(const struct simjoin_engine *engine,
                                    simjoin_pair_callback callback,
                                    void *user_data,
                                    struct simjoin_result **out);
+
+/**
+ * Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic
+ * backend and algorithm; pairs output) and `opts->size = sizeof(simjoin_options)`.
+ */
+simjoin_status simjoin_options_init(struct simjoin_options *opts);
+
+/**
+ * Fills `*opts` with the engine defaults (the default device, one CPU thread per core,
+ * validation from the environment) and `opts->size = sizeof(simjoin_engine_options)`.
+ */
+simjoin_status simjoin_engine_options_init(struct simjoin_engine_options *opts);
 
 /**
  * Frees a result (NULL is fine). Pointers obtained from it become invalid.

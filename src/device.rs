@@ -17,7 +17,6 @@ pub struct DeviceInfo {
     pub details: Vec<String>,
 }
 
-
 /// Lists the Vulkan devices present (empty when there is no Vulkan loader or driver, or
 /// when the library was built without the `gpu` feature).
 pub fn devices() -> crate::Result<Vec<DeviceInfo>> {

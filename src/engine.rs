@@ -208,7 +208,9 @@ impl Engine {
             },
             // A real GPU when present, else the CPU.
             Backend::Auto => match self.gpu() {
-                Ok(gpu) if !gpu.software => self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink)?,
+                Ok(gpu) if !gpu.software => {
+                    self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink)?
+                }
                 _ => self.cpu.run(&job, sink)?,
             },
         };

@@ -12,6 +12,9 @@
 //! algorithms, `cpu` the native CPU backend, `ffi` the C surface; `metric` and `grid` hold
 //! the arithmetic and cell geometry every backend shares so that all agree pair for pair.
 
+// Every `unsafe` block says why it is sound (checked by clippy in CI).
+#![warn(clippy::undocumented_unsafe_blocks)]
+
 mod backend;
 pub mod dataset;
 mod device;
@@ -40,8 +43,8 @@ pub mod kernel_interface {
 }
 
 pub use dataset::{Coords, Dataset, Precision};
+pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
-pub use device::{devices, DeviceInfo};

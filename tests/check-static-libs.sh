@@ -4,7 +4,7 @@
 # static link line, run as written, builds the README's example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-printed=$(cargo rustc --release --lib --crate-type staticlib -- --print native-static-libs 2>&1 |
+printed=$(cargo rustc --release -p simjoin --lib --crate-type staticlib -- --print native-static-libs 2>&1 |
   sed -n 's/.*native-static-libs: //p' | tail -1)
 if [ -z "$printed" ]; then
   echo "check-static-libs: rustc printed no native-static-libs line" >&2

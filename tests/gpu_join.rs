@@ -482,7 +482,10 @@ fn bad_device_and_failing_sink_give_clear_errors() {
     // `auto` on an engine without a usable device runs on the CPU.
     let mut auto = o.clone();
     auto.backend = simjoin::Backend::Auto;
-    assert_eq!(elsewhere.self_join(&data, &auto).unwrap().report.backend, "cpu");
+    assert_eq!(
+        elsewhere.self_join(&data, &auto).unwrap().report.backend,
+        "cpu"
+    );
     // A sink that refuses the first chunk stops the join with Cancelled.
     let o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
     let mut refuse = |_: &[Pair]| -> anyhow::Result<()> { anyhow::bail!("disk full") };

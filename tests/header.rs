@@ -95,3 +95,28 @@ fn readme_c_example_is_tests_c_example() {
         "README.md's ```c block differs from tests/c/example.c"
     );
 }
+
+#[test]
+fn soname_carries_the_abi_version() {
+    let build =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("build.rs")).unwrap();
+    let want = format!(
+        "const ABI_VERSION: u32 = {};",
+        simjoin::ffi::SIMJOIN_ABI_VERSION
+    );
+    assert!(
+        build.contains(&want),
+        "build.rs's ABI_VERSION (the SONAME) must equal ffi::SIMJOIN_ABI_VERSION: {want}"
+    );
+    // On Linux the built library's SONAME is libsimjoin.so.<ABI>.
+    let lib = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/libsimjoin.so");
+    if cfg!(target_os = "linux") && lib.exists() {
+        let bytes = std::fs::read(&lib).unwrap();
+        let soname = format!("libsimjoin.so.{}\0", simjoin::ffi::SIMJOIN_ABI_VERSION);
+        assert!(
+            bytes.windows(soname.len()).any(|w| w == soname.as_bytes()),
+            "{} has no SONAME {soname:?}",
+            lib.display()
+        );
+    }
+}

@@ -14,11 +14,11 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64
 export SIMJOIN_VALIDATION=1
 jobs=$(nproc 2>/dev/null || echo 2)
 
-echo "== Rust tests"
-cargo test --release
+echo "== Rust tests (library and command)"
+cargo test --release --workspace
 
 echo "== C and C++ tests (ctest)"
-cargo build --release --lib
+cargo build --release -p simjoin --lib
 prefix=$root/build/prefix
 cmake -DPREFIX="$prefix" -P cmake/install.cmake >/dev/null
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
@@ -36,6 +36,14 @@ for variant in shared static asan; do
   ctest --test-dir "build/c-$variant" --output-on-failure
 done
 bash tests/check-static-libs.sh
+# The installed shared library carries the ABI version in its SONAME, and the C tests
+# record that name.
+abi=$(sed -n 's/^#define SIMJOIN_ABI_VERSION \([0-9]*\)/\1/p' include/simjoin.h)
+objdump -p "$prefix/lib/libsimjoin.so.$abi" | grep -q "SONAME *libsimjoin.so.$abi" ||
+  { echo "libsimjoin.so.$abi has no SONAME libsimjoin.so.$abi" >&2; exit 1; }
+objdump -p build/c-shared/test_join | grep -q "NEEDED *libsimjoin.so.$abi" ||
+  { echo "test_join does not record libsimjoin.so.$abi" >&2; exit 1; }
+echo "-- SONAME: libsimjoin.so.$abi"
 
 echo "== Python tests (pytest)"
 venv=$root/target/pyvenv

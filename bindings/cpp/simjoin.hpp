@@ -61,11 +61,27 @@ class Options {
   Options &output(simjoin_output o) { raw_.output = o; return *this; }
   Options &sorted(bool on = true) { raw_.sorted = on; return *this; }
   Options &include_self(bool on = true) { raw_.include_self = on; return *this; }
-  Options &threads(std::uint64_t n) { raw_.threads = n; return *this; }
   const simjoin_options *get() const noexcept { return &raw_; }
 
  private:
   simjoin_options raw_;
+};
+
+/// Engine options: the device the engine owns, CPU threads, validation.
+class EngineOptions {
+ public:
+  EngineOptions() { detail::check(simjoin_engine_options_init(&raw_)); }
+  /// Device index or name substring; the string must live until the engine is created.
+  EngineOptions &device(const char *selector) { raw_.device = selector; return *this; }
+  EngineOptions &threads(std::uint64_t n) { raw_.threads = n; return *this; }
+  EngineOptions &validation(bool on) {
+    raw_.validation = on ? SIMJOIN_VALIDATION_ON : SIMJOIN_VALIDATION_OFF;
+    return *this;
+  }
+  const simjoin_engine_options *get() const noexcept { return &raw_; }
+
+ private:
+  simjoin_engine_options raw_;
 };
 
 /// One pair (i, j), laid out as the C API's pair arrays.
@@ -139,6 +155,13 @@ class Engine {
   Engine() {
     simjoin_engine *raw = nullptr;
     detail::check(simjoin_engine_new(&raw));
+    raw_.reset(raw);
+  }
+
+  /// An engine that owns the device and threads `opts` name (released with the engine).
+  explicit Engine(const EngineOptions &opts) {
+    simjoin_engine *raw = nullptr;
+    detail::check(simjoin_engine_new_with(opts.get(), &raw));
     raw_.reset(raw);
   }
 

@@ -32,7 +32,7 @@ def build_library():
     if prebuilt:
         return Path(prebuilt)
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    subprocess.run([cargo, "build", "--release", "--lib"], cwd=ROOT, check=True)
+    subprocess.run([cargo, "build", "--release", "-p", "simjoin", "--lib"], cwd=ROOT, check=True)
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     if not target.is_absolute():
         target = ROOT / target

@@ -8,7 +8,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use input::{read_points, Points, Precision};
 use simjoin::{
-    Algorithm, Backend, Dataset, Engine, EngineOptions, JoinOptions, JoinReport, Metric, OutputForm, Pair,
+    Algorithm, Backend, Dataset, Engine, EngineOptions, JoinOptions, JoinReport, Metric,
+    OutputForm, Pair,
 };
 use std::io::IsTerminal;
 use std::path::PathBuf;

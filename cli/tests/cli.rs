@@ -426,7 +426,8 @@ fn info_names_the_auto_backend() {
 #[test]
 fn readme_cli_example_runs() {
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
     let block = readme
         .split("<!-- cli-example -->")
         .nth(1)

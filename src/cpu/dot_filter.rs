@@ -25,6 +25,9 @@
 //! A NaN F (overflow) is never a rejection; data whose centred norms could overflow f32,
 //! and thresholds so small that underflow terms matter, do not use the filter at all.
 
+// `!(a <= b)` is deliberate here: it is also true when a is NaN, which must reject.
+#![allow(clippy::neg_cmp_op_on_partial_ord)]
+
 use super::store::Store;
 use crate::metric::Coord;
 use rayon::prelude::*;

@@ -22,7 +22,10 @@ const DENSE_CELLS_PER_POINT: u64 = 4;
 
 /// The sorted order's base pointer, shared by the scatter's workers (disjoint positions).
 struct SlotsPtr(*mut u32);
+// SAFETY: a plain pointer into a buffer that outlives the scoped workers; each worker
+// writes only its own disjoint positions (see `at`), so sharing it races on nothing.
 unsafe impl Send for SlotsPtr {}
+// SAFETY: as above.
 unsafe impl Sync for SlotsPtr {}
 impl SlotsPtr {
     /// Caller guarantees `i` is in bounds and no other worker writes it.

@@ -13,8 +13,8 @@ mod grid;
 mod plan;
 mod store;
 
-use crate::dataset::Coords;
 use crate::backend::{Job, JoinBackend};
+use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::metric::{threshold, Coord};
 use crate::options::{Algorithm, Metric};

@@ -40,7 +40,10 @@ fn load<T: Coord>(cols: &[T], at: usize) -> [T; LANES] {
 
 /// The columns' base pointer, shared by the gather's workers (which write disjoint slots).
 struct ColumnsPtr<T>(*mut T);
+// SAFETY: a plain pointer into columns that outlive the scoped workers; each worker writes
+// only disjoint slots (see `at`), and T: Send may be written from any thread.
 unsafe impl<T: Send> Send for ColumnsPtr<T> {}
+// SAFETY: as above.
 unsafe impl<T: Send> Sync for ColumnsPtr<T> {}
 impl<T> ColumnsPtr<T> {
     /// Caller guarantees `at` is in bounds and no other worker touches it.

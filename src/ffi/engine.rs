@@ -61,4 +61,3 @@ pub unsafe extern "C" fn simjoin_engine_free(engine: *mut simjoin_engine) {
         let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(engine))));
     }
 }
-

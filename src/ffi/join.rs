@@ -27,8 +27,8 @@ struct CallbackSink {
     stopped: bool,
 }
 
-// The caller promises (header) that its callback and user_data may be used from the thread
-// the engine calls the sink on; the engine calls the sink from one thread at a time.
+// SAFETY: the caller promises (header) that its callback and user_data may be used from the
+// thread the engine calls the sink on; the engine calls the sink from one thread at a time.
 unsafe impl Send for CallbackSink {}
 
 impl crate::result::PairSink for CallbackSink {
@@ -36,6 +36,8 @@ impl crate::result::PairSink for CallbackSink {
         if self.stopped {
             anyhow::bail!("the callback asked to stop");
         }
+        // SAFETY: the callback is the caller's (non-NULL, checked); `chunk` is `count` pairs of
+        // two u32s, live for the call, as the header documents.
         let code =
             unsafe { (self.callback)(self.user_data, chunk.as_ptr() as *const u32, chunk.len()) };
         if code != 0 {
@@ -156,4 +158,3 @@ pub unsafe extern "C" fn simjoin_join_stream(
 ) -> simjoin_status {
     stream(engine, a, Some(b), opts, callback, user_data, out)
 }
-

@@ -24,7 +24,10 @@ pub struct simjoin_matrix {
 }
 
 /// Borrows the caller's matrix as a validated `Dataset`.
-pub(crate) unsafe fn read_matrix<'a>(name: &str, m: *const simjoin_matrix) -> Result<Dataset<'a>, Error> {
+pub(crate) unsafe fn read_matrix<'a>(
+    name: &str,
+    m: *const simjoin_matrix,
+) -> Result<Dataset<'a>, Error> {
     let m = m.as_ref().ok_or_else(|| null_arg(name))?;
     if m.cols == 0 {
         return Err(Error::invalid(format!(
@@ -70,4 +73,3 @@ unsafe fn borrow<'a, T>(name: &str, data: *const c_void, len: usize) -> Result<&
     }
     Ok(std::slice::from_raw_parts(data as *const T, len))
 }
-

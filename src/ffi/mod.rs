@@ -184,7 +184,6 @@ pub unsafe extern "C" fn simjoin_last_error_message(buf: *mut c_char, len: usize
     .unwrap_or(0)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::options::{read_options, ALGORITHMS, BACKENDS, METRICS, OUTPUTS};
@@ -194,7 +193,9 @@ mod tests {
 
     fn last_error() -> String {
         let mut buf = [0 as c_char; 256];
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         unsafe { simjoin_last_error_message(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_str()
             .unwrap()
@@ -228,13 +229,16 @@ mod tests {
     fn message_truncates_and_reports_full_length() {
         set_last_error("abcdef");
         let mut buf = [1 as c_char; 4];
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         let n = unsafe { simjoin_last_error_message(buf.as_mut_ptr(), buf.len()) };
         assert_eq!(n, 6);
         assert_eq!(
+            // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
             unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap(),
             "abc"
         );
         assert_eq!(
+            // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
             unsafe { simjoin_last_error_message(std::ptr::null_mut(), 0) },
             6
         );
@@ -247,6 +251,7 @@ mod tests {
         o.metric = SIMJOIN_METRIC_CHEBYSHEV;
         // An older caller that only knows size and eps: the rest are defaults.
         o.size = 16;
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         let j = unsafe { read_options(&o) }.unwrap();
         assert_eq!((j.eps, j.metric), (0.5, Metric::Euclidean));
         // A newer caller whose extra fields are zero is accepted; non-zero is refused.
@@ -262,15 +267,18 @@ mod tests {
         n.base.eps = 1.0;
         n.base.size = std::mem::size_of::<Newer>();
         let whole = &n as *const Newer as *const simjoin_options;
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         assert!(unsafe { read_options(whole) }.is_ok());
         n.extra = 7;
         let whole = &n as *const Newer as *const simjoin_options;
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         let e = unsafe { read_options(whole) }.unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
         // Unknown enum numbers are refused, not transmuted.
         let mut bad = simjoin_options::defaults();
         bad.eps = 1.0;
         bad.metric = 99;
+        // SAFETY: the buffers and option structs passed are live locals of the stated sizes.
         assert!(unsafe { read_options(&bad) }
             .unwrap_err()
             .to_string()

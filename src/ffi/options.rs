@@ -43,7 +43,6 @@ pub const SIMJOIN_OUTPUT_CSR: simjoin_output = 1;
 /// Only the number of pairs.
 pub const SIMJOIN_OUTPUT_COUNT: simjoin_output = 2;
 
-
 /// Join options. Call `simjoin_options_init` first: it sets `size` and every default.
 /// `size` lets the struct grow: a library reads only the fields the caller's struct has
 /// and uses defaults for the rest.
@@ -169,7 +168,12 @@ pub(crate) fn optional_count(what: &str, value: u64) -> Result<Option<usize>, Er
 /// # Safety
 /// `ptr` is non-NULL and points at a readable struct of at least the `usize` it starts
 /// with and of the size that `usize` states.
-unsafe fn read_sized<T: Copy>(ptr: *const T, defaults: T, least: usize, what: &str) -> Result<T, Error> {
+unsafe fn read_sized<T: Copy>(
+    ptr: *const T,
+    defaults: T,
+    least: usize,
+    what: &str,
+) -> Result<T, Error> {
     let ours = std::mem::size_of::<T>();
     // SAFETY: the caller's struct starts with its size (a usize); unaligned read as the
     // caller may hand any pointer.
@@ -183,7 +187,8 @@ unsafe fn read_sized<T: Copy>(ptr: *const T, defaults: T, least: usize, what: &s
         // A newer caller: fine as long as it left every field this library does not know
         // at zero (its default), as Linux does for extensible structs.
         // SAFETY: the caller's struct is `theirs` bytes long (its size field says so).
-        let extra = unsafe { std::slice::from_raw_parts((ptr as *const u8).add(ours), theirs - ours) };
+        let extra =
+            unsafe { std::slice::from_raw_parts((ptr as *const u8).add(ours), theirs - ours) };
         if extra.iter().any(|&b| b != 0) {
             return Err(Error::unsupported(format!(
                 "{what} sets fields this simjoin library does not know (built against a newer header?)"
@@ -211,7 +216,14 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     }
     let eps_end = std::mem::offset_of!(simjoin_options, eps) + std::mem::size_of::<f64>();
     // SAFETY: non-NULL; the header's contract makes it a live simjoin_options of its size.
-    let o = unsafe { read_sized(opts, simjoin_options::defaults(), eps_end, "simjoin_options") }?;
+    let o = unsafe {
+        read_sized(
+            opts,
+            simjoin_options::defaults(),
+            eps_end,
+            "simjoin_options",
+        )
+    }?;
     let mut j = JoinOptions::new(o.eps);
     j.metric = enum_value("metric", o.metric, &METRICS)?;
     j.backend = enum_value("backend", o.backend, &BACKENDS)?;
@@ -225,7 +237,6 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     j.validate()?;
     Ok(j)
 }
-
 
 /// Reads the caller's engine options (see `simjoin_engine_options`).
 ///

@@ -156,4 +156,3 @@ pub unsafe extern "C" fn simjoin_result_report(
         Ok(())
     })
 }
-

@@ -247,8 +247,7 @@ where
             if matches!(slot.state, SlotState::Free) {
                 if let Some(queries) = queue.pop_front() {
                     let push = run.push(&queries, queries.len() as u32, 1, bits);
-                    let ticket =
-                        submit_search(run, slot, s, &push, queries.len(), true, counting)?;
+                    let ticket = submit_search(run, slot, s, &push, queries.len(), true, counting)?;
                     counts.dispatches += 1;
                     slot.state = SlotState::Searching {
                         queries,

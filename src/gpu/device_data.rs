@@ -38,12 +38,21 @@ impl DeviceData {
     ) -> Vec<BufferRange> {
         let mut b: Vec<(u32, BufferRange)> = vec![
             (binding::R_COORDS, self.r_coords.all()),
-            (binding::Q_COORDS, self.q_coords.as_ref().unwrap_or(&self.r_coords).all()),
+            (
+                binding::Q_COORDS,
+                self.q_coords.as_ref().unwrap_or(&self.r_coords).all(),
+            ),
             (binding::CELL_KEYS, self.cell_keys.all()),
             (binding::CELL_RANGES, self.cell_ranges.all()),
             (binding::R_IDS, self.r_ids.all()),
-            (binding::Q_IDS, self.q_ids.as_ref().unwrap_or(&self.r_ids).all()),
-            (binding::Q_CELLS, self.q_cells.as_ref().unwrap_or(&self.meta).all()),
+            (
+                binding::Q_IDS,
+                self.q_ids.as_ref().unwrap_or(&self.r_ids).all(),
+            ),
+            (
+                binding::Q_CELLS,
+                self.q_cells.as_ref().unwrap_or(&self.meta).all(),
+            ),
             (binding::META, self.meta.all()),
             (binding::RESULTS, results.all()),
             (binding::COUNTERS, counters.all()),
@@ -87,7 +96,6 @@ fn gather<T: Coord>(coords: &[T], dim: usize, order: &[u32]) -> Vec<T> {
     }
     out
 }
-
 
 /// The device data of one join and the kernel parameters that come with it.
 pub(super) struct Prepared {
@@ -287,4 +295,3 @@ fn variance_order_helps(order: &[usize], top_quarter_share: f64) -> bool {
         _ => differs && top_quarter_share >= 0.5,
     }
 }
-

@@ -102,10 +102,12 @@ const _: () = assert!(N_U32 % 2 == 0);
 const _: () = assert!(std::mem::size_of::<JoinParams<f32>>() == 4 * N_U32 + 4 * N_T);
 const _: () = assert!(std::mem::size_of::<JoinParams<f64>>() == 4 * N_U32 + 8 * N_T);
 
-// SAFETY (all four): JoinParams<f32> and JoinParams<f64> are repr(C) structs of u32 and
-// f32/f64 fields with no padding (asserted above), so every bit pattern is valid, all-zero
-// included, and they have no uninitialised bytes.
+// SAFETY: JoinParams<f32> is a repr(C) struct of u32 and f32 fields with no padding
+// (asserted above): every bit pattern, all-zero included, is valid.
 unsafe impl bytemuck::Zeroable for JoinParams<f32> {}
+// SAFETY: as above, and it has no uninitialised bytes; Copy + 'static.
 unsafe impl bytemuck::Pod for JoinParams<f32> {}
+// SAFETY: JoinParams<f64>: u32 and f64 fields, no padding (asserted above).
 unsafe impl bytemuck::Zeroable for JoinParams<f64> {}
+// SAFETY: as above.
 unsafe impl bytemuck::Pod for JoinParams<f64> {}

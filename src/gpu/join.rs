@@ -157,7 +157,14 @@ where
             )));
         }
     }
-    let kernel = join_kernel::<T>(ctx, algorithm, workgroup, dim, opts.metric as u32, &prepared)?;
+    let kernel = join_kernel::<T>(
+        ctx,
+        algorithm,
+        workgroup,
+        dim,
+        opts.metric as u32,
+        &prepared,
+    )?;
 
     let counting = sink.is_none();
     let nq = prepared.nq;
@@ -266,4 +273,3 @@ fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
     // Rounding to nearest loses at most one unit roundoff: aim that much higher.
     T::from_f64(want * (1.0 + 2.0 * T::UNIT_ROUNDOFF))
 }
-

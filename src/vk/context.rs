@@ -4,7 +4,7 @@
 //! (`instance.rs` owns the instance, `device_choice.rs` picks the device.)
 
 use super::device_choice::{candidates, choose, Candidate};
-use super::instance::Instance;
+use super::instance::{lifecycle_lock, Instance};
 use super::kernel::KernelCache;
 use super::vkr;
 use crate::error::{Error, ErrorKind, Result};
@@ -108,9 +108,20 @@ impl Drop for LogicalDevice {
         // are gone; waiting for idle first lets no queued work outlive the device.
         unsafe {
             let _ = self.0.device_wait_idle();
+            let _serial = lifecycle_lock();
             self.0.destroy_device(None);
         }
     }
+}
+
+/// Contexts alive in this process (each owns a Vulkan instance and device).
+static LIVE_CONTEXTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many contexts (Vulkan devices opened by simjoin) are alive in this process: an
+/// engine's device is released when the engine is dropped, so this returns to its earlier
+/// value. For tests and diagnostics.
+pub fn live_contexts() -> usize {
+    LIVE_CONTEXTS.load(Ordering::SeqCst)
 }
 
 fn env_flag(name: &str) -> bool {
@@ -141,7 +152,9 @@ impl Context {
         let instance = Instance::new(validation)?;
         let chosen = choose(candidates(&instance.raw)?, selector.as_deref())?;
         let (device, layout) = Self::create_device(&instance.raw, &chosen)?;
-        Ok(Arc::new(Self::assemble(instance, chosen, device, layout)?))
+        let ctx = Self::assemble(instance, chosen, device, layout)?;
+        LIVE_CONTEXTS.fetch_add(1, Ordering::SeqCst);
+        Ok(Arc::new(ctx))
     }
 
     fn create_device(
@@ -176,11 +189,15 @@ impl Context {
             .queue_create_infos(&queue_infos)
             .enabled_features(&base)
             .push_next(&mut f12);
-        // SAFETY: `c.physical` belongs to `instance`; the queue infos name existing families
-        // with at most their queue count; every enabled feature was reported supported
-        // (`Candidate::missing` checked the required ones, optional ones are read).
-        let device = unsafe { instance.create_device(c.physical, &info, None) }
-            .map_err(vkr("creating the Vulkan device"))?;
+        let device = {
+            let _serial = lifecycle_lock();
+            // SAFETY: `c.physical` belongs to `instance`; the queue infos name existing
+            // families with at most their queue count; every enabled feature was reported
+            // supported (`Candidate::missing` checked the required ones, optional ones are
+            // read).
+            unsafe { instance.create_device(c.physical, &info, None) }
+        }
+        .map_err(vkr("creating the Vulkan device"))?;
         Ok((
             LogicalDevice(device),
             QueueLayout {
@@ -207,7 +224,12 @@ impl Context {
                 .with_max_device_memblock_size(256 << 20)
                 .with_max_host_memblock_size(256 << 20),
         })
-        .map_err(|e| Error::new(ErrorKind::Internal, format!("creating the memory allocator: {e}")))?;
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Internal,
+                format!("creating the memory allocator: {e}"),
+            )
+        })?;
         let compute_queues = (0..layout.compute_queues)
             // SAFETY: queue i < the count requested for this family at device creation.
             .map(|i| Mutex::new(unsafe { device.get_device_queue(layout.compute_family, i) }))
@@ -224,7 +246,11 @@ impl Context {
                 let mut m3 = vk::PhysicalDeviceMaintenance3Properties::default();
                 let mut p2 = vk::PhysicalDeviceProperties2::default().push_next(&mut m3);
                 // SAFETY: a Vulkan 1.2 device (checked); the chain points at a local.
-                unsafe { instance.raw.get_physical_device_properties2(c.physical, &mut p2) };
+                unsafe {
+                    instance
+                        .raw
+                        .get_physical_device_properties2(c.physical, &mut p2)
+                };
                 m3.max_memory_allocation_size
             },
             max_compute_work_group_count: l.max_compute_work_group_count,
@@ -431,6 +457,7 @@ impl Drop for Context {
         unsafe { self.kernels.destroy(&self.device) };
         // The allocator frees its memory blocks: before the device (a field, dropped next).
         drop(self.allocator.take());
+        LIVE_CONTEXTS.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -444,4 +471,3 @@ impl std::fmt::Debug for Context {
             .finish()
     }
 }
-

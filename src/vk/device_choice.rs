@@ -308,7 +308,6 @@ pub(crate) fn choose(cands: Vec<Candidate>, selector: Option<&str>) -> Result<Ca
     Ok(chosen)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,4 +398,3 @@ mod tests {
         assert!(err.to_string().contains("timelineSemaphore"), "{err}");
     }
 }
-

@@ -10,6 +10,18 @@ use std::sync::atomic::Ordering;
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
+/// Held while a Vulkan instance or device is created or destroyed, process-wide. The
+/// Vulkan loader keeps every driver's logical devices in a list that `vkCreateDevice` and
+/// `vkDestroyDevice` edit without a lock while lookups walk it
+/// (KhronosGroup/Vulkan-Loader#2018, still so in 1.4.341; Debian 12 ships 1.3.239), and
+/// instance creation and destruction edit the loader's global instance list: creating and
+/// destroying engines from several threads at once would race in the loader. Serialising
+/// these few calls costs nothing measurable (they take milliseconds and happen per engine).
+pub(crate) fn lifecycle_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The debug messenger's callback.
 ///
 /// # Safety
@@ -108,7 +120,6 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
     })
 }
 
-
 /// An owned Vulkan instance with its loader and, with validation, its debug messenger.
 /// Dropping it destroys the messenger, then the instance (after every device made from it,
 /// which the owners guarantee: a `Context` drops its device before its instance).
@@ -125,6 +136,7 @@ impl Instance {
     /// error if it is not installed) and a messenger counting errors and warnings.
     pub(crate) fn new(validation: bool) -> Result<Instance> {
         let entry = load_entry()?;
+        let _serial = lifecycle_lock();
         let raw = create_instance(&entry, validation)?;
         let mut instance = Instance {
             _entry: entry,
@@ -145,6 +157,7 @@ impl Instance {
 
 impl Drop for Instance {
     fn drop(&mut self) {
+        let _serial = lifecycle_lock();
         // SAFETY: the owner dropped every device and object made from this instance first;
         // the messenger belongs to it and is destroyed before it, once.
         unsafe {

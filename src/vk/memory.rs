@@ -369,4 +369,3 @@ impl Drop for PooledBuffer {
         }
     }
 }
-

@@ -74,7 +74,7 @@ mod stream;
 mod timer;
 mod transfer;
 
-pub use context::{Context, ContextOptions, Features, Limits, QueueLayout};
+pub use context::{live_contexts, Context, ContextOptions, Features, Limits, QueueLayout};
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
 pub use stream::{Stream, Ticket};
@@ -86,9 +86,9 @@ pub mod shaders {
     include!(concat!(env!("OUT_DIR"), "/shaders.rs"));
 }
 
+pub use crate::device::DeviceInfo;
 use crate::error::{Error, ErrorKind};
 use ash::vk;
-pub use crate::device::DeviceInfo;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 static VALIDATION_ERRORS: AtomicU64 = AtomicU64::new(0);

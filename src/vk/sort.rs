@@ -52,12 +52,22 @@ pub enum SortStages {
 /// Records a sort of the first `n` (u32 key, u32 value) pairs of `keys` / `values`, in
 /// place. Barriers before and after make it see earlier writes of the stream and its
 /// results visible to later commands. Submit the stream to run it.
-pub fn sort_pairs_u32(stream: &mut Stream, keys: &Arc<Buffer>, values: &Arc<Buffer>, n: usize) -> Result<()> {
+pub fn sort_pairs_u32(
+    stream: &mut Stream,
+    keys: &Arc<Buffer>,
+    values: &Arc<Buffer>,
+    n: usize,
+) -> Result<()> {
     sort_pairs_with(stream, keys, values, n, false, SortStages::Auto)
 }
 
 /// As [`sort_pairs_u32`] with u64 keys.
-pub fn sort_pairs_u64(stream: &mut Stream, keys: &Arc<Buffer>, values: &Arc<Buffer>, n: usize) -> Result<()> {
+pub fn sort_pairs_u64(
+    stream: &mut Stream,
+    keys: &Arc<Buffer>,
+    values: &Arc<Buffer>,
+    n: usize,
+) -> Result<()> {
     sort_pairs_with(stream, keys, values, n, true, SortStages::Auto)
 }
 

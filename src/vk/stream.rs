@@ -176,6 +176,7 @@ impl Stream {
     /// The frame being recorded, starting one (recycling a finished one) if needed.
     fn frame(&mut self) -> Result<&mut Frame> {
         if self.recording.is_none() {
+            self.release_completed()?;
             let device = &self.ctx.device;
             let done = self.timeline.completed()?;
             let frame = match self.in_flight.iter().position(|f| f.value <= done) {
@@ -814,9 +815,22 @@ impl Stream {
         })
     }
 
-    /// Submits and waits: the recorded work has finished when this returns.
+    /// Submits and waits: the recorded work has finished when this returns, and what it
+    /// held (buffers, kernels, timers) is released.
     pub fn finish(&mut self) -> Result<()> {
-        self.submit()?.wait()
+        self.submit()?.wait()?;
+        self.release_completed()
+    }
+
+    /// Drops what completed submissions held, so that a buffer whose last other owner is
+    /// gone is freed (and a pooled one goes back to its pool) without waiting for its frame
+    /// to be reused. Called by `finish` and before each new recording.
+    pub fn release_completed(&mut self) -> Result<()> {
+        let done = self.timeline.completed()?;
+        for f in self.in_flight.iter_mut().filter(|f| f.value <= done) {
+            f.held.clear();
+        }
+        Ok(())
     }
 
     /// A ticket for everything submitted so far (completes at once when nothing was).

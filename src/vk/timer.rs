@@ -86,4 +86,3 @@ impl Drop for GpuTimer {
         unsafe { self.ctx.device.destroy_query_pool(self.pool, None) };
     }
 }
-

@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include "simjoin.hpp"
@@ -42,6 +43,12 @@ int main() {
   for (auto p : r.pairs()) got.insert({p.i, p.j});
   CHECK(got == want && r.count() == want.size());
   CHECK(r.report().pairs == want.size());
+
+  // An engine of its own with one CPU thread: same pairs; its report names the thread count.
+  simjoin::Engine single(simjoin::EngineOptions().threads(1));
+  auto one = single.self_join(grid.data(), n, 2, simjoin::Options(1.0).backend(SIMJOIN_BACKEND_CPU));
+  CHECK(one.count() == want.size());
+  CHECK(std::string(one.report().device).find("1 threads") != std::string::npos);
 
   auto table = engine.self_join(grid.data(), n, 2, simjoin::Options(1.0).output(SIMJOIN_OUTPUT_CSR));
   auto csr = table.csr();

@@ -6,6 +6,7 @@
 
 static simjoin_engine *engine;
 static simjoin_result *const SENTINEL = (simjoin_result *)16;
+static simjoin_engine *const SENTINEL_ENGINE = (simjoin_engine *)32;
 
 /* Runs a self-join that must fail with `want`, leave `out` untouched and leave a message
  * containing `needle`. */
@@ -160,13 +161,34 @@ int main(void) {
   CHECK(simjoin_result_output(NULL) == SIMJOIN_OUTPUT_COUNT);
   simjoin_result_free(out);
 
-  /* A GPU device that is not there is a clear error, not a crash. */
-  o = opts;
-  o.backend = SIMJOIN_BACKEND_GPU;
-  o.device = "no such device";
-  out = SENTINEL;
-  CHECK(simjoin_self_join(engine, &m, &o, &out) != SIMJOIN_OK && out == SENTINEL);
-  CHECK(simjoin_last_error_message(NULL, 0) > 0);
+  /* A GPU device that is not there is a clear error, not a crash; `auto` on that engine
+   * runs on the CPU. Engine options are checked at creation. */
+  {
+    simjoin_engine_options eo;
+    simjoin_engine *elsewhere = NULL, *bad = SENTINEL_ENGINE;
+    CHECK(simjoin_engine_options_init(NULL) == SIMJOIN_INVALID_ARGUMENT);
+    CHECK_OK(simjoin_engine_options_init(&eo));
+    CHECK(eo.size == sizeof eo && eo.device == NULL && eo.threads == 0);
+    eo.validation = 99;
+    CHECK(simjoin_engine_new_with(&eo, &bad) == SIMJOIN_INVALID_ARGUMENT && bad == SENTINEL_ENGINE);
+    eo.validation = SIMJOIN_VALIDATION_DEFAULT;
+    eo.size = 0;
+    CHECK(simjoin_engine_new_with(&eo, &bad) == SIMJOIN_INVALID_ARGUMENT && bad == SENTINEL_ENGINE);
+    CHECK_OK(simjoin_engine_options_init(&eo));
+    CHECK(simjoin_engine_new_with(&eo, NULL) == SIMJOIN_INVALID_ARGUMENT);
+    eo.device = "no such device";
+    CHECK_OK(simjoin_engine_new_with(&eo, &elsewhere));
+    o = opts;
+    o.backend = SIMJOIN_BACKEND_GPU;
+    out = SENTINEL;
+    CHECK(simjoin_self_join(elsewhere, &m, &o, &out) == SIMJOIN_NO_DEVICE && out == SENTINEL);
+    CHECK(simjoin_last_error_message(NULL, 0) > 0);
+    o.backend = SIMJOIN_BACKEND_AUTO;
+    CHECK_OK(simjoin_self_join(elsewhere, &m, &o, &out));
+    simjoin_result_free(out);
+    simjoin_engine_free(elsewhere);
+    CHECK(simjoin_abi_version() == SIMJOIN_ABI_VERSION);
+  }
 
   /* Every _free accepts NULL. */
   simjoin_result_free(NULL);

@@ -1,0 +1,22 @@
+// Test kernel (tests/kernel_interface.rs): reads the join kernels' interface exactly as they
+// declare it (join_common.glsl with the generated join_interface.glsl) and writes back what
+// it sees: every push-constant field, every flag, and element 0 of every bound buffer. The
+// including file defines T and TBITS(x) (uvec2 bits of a T).
+#include "join_common.glsl"
+
+void main() {
+    if (linear_invocation() != 0u) {
+        return;
+    }
+    states[0] = uvec4(pc.q_begin, pc.q_count, pc.q_stride, pc.capacity);
+    states[1] = uvec4(pc.flags, pc.n_cells, pc.budget, pc.log_cells);
+    states[2] = uvec4(TBITS(pc.thr), TBITS(pc.window));
+    states[3] = uvec4(TBITS(pc.thr_reject), 0u, 0u);
+    states[4] = uvec4(FLAG_SELF, FLAG_COUNT, FLAG_SWAP, FLAG_SORTIDU);
+    states[5] = uvec4(FLAG_REORDER, 0u, 0u, 0u);
+    states[6] = uvec4(TBITS(r_coords[0]), TBITS(q_coords[0]));
+    states[7] = uvec4(uint(cell_keys[0]), uint(cell_keys[0] >> 32), cell_ranges[0]);
+    states[8] = uvec4(r_ids[0], q_ids[0], q_cells[0], meta[0]);
+    states[9] = uvec4(counters[0], counters[1], 0u, 0u);
+    results[0] = uvec2(0x5EE0u, 0x5EE1u);
+}

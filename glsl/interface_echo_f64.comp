@@ -1,0 +1,4 @@
+#version 460
+#define T double
+#define TBITS(x) unpackDouble2x32(x)
+#include "interface_echo.glsl"

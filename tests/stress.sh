@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Stress pass: runs the Vulkan and GPU test binaries (lavapipe, validation on) RUNS times
+# each (default 10), each run with a fresh, empty cache directory (Mesa's shader cache and
+# the validation layer's cache start cold, as on a fresh machine), while two busy loops load
+# the cores. Any failed run (a crash included) fails the pass; its log is kept.
+#   bash tests/stress.sh [RUNS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-${SIMJOIN_STRESS_RUNS:-10}}
+export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
+export SIMJOIN_VALIDATION=1
+bins=(vk_kernels gpu_join gpu_lifetimes engine_lifecycle kernel_interface)
+cargo test --release --no-run -p simjoin "${bins[@]/#/--test=}" 2>/dev/null >/dev/null
+logs=target/stress; mkdir -p "$logs"
+load() { while :; do :; done; }
+load & l1=$!; load & l2=$!
+trap 'kill $l1 $l2 2>/dev/null || true' EXIT
+failed=0
+for name in "${bins[@]}"; do
+  bin=$(ls -t target/release/deps/"$name"-* | grep -v '\.d$' | head -1)
+  bad=0
+  for i in $(seq 1 "$runs"); do
+    cache=$(mktemp -d)
+    if ! XDG_CACHE_HOME=$cache "$bin" -q >"$logs/$name-$i.log" 2>&1; then
+      bad=$((bad + 1)); echo "stress: $name run $i failed (log: $logs/$name-$i.log)"; tail -5 "$logs/$name-$i.log"
+    else
+      rm -f "$logs/$name-$i.log"
+    fi
+    rm -rf "$cache"
+  done
+  echo "stress: $name: $((runs - bad)) of $runs runs passed"
+  failed=$((failed + bad))
+done
+echo "stress: $((${#bins[@]} * runs - failed)) passed, $failed failed"
+[ "$failed" -eq 0 ]
