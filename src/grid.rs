@@ -31,25 +31,6 @@ pub struct GridGeometry {
     pub cells: Vec<u64>,
 }
 
-/// Per-dimension [min, max] of a dataset (all dimensions). Empty set: (+inf, -inf).
-pub fn bounds(data: &Dataset) -> (Vec<f64>, Vec<f64>) {
-    let d = data.dim();
-    let mut lo = vec![f64::INFINITY; d];
-    let mut hi = vec![f64::NEG_INFINITY; d];
-    for i in 0..data.len() {
-        for j in 0..d {
-            let x = data.get(i, j);
-            if x < lo[j] {
-                lo[j] = x;
-            }
-            if x > hi[j] {
-                hi[j] = x;
-            }
-        }
-    }
-    (lo, hi)
-}
-
 impl GridGeometry {
     /// A grid over `dims` (dataset dimension numbers) for points within [lo, hi] (indexed by
     /// dataset dimension), cells at least eps wide.

@@ -27,6 +27,7 @@ pub mod options;
 #[doc(hidden)]
 pub mod oracle;
 pub mod result;
+pub mod stats;
 
 pub(crate) mod cpu;
 #[cfg(feature = "gpu")]

@@ -145,6 +145,13 @@ pub fn reject_margin<T: Coord>(dim: usize) -> f64 {
     4.0 * (dim as f64 + 1.0) * T::UNIT_ROUNDOFF
 }
 
+/// `thr` widened so that a sum in any other dimension order above it proves the canonical
+/// sum is above `thr` (see [`reject_margin`]); twice the margin also covers rounding the
+/// widened value to T. Used by the CPU and the GPU joins alike (REORDER rejections).
+pub fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
+    T::from_f64(thr.to_f64() * (1.0 + 2.0 * reject_margin::<T>(dim)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

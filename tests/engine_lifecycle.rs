@@ -111,7 +111,11 @@ fn two_engines_from_two_threads_at_once() {
             });
         }
     });
-    assert_eq!(simjoin::vk::live_contexts(), 0, "both engines released their devices");
+    assert_eq!(
+        simjoin::vk::live_contexts(),
+        0,
+        "both engines released their devices"
+    );
     assert_no_validation_errors();
 }
 

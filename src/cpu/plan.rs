@@ -2,12 +2,11 @@
 //! and small eps, EGO*-join for high dimensions and large eps) made concrete by a cost
 //! estimate and thresholds measured on this project's machines (bench/CPU_RESULTS.md).
 
-use crate::dataset::{Coords, Dataset};
+use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::grid::GridGeometry;
-use crate::metric::Coord;
 use crate::options::{Algorithm, JoinOptions};
-use rayon::prelude::*;
+use crate::stats::{bounds_and_variance, order_by_variance};
 
 /// Most dimensions the grid join indexes by default (3^(k-1) row lookups per cell).
 const GRID_MAX_K: usize = 4;
@@ -24,101 +23,6 @@ pub(crate) struct Plan {
     /// Grid over the indexed dimensions (grid: k of them; EGO: all, variance order).
     pub geometry: Option<GridGeometry>,
     pub notes: Vec<String>,
-}
-
-/// Per-dimension running statistics of a point set.
-#[derive(Clone)]
-struct Moments {
-    lo: Vec<f64>,
-    hi: Vec<f64>,
-    /// Sums of (x - shift) and its square: shifting by a data value keeps the variance
-    /// accurate.
-    sum: Vec<f64>,
-    sq: Vec<f64>,
-    n: usize,
-}
-
-impl Moments {
-    fn new(d: usize) -> Self {
-        Moments {
-            lo: vec![f64::INFINITY; d],
-            hi: vec![f64::NEG_INFINITY; d],
-            sum: vec![0.0; d],
-            sq: vec![0.0; d],
-            n: 0,
-        }
-    }
-    fn merge(mut self, o: Moments) -> Self {
-        for j in 0..self.lo.len() {
-            self.lo[j] = self.lo[j].min(o.lo[j]);
-            self.hi[j] = self.hi[j].max(o.hi[j]);
-            self.sum[j] += o.sum[j];
-            self.sq[j] += o.sq[j];
-        }
-        self.n += o.n;
-        self
-    }
-}
-
-/// Moments of the rows of `x` (`d` wide), in parallel.
-fn moments<T: Coord>(x: &[T], d: usize, shift: &[f64]) -> Moments {
-    x.par_chunks(d * 4096)
-        .fold(
-            || Moments::new(d),
-            |mut m, chunk| {
-                for p in chunk.chunks_exact(d) {
-                    for j in 0..d {
-                        let v = p[j].to_f64();
-                        m.lo[j] = m.lo[j].min(v);
-                        m.hi[j] = m.hi[j].max(v);
-                        let t = v - shift[j];
-                        m.sum[j] += t;
-                        m.sq[j] += t * t;
-                    }
-                    m.n += 1;
-                }
-                m
-            },
-        )
-        .reduce(|| Moments::new(d), Moments::merge)
-}
-
-/// Per-dimension bounds and variance over A and B together (one parallel pass each).
-fn stats(a: &Dataset, b: Option<&Dataset>) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let d = a.dim();
-    let first = if !a.is_empty() {
-        Some(a)
-    } else {
-        b.filter(|b| !b.is_empty())
-    };
-    let shift: Vec<f64> = (0..d)
-        .map(|j| first.map_or(0.0, |set| set.get(0, j)))
-        .collect();
-    let mut m = Moments::new(d);
-    for set in std::iter::once(a).chain(b) {
-        let part = match set.coords() {
-            Coords::F32(x) => moments(x, d, &shift),
-            Coords::F64(x) => moments(x, d, &shift),
-        };
-        m = m.merge(part);
-    }
-    let var = (0..d)
-        .map(|j| {
-            if m.n == 0 {
-                0.0
-            } else {
-                (m.sq[j] / m.n as f64 - (m.sum[j] / m.n as f64).powi(2)).max(0.0)
-            }
-        })
-        .collect();
-    (m.lo, m.hi, var)
-}
-
-/// Dimensions by decreasing variance (ties by dimension number, so the order is stable).
-fn variance_order(var: &[f64]) -> Vec<usize> {
-    let mut dims: Vec<usize> = (0..var.len()).collect();
-    dims.sort_by(|&x, &y| var[y].total_cmp(&var[x]).then(x.cmp(&y)));
-    dims
 }
 
 pub(crate) fn choose(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<Plan> {
@@ -151,8 +55,8 @@ pub(crate) fn choose(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Re
             notes,
         });
     }
-    let (lo, hi, var) = stats(a, b);
-    let order = variance_order(&var);
+    let (lo, hi, var) = bounds_and_variance(a, b);
+    let order = order_by_variance(&var);
     let algorithm = match opts.algorithm {
         Algorithm::Auto if d > GRID_MAX_AUTO_DIM => {
             notes.push(format!(

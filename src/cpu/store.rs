@@ -240,13 +240,7 @@ pub(crate) fn confirm<T: Coord, M: MetricKind>(
     acc <= thr
 }
 
-/// `thr` widened so that a sum in any dimension order above it proves the canonical sum
-/// is above `thr` (see `metric::reject_margin`). Twice the margin covers rounding the
-/// widened value to T.
-pub(crate) fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
-    let margin = crate::metric::reject_margin::<T>(dim);
-    T::from_f64(thr.to_f64() * (1.0 + 2.0 * margin))
-}
+pub(crate) use crate::metric::reject_threshold;
 
 /// Whether the AVX2 variants of the kernels may run (checked once per join).
 pub(crate) fn avx2_available() -> bool {

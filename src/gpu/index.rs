@@ -12,7 +12,8 @@
 
 use crate::dataset::Dataset;
 use crate::error::Result;
-use crate::grid::{bounds, GridGeometry};
+use crate::grid::GridGeometry;
+use crate::stats::{bounds, order_by_variance};
 use rayon::prelude::*;
 use std::collections::HashMap;
 
@@ -54,14 +55,6 @@ pub fn sampled_variances(data: &Dataset) -> Vec<f64> {
         }
     }
     var
-}
-
-/// Dimensions ordered by decreasing variance. Ties keep the dataset order, so the choice
-/// is deterministic.
-pub fn order_by_variance(var: &[f64]) -> Vec<usize> {
-    let mut dims: Vec<usize> = (0..var.len()).collect();
-    dims.sort_by(|&x, &y| var[y].total_cmp(&var[x]).then(x.cmp(&y)));
-    dims
 }
 
 /// Share of the total variance held by the top quarter of the dimensions: high when a few

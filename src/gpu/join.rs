@@ -10,7 +10,7 @@ use super::plan::estimate_stride;
 use crate::backend::Job;
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
-use crate::metric::{reject_margin, threshold, Coord};
+use crate::metric::{reject_threshold, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{JoinReport, PairSink};
 use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec};
@@ -264,12 +264,4 @@ where
         ));
     }
     Ok(report)
-}
-
-/// `thr * (1 + metric::reject_margin)` rounded up into `T`: a partial distance in another
-/// dimension order above it proves the canonical distance is above `thr`.
-fn reject_threshold<T: Coord>(thr: T, dim: usize) -> T {
-    let want = thr.to_f64() * (1.0 + reject_margin::<T>(dim));
-    // Rounding to nearest loses at most one unit roundoff: aim that much higher.
-    T::from_f64(want * (1.0 + 2.0 * T::UNIT_ROUNDOFF))
 }
