@@ -2,6 +2,7 @@
 //! pair set, bit for bit, on random inputs: random sizes, dims, eps, metrics, precisions,
 //! distributions (uniform, clustered, duplicated, snapped to a lattice of pitch eps so many
 //! pairs sit exactly at distance eps), self-join and A ⋈ B.
+#![cfg(feature = "gpu")]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The GPU joins (eps-grid and brute force) against the brute-force oracle, pair sets
 //! compared exactly, on lavapipe with the validation layers on (a validation error fails
 //! the test). Sizes are small: every lavapipe dispatch costs a few milliseconds.
+#![cfg(feature = "gpu")]
 
 mod common;
 

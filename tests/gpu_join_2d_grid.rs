@@ -4,6 +4,7 @@
 //! width is lowered through `SIMJOIN_GPU_DISPATCH_WIDTH`. A wrong linear thread index in
 //! any join kernel loses or repeats queries here. A separate test binary: the switch is an
 //! environment variable read when the process's GPU context is created.
+#![cfg(feature = "gpu")]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The GPU joins through the discrete-GPU path (results, counters and query states copied
 //! into pinned read-back buffers) on lavapipe, whose memory is otherwise mapped directly.
 //! A separate test binary: the switch is an environment variable of the process.
+#![cfg(feature = "gpu")]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The Vulkan layer on lavapipe with validation on: context, buffers, kernels, streams, and
 //! the sort and scan kernels against CPU references. A validation error fails every test.
+#![cfg(feature = "gpu")]
 
 mod common;
 

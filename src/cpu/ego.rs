@@ -112,8 +112,8 @@ impl<T: Coord> EgoIndex<T> {
             end: r.end,
             children: None,
         });
-        self.lo.extend(std::iter::repeat(T::ZERO).take(dim));
-        self.hi.extend(std::iter::repeat(T::ZERO).take(dim));
+        self.lo.extend(std::iter::repeat_n(T::ZERO, dim));
+        self.hi.extend(std::iter::repeat_n(T::ZERO, dim));
         if r.len() <= LEAF {
             let mut p = vec![T::ZERO; dim];
             self.store.point(r.start, &mut p);

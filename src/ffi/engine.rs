@@ -26,9 +26,12 @@ pub unsafe extern "C" fn simjoin_engine_new(out: *mut *mut simjoin_engine) -> si
         if out.is_null() {
             return Err(null_arg("out"));
         }
-        *out = Box::into_raw(Box::new(simjoin_engine {
-            engine: Engine::new(),
-        }));
+        // SAFETY: `out` is non-NULL (checked) and writable (header contract).
+        unsafe {
+            *out = Box::into_raw(Box::new(simjoin_engine {
+                engine: Engine::new(),
+            }))
+        };
         Ok(())
     })
 }
@@ -58,6 +61,8 @@ pub unsafe extern "C" fn simjoin_engine_new_with(
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_engine_free(engine: *mut simjoin_engine) {
     if !engine.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(engine))));
+        // SAFETY: a handle from simjoin_engine_new[_with], freed once, with no join running
+        // on it (header contract).
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(engine) })));
     }
 }

@@ -58,14 +58,18 @@ pub unsafe extern "C" fn simjoin_self_join(
     out: *mut *mut simjoin_result,
 ) -> simjoin_status {
     guard(|| {
-        let engine = engine.as_ref().ok_or_else(|| null_arg("engine"))?;
+        // SAFETY: NULL or a live engine (header contract); checked for NULL here.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         if out.is_null() {
             return Err(null_arg("out"));
         }
-        let a = read_matrix("points", points)?;
-        let opts = read_options(opts)?;
+        // SAFETY: NULL or live structs whose data outlive this call (header contract).
+        let a = unsafe { read_matrix("points", points) }?;
+        // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
+        let opts = unsafe { read_options(opts) }?;
         let result = engine.engine.self_join(&a, &opts)?;
-        *out = Box::into_raw(into_handle(result));
+        // SAFETY: `out` is non-NULL (checked) and writable (header contract).
+        unsafe { *out = Box::into_raw(into_handle(result)) };
         Ok(())
     })
 }
@@ -81,19 +85,26 @@ pub unsafe extern "C" fn simjoin_join(
     out: *mut *mut simjoin_result,
 ) -> simjoin_status {
     guard(|| {
-        let engine = engine.as_ref().ok_or_else(|| null_arg("engine"))?;
+        // SAFETY: NULL or a live engine (header contract); checked for NULL here.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         if out.is_null() {
             return Err(null_arg("out"));
         }
-        let a = read_matrix("a", a)?;
-        let b = read_matrix("b", b)?;
-        let opts = read_options(opts)?;
+        // SAFETY: NULL or live structs whose data outlive this call (header contract).
+        let (a, b) = unsafe { (read_matrix("a", a)?, read_matrix("b", b)?) };
+        // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
+        let opts = unsafe { read_options(opts) }?;
         let result = engine.engine.join(&a, &b, &opts)?;
-        *out = Box::into_raw(into_handle(result));
+        // SAFETY: `out` is non-NULL (checked) and writable (header contract).
+        unsafe { *out = Box::into_raw(into_handle(result)) };
         Ok(())
     })
 }
 
+/// The streaming joins' common body.
+///
+/// # Safety
+/// The header's contract for `simjoin_self_join_stream` / `simjoin_join_stream`.
 unsafe fn stream(
     engine: *const simjoin_engine,
     a: *const simjoin_matrix,
@@ -104,11 +115,15 @@ unsafe fn stream(
     out: *mut *mut simjoin_result,
 ) -> simjoin_status {
     guard(|| {
-        let engine = engine.as_ref().ok_or_else(|| null_arg("engine"))?;
+        // SAFETY: NULL or a live engine (header contract); checked for NULL here.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         let callback = callback.ok_or_else(|| null_arg("callback"))?;
-        let a = read_matrix(if b.is_some() { "a" } else { "points" }, a)?;
-        let b = b.map(|b| read_matrix("b", b)).transpose()?;
-        let opts = read_options(opts)?;
+        // SAFETY: NULL or live structs whose data outlive this call (header contract).
+        let a = unsafe { read_matrix(if b.is_some() { "a" } else { "points" }, a) }?;
+        // SAFETY: as above.
+        let b = b.map(|b| unsafe { read_matrix("b", b) }).transpose()?;
+        // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
+        let opts = unsafe { read_options(opts) }?;
         let mut sink = CallbackSink {
             callback,
             user_data,
@@ -123,7 +138,8 @@ unsafe fn stream(
                 output: JoinOutput::Count(report.pairs),
                 report,
             };
-            *out = Box::into_raw(into_handle(result));
+            // SAFETY: `out` is non-NULL (checked) and writable (header contract).
+            unsafe { *out = Box::into_raw(into_handle(result)) };
         }
         Ok(())
     })
@@ -141,7 +157,8 @@ pub unsafe extern "C" fn simjoin_self_join_stream(
     user_data: *mut c_void,
     out: *mut *mut simjoin_result,
 ) -> simjoin_status {
-    stream(engine, points, None, opts, callback, user_data, out)
+    // SAFETY: this function's contract is `stream`'s.
+    unsafe { stream(engine, points, None, opts, callback, user_data, out) }
 }
 
 /// Streaming A join B: pairs (i in A, j in B) go to `callback`; see
@@ -156,5 +173,6 @@ pub unsafe extern "C" fn simjoin_join_stream(
     user_data: *mut c_void,
     out: *mut *mut simjoin_result,
 ) -> simjoin_status {
-    stream(engine, a, Some(b), opts, callback, user_data, out)
+    // SAFETY: this function's contract is `stream`'s.
+    unsafe { stream(engine, a, Some(b), opts, callback, user_data, out) }
 }

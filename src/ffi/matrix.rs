@@ -24,11 +24,16 @@ pub struct simjoin_matrix {
 }
 
 /// Borrows the caller's matrix as a validated `Dataset`.
+///
+/// # Safety
+/// `m` is NULL or points at a `simjoin_matrix` whose `data`, when `rows > 0`, points at
+/// `rows * cols` live values of its dtype that stay unchanged for `'a` (header contract).
 pub(crate) unsafe fn read_matrix<'a>(
     name: &str,
     m: *const simjoin_matrix,
 ) -> Result<Dataset<'a>, Error> {
-    let m = m.as_ref().ok_or_else(|| null_arg(name))?;
+    // SAFETY: NULL or a live simjoin_matrix (this function's contract).
+    let m = unsafe { m.as_ref() }.ok_or_else(|| null_arg(name))?;
     if m.cols == 0 {
         return Err(Error::invalid(format!(
             "{name}: points must have at least one dimension (cols = 0)"
@@ -45,8 +50,11 @@ pub(crate) unsafe fn read_matrix<'a>(
         )));
     }
     let ds = match m.dtype {
-        SIMJOIN_DTYPE_F32 => Dataset::from_f32(borrow(name, m.data, len)?, m.cols),
-        SIMJOIN_DTYPE_F64 => Dataset::from_f64(borrow(name, m.data, len)?, m.cols),
+        // SAFETY: `data` holds `len` floats, live for 'a (this function's contract);
+        // `borrow` checks alignment and size.
+        SIMJOIN_DTYPE_F32 => Dataset::from_f32(unsafe { borrow(name, m.data, len) }?, m.cols),
+        // SAFETY: likewise `len` doubles.
+        SIMJOIN_DTYPE_F64 => Dataset::from_f64(unsafe { borrow(name, m.data, len) }?, m.cols),
         other => {
             return Err(Error::invalid(format!(
                 "{name}: unknown dtype value {other}"
@@ -58,11 +66,14 @@ pub(crate) unsafe fn read_matrix<'a>(
 
 /// The caller's `len` coordinates as a slice, refusing what `slice::from_raw_parts` may not
 /// be given: a misaligned pointer or more than isize::MAX bytes.
+///
+/// # Safety
+/// `data` points at `len` initialised `T`s that stay live and unchanged for `'a`.
 unsafe fn borrow<'a, T>(name: &str, data: *const c_void, len: usize) -> Result<&'a [T], Error> {
     if len == 0 {
         return Ok(&[]);
     }
-    if (data as usize) % std::mem::align_of::<T>() != 0 {
+    if !(data as usize).is_multiple_of(std::mem::align_of::<T>()) {
         return Err(Error::invalid(format!(
             "{name}->data is not aligned for its dtype ({} bytes)",
             std::mem::align_of::<T>()
@@ -71,5 +82,7 @@ unsafe fn borrow<'a, T>(name: &str, data: *const c_void, len: usize) -> Result<&
     if len > isize::MAX as usize / std::mem::size_of::<T>() {
         return Err(Error::invalid(format!("{name}: rows * cols is too large")));
     }
-    Ok(std::slice::from_raw_parts(data as *const T, len))
+    // SAFETY: non-NULL (len > 0 and the caller checked), aligned and at most isize::MAX
+    // bytes (checked above), `len` live values (this function's contract).
+    Ok(unsafe { std::slice::from_raw_parts(data as *const T, len) })
 }

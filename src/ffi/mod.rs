@@ -20,6 +20,9 @@
 //! several threads at once, and it may be freed from any thread (once, after all readers
 //! are done). The last-error message is per thread.
 
+// Unsafe operations inside the `unsafe extern "C" fn`s need blocks of their own, so that
+// each carries its SAFETY reasoning (the caller's side of the contract is in the header).
+#![deny(unsafe_op_in_unsafe_fn)]
 #![allow(non_camel_case_types)]
 // Every exported function checks its pointers for NULL; the rest of their contract
 // (valid, aligned, live memory) is documented in the header and is the caller's to keep.
@@ -175,8 +178,12 @@ pub unsafe extern "C" fn simjoin_last_error_message(buf: *mut c_char, len: usize
             let bytes = msg.as_bytes();
             if !buf.is_null() && len > 0 {
                 let n = bytes.len().min(len - 1);
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
-                *buf.add(n) = 0;
+                // SAFETY: `buf` is non-NULL and writable for `len` bytes (header contract);
+                // n + 1 <= len bytes are written; the message is a separate allocation.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
+                    *buf.add(n) = 0;
+                }
             }
             bytes.len()
         })

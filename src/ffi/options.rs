@@ -288,7 +288,8 @@ pub(crate) unsafe fn read_engine_options(
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_options_init(opts: *mut simjoin_options) -> simjoin_status {
     guard(|| {
-        let opts = opts.as_mut().ok_or_else(|| null_arg("opts"))?;
+        // SAFETY: NULL or a writable simjoin_options (header contract); checked for NULL.
+        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
         *opts = simjoin_options::defaults();
         Ok(())
     })

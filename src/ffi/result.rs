@@ -31,7 +31,9 @@ pub(crate) fn into_handle(result: JoinResult) -> Box<simjoin_result> {
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_result_free(result: *mut simjoin_result) {
     if !result.is_null() {
-        let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(result))));
+        // SAFETY: a handle from a join call, freed once, after its readers are done (header
+        // contract).
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(result) })));
     }
 }
 
@@ -39,7 +41,8 @@ pub unsafe extern "C" fn simjoin_result_free(result: *mut simjoin_result) {
 /// Returns SIMJOIN_OUTPUT_COUNT for NULL.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_result_output(result: *const simjoin_result) -> simjoin_output {
-    match result.as_ref().map(|r| &r.result.output) {
+    // SAFETY: NULL or a live result (header contract).
+    match unsafe { result.as_ref() }.map(|r| &r.result.output) {
         Some(JoinOutput::Pairs(_)) => SIMJOIN_OUTPUT_PAIRS,
         Some(JoinOutput::Csr(_)) => SIMJOIN_OUTPUT_CSR,
         _ => SIMJOIN_OUTPUT_COUNT,
@@ -50,7 +53,8 @@ pub unsafe extern "C" fn simjoin_result_output(result: *const simjoin_result) ->
 /// NULL.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_result_count(result: *const simjoin_result) -> u64 {
-    result.as_ref().map_or(0, |r| r.result.report.pairs)
+    // SAFETY: NULL or a live result (header contract).
+    unsafe { result.as_ref() }.map_or(0, |r| r.result.report.pairs)
 }
 
 /// The pairs of a PAIRS result: `*pairs` points at `2 * *count` uint32 values (i0, j0,
@@ -62,19 +66,24 @@ pub unsafe extern "C" fn simjoin_result_pairs(
     count: *mut usize,
 ) -> simjoin_status {
     guard(|| {
-        let r = result.as_ref().ok_or_else(|| null_arg("result"))?;
+        // SAFETY: NULL or a live result (header contract); checked for NULL here.
+        let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
         if pairs.is_null() || count.is_null() {
             return Err(null_arg(if pairs.is_null() { "pairs" } else { "count" }));
         }
         let p = r.result.pairs().ok_or_else(|| {
             Error::invalid("the result holds no pairs (its output form is not PAIRS)")
         })?;
-        *pairs = if p.is_empty() {
+        let first = if p.is_empty() {
             std::ptr::null()
         } else {
             p.as_ptr() as *const u32
         };
-        *count = p.len();
+        // SAFETY: both out-pointers are non-NULL (checked) and writable (header contract).
+        unsafe {
+            *pairs = first;
+            *count = p.len();
+        }
         Ok(())
     })
 }
@@ -92,7 +101,8 @@ pub unsafe extern "C" fn simjoin_result_csr(
     nnz: *mut usize,
 ) -> simjoin_status {
     guard(|| {
-        let r = result.as_ref().ok_or_else(|| null_arg("result"))?;
+        // SAFETY: NULL or a live result (header contract); checked for NULL here.
+        let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
         for (p, name) in [
             (offsets.is_null(), "offsets"),
             (rows.is_null(), "rows"),
@@ -106,14 +116,18 @@ pub unsafe extern "C" fn simjoin_result_csr(
         let c = r.result.csr().ok_or_else(|| {
             Error::invalid("the result holds no CSR table (its output form is not CSR)")
         })?;
-        *offsets = c.offsets.as_ptr();
-        *rows = c.offsets.len() - 1;
-        *neighbors = if c.neighbors.is_empty() {
+        let first = if c.neighbors.is_empty() {
             std::ptr::null()
         } else {
             c.neighbors.as_ptr()
         };
-        *nnz = c.neighbors.len();
+        // SAFETY: the four out-pointers are non-NULL (checked) and writable (header contract).
+        unsafe {
+            *offsets = c.offsets.as_ptr();
+            *rows = c.offsets.len() - 1;
+            *neighbors = first;
+            *nnz = c.neighbors.len();
+        }
         Ok(())
     })
 }
@@ -142,8 +156,10 @@ pub unsafe extern "C" fn simjoin_result_report(
     report: *mut simjoin_report,
 ) -> simjoin_status {
     guard(|| {
-        let r = result.as_ref().ok_or_else(|| null_arg("result"))?;
-        let out = report.as_mut().ok_or_else(|| null_arg("report"))?;
+        // SAFETY: NULL or a live result (header contract); checked for NULL here.
+        let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
+        // SAFETY: NULL or a writable simjoin_report (header contract); checked for NULL here.
+        let out = unsafe { report.as_mut() }.ok_or_else(|| null_arg("report"))?;
         let rep = &r.result.report;
         *out = simjoin_report {
             pairs: rep.pairs,

@@ -98,7 +98,7 @@ join_interface! {
 
 // The block is std430/scalar-compatible only without padding: an even number of u32s
 // before the T fields keeps f64s 8-aligned, and repr(C) then adds none.
-const _: () = assert!(N_U32 % 2 == 0);
+const _: () = assert!(N_U32.is_multiple_of(2));
 const _: () = assert!(std::mem::size_of::<JoinParams<f32>>() == 4 * N_U32 + 4 * N_T);
 const _: () = assert!(std::mem::size_of::<JoinParams<f64>>() == 4 * N_U32 + 8 * N_T);
 

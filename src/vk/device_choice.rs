@@ -122,7 +122,7 @@ impl Candidate {
     pub(crate) fn compute_family(&self) -> Option<u32> {
         let mut best: Option<(u32, u32)> = None;
         for (i, f) in self.families.iter().enumerate() {
-            let more = best.map_or(true, |(_, count)| f.queue_count > count);
+            let more = best.is_none_or(|(_, count)| f.queue_count > count);
             if f.queue_flags.contains(vk::QueueFlags::COMPUTE) && f.queue_count > 0 && more {
                 best = Some((i as u32, f.queue_count));
             }

@@ -124,7 +124,7 @@ impl Context {
                 l.max_compute_work_group_size[0].min(l.max_compute_work_group_invocations)
             )));
         }
-        if spec.push_bytes % 4 != 0 || spec.push_bytes > l.max_push_constants_size {
+        if !spec.push_bytes.is_multiple_of(4) || spec.push_bytes > l.max_push_constants_size {
             return Err(Error::unsupported(format!(
                 "kernel {name}: {} push-constant bytes (must be a multiple of 4, at most {})",
                 spec.push_bytes, l.max_push_constants_size

@@ -205,7 +205,7 @@ impl Buffer {
                 format!("{what}: buffer is not host-mapped (use a staging copy)"),
             ));
         }
-        if offset.checked_add(len).map_or(true, |end| end > self.size) {
+        if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(Error::invalid(format!(
                 "{what}: bytes {offset}..{} outside a buffer of {} bytes",
                 offset.saturating_add(len),

@@ -240,7 +240,7 @@ impl Stream {
         }
         if offset
             .checked_add(size)
-            .map_or(true, |end| end > buffer.size())
+            .is_none_or(|end| end > buffer.size())
         {
             return Err(Error::invalid(format!(
                 "{what}: bytes {offset}..{} outside a buffer of {} bytes",
@@ -286,7 +286,7 @@ impl Stream {
     /// Fills `size` bytes at `offset` with the 32-bit `value` (both multiples of 4).
     pub fn fill(&mut self, buffer: &Arc<Buffer>, offset: u64, size: u64, value: u32) -> Result<()> {
         self.check_range(buffer, offset, size, "fill")?;
-        if offset % 4 != 0 || size % 4 != 0 {
+        if !offset.is_multiple_of(4) || !size.is_multiple_of(4) {
             return Err(Error::invalid(format!(
                 "fill: offset {offset} and size {size} must be multiples of 4"
             )));
@@ -310,7 +310,7 @@ impl Stream {
     pub fn update(&mut self, buffer: &Arc<Buffer>, offset: u64, data: &[u8]) -> Result<()> {
         let size = data.len() as u64;
         self.check_range(buffer, offset, size, "update")?;
-        if offset % 4 != 0 || size % 4 != 0 || size > 65536 {
+        if !offset.is_multiple_of(4) || !size.is_multiple_of(4) || size > 65536 {
             return Err(Error::invalid(format!(
                 "update: offset {offset} and size {size} must be multiples of 4, size at most 65536"
             )));
@@ -464,7 +464,7 @@ impl Stream {
         push: &[u8],
     ) -> Result<()> {
         self.check_range(args, offset, 12, "indirect arguments")?;
-        if offset % 4 != 0 {
+        if !offset.is_multiple_of(4) {
             return Err(Error::invalid(
                 "indirect arguments offset must be a multiple of 4",
             ));

@@ -26,6 +26,7 @@ pub fn gpu_test_setup() {
 
 /// Fails the test when the validation layers have reported any error so far in this process
 /// (messages are on stderr; run with `--nocapture` to see them).
+#[cfg(feature = "gpu")]
 pub fn assert_no_validation_errors() {
     let errors = simjoin::vk::validation_error_count();
     assert_eq!(
@@ -35,6 +36,7 @@ pub fn assert_no_validation_errors() {
 }
 
 /// One shared context per test binary (contexts are expensive on lavapipe).
+#[cfg(feature = "gpu")]
 pub fn shared_context() -> std::sync::Arc<simjoin::vk::Context> {
     static CTX: std::sync::OnceLock<std::sync::Arc<simjoin::vk::Context>> =
         std::sync::OnceLock::new();
