@@ -46,6 +46,8 @@ pub struct Engine {
     /// The GPU backend on the engine's device, created on first GPU use (or the reason
     /// there is none, kept so that `auto` probes once).
     gpu: OnceLock<std::result::Result<Gpu, Error>>,
+    /// Whether `auto` has a hardware GPU to use (asked once, without opening a device).
+    auto_gpu: OnceLock<bool>,
 }
 
 /// A GPU backend and whether its device is a software rasterizer (never chosen by `auto`).
@@ -75,6 +77,7 @@ impl Engine {
             options: EngineOptions::default(),
             cpu: CpuBackend::new(None),
             gpu: OnceLock::new(),
+            auto_gpu: OnceLock::new(),
         }
     }
 
@@ -85,11 +88,22 @@ impl Engine {
             cpu: CpuBackend::new(options.threads),
             options,
             gpu: OnceLock::new(),
+            auto_gpu: OnceLock::new(),
         })
     }
 
     pub fn options(&self) -> &EngineOptions {
         &self.options
+    }
+
+    /// Whether `auto` should try the engine's device: a hardware GPU is present there.
+    fn auto_gpu(&self) -> bool {
+        *self.auto_gpu.get_or_init(|| {
+            #[cfg(feature = "gpu")]
+            return crate::vk::hardware_gpu_present(self.options.device.as_deref());
+            #[cfg(not(feature = "gpu"))]
+            false
+        })
     }
 
     /// The engine's GPU backend, opening the device on first use.
@@ -206,9 +220,9 @@ impl Engine {
                     ))
                 }
             },
-            // A real GPU when present, else the CPU.
-            Backend::Auto => match self.gpu() {
-                Ok(gpu) if !gpu.software => {
+            // A hardware GPU when present, else the CPU (no device is opened to find out).
+            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
+                Some(Ok(gpu)) if !gpu.software => {
                     self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink)?
                 }
                 _ => self.cpu.run(&job, sink)?,

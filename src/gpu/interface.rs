@@ -39,7 +39,9 @@ macro_rules! join_interface {
 
         /// Field names of `JoinParams` in order (for the generated GLSL and the tests).
         pub const PARAM_NAMES: &[&str] = &[$(stringify!($p),)* $(stringify!($t)),*];
+        #[allow(dead_code)] // only read by the layout assertions below
         const N_U32: usize = [$(stringify!($p)),*].len();
+        #[allow(dead_code)]
         const N_T: usize = [$(stringify!($t)),*].len();
 
         /// The GLSL declarations of this interface (the file `join_interface.glsl`). The

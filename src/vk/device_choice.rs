@@ -48,7 +48,7 @@ fn kind_rank(t: vk::PhysicalDeviceType) -> u32 {
 }
 
 /// Everything read about one physical device.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Candidate {
     pub(crate) index: usize,
     pub(crate) physical: vk::PhysicalDevice,
@@ -247,13 +247,49 @@ pub(crate) fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>> {
         .collect())
 }
 
+/// The devices present, read once per process through a plain instance (no validation,
+/// no device) that is kept: listing devices and `auto`'s "is there a real GPU?" then cost
+/// nothing after the first time, and no driver is loaded and unloaded per engine (drivers
+/// are not all clean to unload: lavapipe leaves allocations behind on every unload).
+struct Probe {
+    _instance: Instance,
+    candidates: Vec<Candidate>,
+}
+
+fn probe() -> std::result::Result<&'static Probe, Error> {
+    static PROBE: std::sync::OnceLock<std::result::Result<Probe, (ErrorKind, String)>> =
+        std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let instance = Instance::new(false).map_err(|e| (e.kind(), e.to_string()))?;
+            let candidates = candidates(&instance.raw).map_err(|e| (e.kind(), e.to_string()))?;
+            Ok(Probe {
+                _instance: instance,
+                candidates,
+            })
+        })
+        .as_ref()
+        .map_err(|(kind, msg)| Error::new(*kind, msg))
+}
+
 pub(super) fn list_devices() -> Result<Vec<DeviceInfo>> {
-    let instance = match Instance::new(false) {
-        Ok(i) => i,
-        Err(e) if e.kind() == ErrorKind::NoDevice => return Ok(Vec::new()),
-        Err(e) => return Err(e),
-    };
-    candidates(&instance.raw).map(|c| c.iter().map(Candidate::info).collect())
+    match probe() {
+        Ok(p) => Ok(p.candidates.iter().map(Candidate::info).collect()),
+        Err(e) if e.kind() == ErrorKind::NoDevice => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `selector` (or, without one, `SIMJOIN_DEVICE`, else the best device) names a
+/// usable hardware GPU: what `backend = auto` asks before opening a device. No device
+/// is created to answer.
+pub fn hardware_gpu_present(selector: Option<&str>) -> bool {
+    let env = std::env::var("SIMJOIN_DEVICE").ok();
+    let selector = selector.or(env.as_deref());
+    probe().is_ok_and(|p| {
+        choose(p.candidates.clone(), selector)
+            .is_ok_and(|c| c.props.device_type != vk::PhysicalDeviceType::CPU)
+    })
 }
 
 /// Picks the device: by selector (index or name substring), else by kind rank.

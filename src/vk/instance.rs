@@ -66,15 +66,25 @@ fn messenger_info() -> vk::DebugUtilsMessengerCreateInfoEXT<'static> {
         .pfn_user_callback(Some(debug_callback))
 }
 
+/// The Vulkan loader, loaded once per process and kept: unloading and reloading it with
+/// every engine would cost a `dlopen` each time, and the loader (and the drivers it keeps
+/// open) hold process-wide state that is not meant to be torn down while the process runs.
 pub(super) fn load_entry() -> Result<ash::Entry> {
-    // SAFETY: loads the system's Vulkan loader (libvulkan.so.1), whose initialisation has
-    // no preconditions; the entry keeps the library loaded while it is alive.
-    unsafe { ash::Entry::load() }.map_err(|e| {
-        Error::new(
-            ErrorKind::NoDevice,
-            format!("cannot load the Vulkan loader (libvulkan.so.1): {e}"),
-        )
-    })
+    static ENTRY: std::sync::OnceLock<std::result::Result<ash::Entry, String>> =
+        std::sync::OnceLock::new();
+    ENTRY
+        .get_or_init(|| {
+            // SAFETY: loads the system's Vulkan loader (libvulkan.so.1), whose
+            // initialisation has no preconditions; the static keeps it loaded.
+            unsafe { ash::Entry::load() }.map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::NoDevice,
+                format!("cannot load the Vulkan loader (libvulkan.so.1): {e}"),
+            )
+        })
 }
 
 fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance> {

@@ -75,6 +75,7 @@ mod timer;
 mod transfer;
 
 pub use context::{live_contexts, Context, ContextOptions, Features, Limits, QueueLayout};
+pub use device_choice::hardware_gpu_present;
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
 pub use stream::{Stream, Ticket};
