@@ -149,6 +149,8 @@ impl Context {
             .device
             .clone()
             .or_else(|| std::env::var("SIMJOIN_DEVICE").ok());
+        // Creation, enumeration and device creation under one hold of the lifecycle lock.
+        let _serial = lifecycle_lock();
         let instance = Instance::new(validation)?;
         let chosen = choose(candidates(&instance.raw)?, selector.as_deref())?;
         let (device, layout) = Self::create_device(&instance.raw, &chosen)?;

@@ -261,6 +261,7 @@ fn probe() -> std::result::Result<&'static Probe, Error> {
         std::sync::OnceLock::new();
     PROBE
         .get_or_init(|| {
+            let _serial = super::instance::lifecycle_lock();
             let instance = Instance::new(false).map_err(|e| (e.kind(), e.to_string()))?;
             let candidates = candidates(&instance.raw).map_err(|e| (e.kind(), e.to_string()))?;
             Ok(Probe {

@@ -10,16 +10,37 @@ use std::sync::atomic::Ordering;
 
 const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
 
-/// Held while a Vulkan instance or device is created or destroyed, process-wide. The
-/// Vulkan loader keeps every driver's logical devices in a list that `vkCreateDevice` and
-/// `vkDestroyDevice` edit without a lock while lookups walk it
-/// (KhronosGroup/Vulkan-Loader#2018, still so in 1.4.341; Debian 12 ships 1.3.239), and
-/// instance creation and destruction edit the loader's global instance list: creating and
-/// destroying engines from several threads at once would race in the loader. Serialising
-/// these few calls costs nothing measurable (they take milliseconds and happen per engine).
-pub(crate) fn lifecycle_lock() -> std::sync::MutexGuard<'static, ()> {
+/// Held while a Vulkan instance or device is created, enumerated or destroyed,
+/// process-wide. These calls are not safe to make from several threads at once with the
+/// loader and drivers users have: the Vulkan loader edits its list of logical devices
+/// without a lock while lookups walk it (KhronosGroup/Vulkan-Loader#2018, still so in
+/// 1.4.341; Debian 12 ships 1.3.239), and lavapipe builds an llvmpipe screen (with
+/// process-wide LLVM and gallivm initialisation) for every instance that enumerates its
+/// devices. Serialising them costs nothing measurable: they take milliseconds, once per
+/// engine. Re-entrant on one thread (a failure part-way through a creation drops what was
+/// made while the lock is held).
+pub(crate) struct LifecycleGuard(Option<std::sync::MutexGuard<'static, ()>>);
+
+thread_local! {
+    static HOLDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+pub(crate) fn lifecycle_lock() -> LifecycleGuard {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    if HOLDING.with(|h| h.get()) {
+        return LifecycleGuard(None);
+    }
+    let guard = LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    HOLDING.with(|h| h.set(true));
+    LifecycleGuard(Some(guard))
+}
+
+impl Drop for LifecycleGuard {
+    fn drop(&mut self) {
+        if self.0.take().is_some() {
+            HOLDING.with(|h| h.set(false));
+        }
+    }
 }
 
 /// The debug messenger's callback.
