@@ -13,7 +13,7 @@ echo "== cargo clippy (all targets, warnings denied)"
 cargo clippy --workspace --all-targets --release -- -D warnings
 
 echo "== rustdoc (warnings denied)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --release
+RUSTDOCFLAGS="-D warnings" cargo doc -p simjoin --no-deps --release
 
 msrv=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 echo "== MSRV build (Rust $msrv, as Cargo.toml declares)"

@@ -15,14 +15,22 @@ logs=target/stress; mkdir -p "$logs"
 load() { while :; do :; done; }
 load & l1=$!; load & l2=$!
 trap 'kill $l1 $l2 2>/dev/null || true' EXIT
+# A crash leaves a core file (core_pattern permitting): its backtrace goes into the log.
+ulimit -c unlimited 2>/dev/null || true
 failed=0
 for name in "${bins[@]}"; do
   bin=$(ls -t target/release/deps/"$name"-* | grep -v '\.d$' | head -1)
   bad=0
   for i in $(seq 1 "$runs"); do
     cache=$(mktemp -d)
-    if ! XDG_CACHE_HOME=$cache "$bin" -q >"$logs/$name-$i.log" 2>&1; then
+    rm -f "$cache"/core*
+    if ! (cd "$cache" && XDG_CACHE_HOME=$cache "$OLDPWD/$bin" -q) >"$logs/$name-$i.log" 2>&1; then
       bad=$((bad + 1)); echo "stress: $name run $i failed (log: $logs/$name-$i.log)"; tail -5 "$logs/$name-$i.log"
+      core=$(ls "$cache"/core* 2>/dev/null | head -1)
+      if [ -n "$core" ] && command -v gdb >/dev/null; then
+        gdb -q -batch -ex "thread apply all bt 25" "$bin" "$core" >>"$logs/$name-$i.log" 2>&1 || true
+        grep -m 30 -E '^#|^Thread' "$logs/$name-$i.log" || true
+      fi
     else
       rm -f "$logs/$name-$i.log"
     fi

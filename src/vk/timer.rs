@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use ash::vk;
 use std::sync::Arc;
 
-/// GPU timestamps: `slots` query slots that streams write with [`Stream::timestamp`];
+/// GPU timestamps: `slots` query slots that streams write with [`super::Stream::timestamp`];
 /// read them once the submission that wrote them has completed.
 pub struct GpuTimer {
     pub(super) ctx: Arc<Context>,
