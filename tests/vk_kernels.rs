@@ -4,7 +4,10 @@
 
 mod common;
 
-use common::{assert_no_validation_errors, gpu_test_setup, shared_context};
+use common::{
+    assert_no_validation_errors, gpu_test_setup, in_own_process, run_in_child, shared_context,
+    CHILD_ENV,
+};
 use simjoin::vk::sort::SortStages;
 use simjoin::vk::{
     self, shaders, Buffer, Context, ContextOptions, KernelSpec, Memory, StagingPool, Stream,
@@ -59,6 +62,9 @@ fn devices_lists_lavapipe() {
 
 #[test]
 fn device_selection_by_index_and_name() {
+    if !in_own_process("device_selection_by_index_and_name") {
+        return; // ran in a child process: it creates and destroys Vulkan devices
+    }
     gpu_test_setup();
     let by_name = Context::new(&ContextOptions {
         device: Some("LLVMPIPE".into()),
@@ -601,6 +607,9 @@ fn scan_checks_sizes() {
 
 #[test]
 fn staged_path_as_on_a_discrete_gpu() {
+    if !in_own_process("staged_path_as_on_a_discrete_gpu") {
+        return; // ran in a child process: it creates and destroys Vulkan devices
+    }
     gpu_test_setup();
     // A context of its own: zero-copy off makes device buffers unmapped, as on a discrete
     // GPU, so upload/download take staging copies through the queue.
@@ -633,25 +642,6 @@ fn staged_path_as_on_a_discrete_gpu() {
     drop((s, dev, cbuf, obuf));
     assert_no_validation_errors();
 }
-
-/// Runs `test` (in this test binary) in a child process with `env` set and `CHILD_ENV=1`;
-/// fails when the child fails or runs no test.
-fn run_in_child(test: &str, env: &[(&str, &str)]) {
-    gpu_test_setup();
-    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
-    cmd.args([test, "--exact", "--nocapture"])
-        .env(CHILD_ENV, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let log =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child failed:\n{log}");
-    assert!(log.contains("1 passed"), "child ran no test:\n{log}");
-}
-
-const CHILD_ENV: &str = "SIMJOIN_TEST_CHILD";
 
 #[test]
 fn validation_requested_without_the_layer_is_an_error() {
@@ -698,6 +688,9 @@ fn validation_errors_are_counted() {
 
 #[test]
 fn tickets_from_another_context_are_waited_on_the_host() {
+    if !in_own_process("tickets_from_another_context_are_waited_on_the_host") {
+        return; // ran in a child process: it creates and destroys Vulkan devices
+    }
     let ctx = shared_context();
     let other = Context::new(&ContextOptions::default()).unwrap();
     let a = Buffer::new(&ctx, 4096, Memory::Device, "a").unwrap();
@@ -727,6 +720,9 @@ fn tickets_from_another_context_are_waited_on_the_host() {
 
 #[test]
 fn sort_and_scan_on_2d_dispatch_grids() {
+    if !in_own_process("sort_and_scan_on_2d_dispatch_grids") {
+        return; // ran in a child process: it creates and destroys Vulkan devices
+    }
     gpu_test_setup();
     // Rows of 3 workgroups: every multi-workgroup dispatch becomes a 2-D grid with surplus
     // workgroups, as on a device whose maxComputeWorkGroupCount[0] is exceeded.

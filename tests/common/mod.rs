@@ -74,3 +74,38 @@ impl Rng {
         (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
     }
 }
+
+/// Set in the environment of a test run in a child process (see `run_in_child`).
+pub const CHILD_ENV: &str = "SIMJOIN_TEST_CHILD";
+
+/// Runs `test` (in this test binary) in a child process with `env` set and `CHILD_ENV=1`;
+/// fails when the child fails or runs no test.
+pub fn run_in_child(test: &str, env: &[(&str, &str)]) {
+    gpu_test_setup();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([test, "--exact", "--nocapture"])
+        .env(CHILD_ENV, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{log}");
+    assert!(log.contains("1 passed"), "child ran no test:\n{log}");
+}
+
+/// For a test that creates or destroys Vulkan instances or devices while the other tests of
+/// its binary make Vulkan calls on theirs: true when it should run here (it is the child),
+/// false after it ran in a child process of its own. The Khronos validation layer keeps
+/// its per-instance and per-device state in one process-wide map (`layer_data_map`) that
+/// instance and device creation and destruction edit without a lock while every other
+/// call on any device reads it; creating devices in parallel with other threads' work
+/// therefore races inside the layer, which only the tests enable.
+pub fn in_own_process(test: &str) -> bool {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return true;
+    }
+    run_in_child(test, &[]);
+    false
+}
