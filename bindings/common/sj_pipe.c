@@ -40,7 +40,15 @@ struct sj_pipe {
   size_t na, nb, dim;
   simjoin_options opts;
   pthread_t thread;
+  uint64_t callbacks; /* calls of on_pairs */
+  struct timespec started;
 };
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
 
 static pthread_mutex_t engine_mu = PTHREAD_MUTEX_INITIALIZER;
 static simjoin_engine *engine; /* created on first use in each process, never freed */
@@ -101,6 +109,7 @@ static int on_pairs(void *user_data, const uint32_t *pairs, size_t count) {
   sj_pipe *p = user_data;
   sj_chunk *c;
   pthread_mutex_lock(&p->mu);
+  p->callbacks++;
   while (!p->stop && p->queued >= SJ_PIPE_MAX_CHUNKS) pthread_cond_wait(&p->cv, &p->mu);
   if (p->stop) {
     pthread_mutex_unlock(&p->mu);
@@ -191,6 +200,7 @@ int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, siz
   p->opts.metric = (simjoin_metric)metric;
   p->opts.backend = (simjoin_backend)backend;
   p->opts.threads = threads;
+  clock_gettime(CLOCK_MONOTONIC, &p->started);
 
   /* The join's threads (and simjoin's workers, which inherit the mask) take no signals. */
   sigfillset(&all);
@@ -251,16 +261,25 @@ int sj_pipe_next(sj_pipe *p, const uint32_t **pairs, size_t *count, int timeout_
 const char *sj_pipe_error(const sj_pipe *p) { return p->message; }
 
 int sj_pipe_close(sj_pipe *p, int wait_ms) {
-  struct timespec deadline;
-  int finished;
+  struct timespec deadline, asked;
+  int finished, was_done;
   if (!p) return 1;
   deadline_in(&deadline, wait_ms);
+  clock_gettime(CLOCK_MONOTONIC, &asked);
   pthread_mutex_lock(&p->mu);
+  was_done = p->done;
   p->stop = 1;
   pthread_cond_broadcast(&p->cv);
   while (!p->done)
     if (pthread_cond_timedwait(&p->cv, &p->mu, &deadline) == ETIMEDOUT) break;
   finished = p->done;
+  /* One line on stderr (the server log) when a join was left running; with
+   * SIMJOIN_PIPE_DEBUG=1, one per stopped join. */
+  if (!was_done && (!finished || getenv("SIMJOIN_PIPE_DEBUG")))
+    fprintf(stderr, "sj_pipe: stop asked %.3f s into the join, %s %.3f s later, %llu callbacks\n",
+            seconds_since(&p->started) - seconds_since(&asked),
+            finished ? "join ended" : "join still running, detached", seconds_since(&asked),
+            (unsigned long long)p->callbacks);
   pthread_mutex_unlock(&p->mu);
   if (finished)
     pthread_join(p->thread, NULL);
