@@ -22,7 +22,9 @@ CASES = [  # (dims, n, eps): about 8 neighbours per point
 
 def psql(args, sql):
     cmd = ["psql", "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", args.host, "-p",
-           str(args.port), "-U", "postgres", "-c", "\\timing on", "-c", sql]
+           str(args.port), "-U", "postgres", "-c", "\\timing on"]
+    for stmt in [sql] if isinstance(sql, str) else sql:
+        cmd += ["-c", stmt]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit(f"psql failed: {sql}\n{r.stderr}")
@@ -35,7 +37,7 @@ def psql(args, sql):
 def timed(args, sql, reps):
     best, value = None, None
     for _ in range(reps):
-        values, times = psql(args, sql)
+        values, times = psql(args, sql)  # the last statement is the timed one
         value = int(values[-1])
         best = times[-1] if best is None else min(best, times[-1])
     return value, best
@@ -64,15 +66,15 @@ def main():
                    f"CREATE TABLE {t} AS SELECT g AS id, {', '.join('random() AS ' + c for c in cols.split(', '))} "
                    f"FROM generate_series(1, {n}) g; "
                    f"ALTER TABLE {t} ADD COLUMN geom geometry; UPDATE {t} SET geom = {make}; "
-                   f"CREATE INDEX ON {t} USING gist (geom{opclass}); VACUUM ANALYZE {t}; "
-                   f"SELECT count(*) FROM {t}")
+                   f"CREATE INDEX ON {t} USING gist (geom{opclass})")
+        psql(args, [f"VACUUM ANALYZE {t}", f"SELECT count(*) FROM {t}"])
         reps = 2 if n <= 100_000 else 1
         within = "ST_DWithin" if dims == 2 else "ST_3DDWithin"
         sj_sql = f"SELECT count(*) FROM simjoin_self_join('SELECT id, {cols} FROM {t}', {eps})"
         pg_sql = (f"SELECT count(*) FROM {t} a JOIN {t} b ON a.id < b.id AND "
                   f"{within}(a.geom, b.geom, {eps})")
         sj_pairs, sj_s = timed(args, sj_sql, reps)
-        sj1_pairs, sj1_s = timed(args, "SET simjoin.threads = 1; " + sj_sql, reps)
+        sj1_pairs, sj1_s = timed(args, ["SET simjoin.threads = 1", sj_sql], reps)
         pg_pairs, pg_s = timed(args, pg_sql, reps)
         plan = psql(args, "EXPLAIN " + pg_sql)[0]
         uses_index = any("Index" in l for l in plan)
