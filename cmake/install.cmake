@@ -2,7 +2,8 @@
 #   cargo build --release
 #   cmake -DPREFIX=/usr/local [-DLIB_DIR=target/release] -P cmake/install.cmake
 # Layout: PREFIX/include/{simjoin.h,simjoin.hpp}, PREFIX/lib/libsimjoin.{so,a},
-# PREFIX/lib/cmake/simjoin/simjoin{Config,ConfigVersion}.cmake.
+# PREFIX/lib/cmake/simjoin/simjoin{Config,ConfigVersion}.cmake, PREFIX/lib/pkgconfig/simjoin.pc
+# (`pkg-config --cflags --libs simjoin`; `--static` adds the system libraries libsimjoin.a needs).
 cmake_minimum_required(VERSION 3.16)
 get_filename_component(_root "${CMAKE_CURRENT_LIST_DIR}/.." ABSOLUTE)
 if(NOT DEFINED PREFIX)
@@ -38,4 +39,17 @@ file(INSTALL "${CMAKE_CURRENT_LIST_DIR}/simjoinConfig.cmake" DESTINATION "${PREF
 include(CMakePackageConfigHelpers)
 write_basic_package_version_file("${PREFIX}/lib/cmake/simjoin/simjoinConfigVersion.cmake"
   VERSION "${SIMJOIN_VERSION}" COMPATIBILITY SameMinorVersion)
+# pkg-config file, for builds without CMake (the database extensions in bindings/ use it).
+file(WRITE "${PREFIX}/lib/pkgconfig/simjoin.pc"
+"prefix=${PREFIX}
+libdir=\${prefix}/lib
+includedir=\${prefix}/include
+
+Name: simjoin
+Description: Exact similarity (eps-distance) joins on a Vulkan GPU or the CPU
+Version: ${SIMJOIN_VERSION}
+Cflags: -I\${includedir}
+Libs: -L\${libdir} -lsimjoin
+Libs.private: -ldl -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc
+")
 message(STATUS "simjoin ${SIMJOIN_VERSION} (C ABI ${SIMJOIN_ABI_VERSION}) installed in ${PREFIX}")

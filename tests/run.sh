@@ -2,7 +2,8 @@
 # The whole test suite: Rust unit and integration tests (GPU paths on lavapipe with the
 # Vulkan validation layers on; the CLI in tests/cli.rs; the header check in tests/header.rs),
 # then the C/C++ tests under ctest (shared, static, and AddressSanitizer builds), the static
-# link line check, and the Python tests under pytest.
+# link line check, the database extensions (PostgreSQL and SQLite, tests/db/run.sh), and the
+# Python tests under pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -44,6 +45,10 @@ objdump -p "$prefix/lib/libsimjoin.so.$abi" | grep -q "SONAME *libsimjoin.so.$ab
 objdump -p build/c-shared/test_join | grep -q "NEEDED *libsimjoin.so.$abi" ||
   { echo "test_join does not record libsimjoin.so.$abi" >&2; exit 1; }
 echo "-- SONAME: libsimjoin.so.$abi"
+
+echo "== Database extensions"
+# PostgreSQL (a throwaway server) and SQLite, against the library installed in build/prefix.
+bash tests/db/run.sh "$prefix"
 
 echo "== Python tests (pytest)"
 venv=$root/target/pyvenv

@@ -1,0 +1,323 @@
+/* sj_pipe: see sj_pipe.h. Every call into simjoin of the database extensions is here. */
+#include "sj_pipe.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include "simjoin.h"
+
+/* Chunks the queue holds before the join waits for the consumer. simjoin's CPU backend
+ * hands over up to 65536 pairs per chunk, so this is at most a few MiB. */
+#define SJ_PIPE_MAX_CHUNKS 8
+
+typedef struct sj_chunk {
+  struct sj_chunk *next;
+  size_t count;
+  uint32_t pairs[]; /* 2 * count */
+} sj_chunk;
+
+struct sj_pipe {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* broadcast on every change of the fields below */
+  int refs;          /* the caller's hold and the join thread's */
+  int stop;          /* the consumer wants no more pairs */
+  int done;          /* the join call returned */
+  int oom;           /* the callback could not allocate a chunk */
+  simjoin_status status;
+  char message[1024];
+  sj_chunk *head, *tail;
+  size_t queued;
+  sj_chunk *current; /* handed to the consumer; freed at its next call */
+
+  double *a, *b;
+  size_t na, nb, dim;
+  simjoin_options opts;
+  simjoin_engine *engine; /* one of `engines`, never freed */
+  pthread_t thread;
+  uint64_t callbacks; /* calls of on_pairs */
+  struct timespec started;
+};
+
+static double seconds_since(const struct timespec *t0) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+static pthread_mutex_t engine_mu = PTHREAD_MUTEX_INITIALIZER;
+/* One engine per CPU thread count asked for (0 = all cores): created on first use in each
+ * process (never in a postmaster before fork), never freed. A simjoin engine owns its thread
+ * pool, so the thread count is an engine option (C ABI 2). */
+enum { MAX_ENGINES = 8 };
+static struct {
+  uint64_t threads;
+  simjoin_engine *engine;
+} engines[MAX_ENGINES];
+static int n_engines;
+
+/* The engine for `threads`, or NULL with `err` set. Call with engine_mu held. */
+static simjoin_engine *engine_for(uint64_t threads, char *err, size_t errlen) {
+  simjoin_engine_options eo;
+  int i;
+  for (i = 0; i < n_engines; i++)
+    if (engines[i].threads == threads) return engines[i].engine;
+  if (n_engines == MAX_ENGINES) {
+    snprintf(err, errlen, "simjoin: at most %d different thread counts per process", MAX_ENGINES);
+    return NULL;
+  }
+  if (simjoin_engine_options_init(&eo) != SIMJOIN_OK) {
+    simjoin_last_error_message(err, errlen);
+    return NULL;
+  }
+  eo.threads = threads;
+  if (simjoin_engine_new_with(&eo, &engines[n_engines].engine) != SIMJOIN_OK) {
+    simjoin_last_error_message(err, errlen);
+    return NULL;
+  }
+  engines[n_engines].threads = threads;
+  return engines[n_engines++].engine;
+}
+
+int sj_parse_metric(const char *name) {
+  if (!strcasecmp(name, "euclidean")) return SIMJOIN_METRIC_EUCLIDEAN;
+  if (!strcasecmp(name, "manhattan")) return SIMJOIN_METRIC_MANHATTAN;
+  if (!strcasecmp(name, "chebyshev")) return SIMJOIN_METRIC_CHEBYSHEV;
+  return -1;
+}
+
+int sj_parse_backend(const char *name) {
+  if (!strcasecmp(name, "auto")) return SIMJOIN_BACKEND_AUTO;
+  if (!strcasecmp(name, "cpu")) return SIMJOIN_BACKEND_CPU;
+  if (!strcasecmp(name, "gpu")) return SIMJOIN_BACKEND_GPU;
+  return -1;
+}
+
+double sj_distance(int metric, const double *x, const double *y, size_t dim) {
+  double acc = 0.0;
+  size_t k;
+  for (k = 0; k < dim; k++) {
+    double d = x[k] - y[k];
+    switch (metric) {
+      case SIMJOIN_METRIC_MANHATTAN: acc += fabs(d); break;
+      case SIMJOIN_METRIC_CHEBYSHEV: if (fabs(d) > acc) acc = fabs(d); break;
+      default: acc += d * d; break;
+    }
+  }
+  return metric == SIMJOIN_METRIC_EUCLIDEAN ? sqrt(acc) : acc;
+}
+
+static void destroy(sj_pipe *p) {
+  sj_chunk *c = p->head;
+  while (c) {
+    sj_chunk *next = c->next;
+    free(c);
+    c = next;
+  }
+  free(p->current);
+  free(p->a);
+  free(p->b);
+  pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+static void release(sj_pipe *p) {
+  int last;
+  pthread_mutex_lock(&p->mu);
+  last = --p->refs == 0;
+  pthread_mutex_unlock(&p->mu);
+  if (last) destroy(p);
+}
+
+/* simjoin's callback, on one of its worker threads: queue a copy, never touch the database. */
+static int on_pairs(void *user_data, const uint32_t *pairs, size_t count) {
+  sj_pipe *p = user_data;
+  sj_chunk *c;
+  pthread_mutex_lock(&p->mu);
+  p->callbacks++;
+  while (!p->stop && p->queued >= SJ_PIPE_MAX_CHUNKS) pthread_cond_wait(&p->cv, &p->mu);
+  if (p->stop) {
+    pthread_mutex_unlock(&p->mu);
+    return 1;
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (count == 0) return 0;
+  c = malloc(sizeof *c + count * 2 * sizeof(uint32_t));
+  pthread_mutex_lock(&p->mu);
+  if (!c) {
+    p->oom = 1;
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    return 1;
+  }
+  memcpy(c->pairs, pairs, count * 2 * sizeof(uint32_t));
+  c->count = count;
+  c->next = NULL;
+  if (p->tail) p->tail->next = c; else p->head = c;
+  p->tail = c;
+  p->queued++;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  return 0;
+}
+
+static void *join_thread(void *arg) {
+  sj_pipe *p = arg;
+  simjoin_matrix a = {p->a, p->na, p->dim, SIMJOIN_DTYPE_F64};
+  simjoin_matrix b = {p->b, p->nb, p->dim, SIMJOIN_DTYPE_F64};
+  simjoin_status st;
+  char message[sizeof p->message];
+  message[0] = '\0';
+  if (p->b)
+    st = simjoin_join_stream(p->engine, &a, &b, &p->opts, on_pairs, p, NULL);
+  else
+    st = simjoin_self_join_stream(p->engine, &a, &p->opts, on_pairs, p, NULL);
+  if (st != SIMJOIN_OK) simjoin_last_error_message(message, sizeof message);
+  pthread_mutex_lock(&p->mu);
+  p->status = st;
+  if (p->oom)
+    snprintf(p->message, sizeof p->message, "out of memory while queueing result pairs");
+  else
+    snprintf(p->message, sizeof p->message, "%s (%s)", message[0] ? message : "join failed",
+             simjoin_status_str(st));
+  p->done = 1;
+  pthread_cond_broadcast(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+  release(p);
+  return NULL;
+}
+
+int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, size_t dim,
+                  double eps, int metric, int backend, uint64_t threads, char *err,
+                  size_t errlen) {
+  sj_pipe *p;
+  sigset_t all, old;
+  int rc;
+
+  simjoin_engine *engine;
+
+  pthread_mutex_lock(&engine_mu);
+  engine = engine_for(threads, err, errlen);
+  pthread_mutex_unlock(&engine_mu);
+  if (!engine) {
+    free(a);
+    free(b);
+    return -1;
+  }
+
+  p = calloc(1, sizeof *p);
+  if (!p) {
+    snprintf(err, errlen, "out of memory");
+    free(a);
+    free(b);
+    return -1;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->cv, NULL);
+  p->refs = 2;
+  p->a = a;
+  p->b = b;
+  p->na = na;
+  p->nb = nb;
+  p->dim = dim;
+  simjoin_options_init(&p->opts);
+  p->opts.eps = eps;
+  p->opts.metric = (simjoin_metric)metric;
+  p->opts.backend = (simjoin_backend)backend;
+  p->engine = engine;
+  clock_gettime(CLOCK_MONOTONIC, &p->started);
+
+  /* The join's threads (and simjoin's workers, which inherit the mask) take no signals. */
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  rc = pthread_create(&p->thread, NULL, join_thread, p);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc != 0) {
+    snprintf(err, errlen, "cannot start the join thread: %s", strerror(rc));
+    p->refs = 1;
+    release(p);
+    return -1;
+  }
+  *out = p;
+  return 0;
+}
+
+const double *sj_pipe_a(const sj_pipe *p) { return p->a; }
+const double *sj_pipe_b(const sj_pipe *p) { return p->b ? p->b : p->a; }
+
+static void deadline_in(struct timespec *ts, int ms) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  ts->tv_sec += ms / 1000;
+  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+int sj_pipe_next(sj_pipe *p, const uint32_t **pairs, size_t *count, int timeout_ms) {
+  struct timespec deadline;
+  sj_chunk *c;
+  free(p->current);
+  p->current = NULL;
+  deadline_in(&deadline, timeout_ms);
+  pthread_mutex_lock(&p->mu);
+  while (!p->head && !p->done) {
+    if (pthread_cond_timedwait(&p->cv, &p->mu, &deadline) == ETIMEDOUT && !p->head && !p->done) {
+      pthread_mutex_unlock(&p->mu);
+      return SJ_WAIT;
+    }
+  }
+  if ((c = p->head) != NULL) {
+    p->head = c->next;
+    if (!p->head) p->tail = NULL;
+    p->queued--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    p->current = c;
+    *pairs = c->pairs;
+    *count = c->count;
+    return SJ_CHUNK;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return p->status == SIMJOIN_OK ? SJ_END : SJ_ERROR;
+}
+
+const char *sj_pipe_error(const sj_pipe *p) { return p->message; }
+
+int sj_pipe_close(sj_pipe *p, int wait_ms) {
+  struct timespec deadline, asked;
+  int finished, was_done;
+  if (!p) return 1;
+  deadline_in(&deadline, wait_ms);
+  clock_gettime(CLOCK_MONOTONIC, &asked);
+  pthread_mutex_lock(&p->mu);
+  was_done = p->done;
+  p->stop = 1;
+  pthread_cond_broadcast(&p->cv);
+  while (!p->done)
+    if (pthread_cond_timedwait(&p->cv, &p->mu, &deadline) == ETIMEDOUT) break;
+  finished = p->done;
+  /* One line on stderr (the server log) when a join was left running; with
+   * SIMJOIN_PIPE_DEBUG=1, one per stopped join. */
+  if (!was_done && (!finished || getenv("SIMJOIN_PIPE_DEBUG")))
+    fprintf(stderr, "sj_pipe: stop asked %.3f s into the join, %s %.3f s later, %llu callbacks\n",
+            seconds_since(&p->started) - seconds_since(&asked),
+            finished ? "join ended" : "join still running, detached", seconds_since(&asked),
+            (unsigned long long)p->callbacks);
+  pthread_mutex_unlock(&p->mu);
+  if (finished)
+    pthread_join(p->thread, NULL);
+  else
+    pthread_detach(p->thread);
+  release(p);
+  return finished;
+}

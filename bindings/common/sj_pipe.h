@@ -1,0 +1,62 @@
+/* sj_pipe: runs one simjoin streaming join on a thread of its own and hands the pairs to
+ * the caller's thread through a small bounded queue. Shared by the PostgreSQL and SQLite
+ * extensions; every simjoin call of both lives in sj_pipe.c.
+ *
+ * Why a thread: simjoin calls its streaming callback from its own worker threads, and a
+ * database engine's runtime (PostgreSQL's memory contexts, ereport/longjmp, interrupts;
+ * SQLite's connection) must only be touched from the caller's thread. So the callback only
+ * copies a chunk into the queue (malloc, memcpy, a mutex) and never calls into the
+ * database; the caller's thread pops chunks, builds rows and checks for cancellation while
+ * waiting. A longjmp on the caller's thread therefore never crosses simjoin's frames: they
+ * are on other threads. All signals are blocked on the join's threads, so the database's
+ * signal handlers (cancel, statement_timeout) run on the caller's thread.
+ *
+ * Memory: the queue holds at most SJ_PIPE_MAX_CHUNKS chunks (the join waits when it is
+ * full), so results are never held whole. */
+#ifndef SJ_PIPE_H
+#define SJ_PIPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct sj_pipe sj_pipe;
+
+enum { SJ_END = 0, SJ_CHUNK = 1, SJ_WAIT = 2, SJ_ERROR = -1 };
+
+/* Metric and backend names ("euclidean", "manhattan", "chebyshev"; "auto", "cpu", "gpu"),
+ * case-insensitive. Return -1 for an unknown name. */
+int sj_parse_metric(const char *name);
+int sj_parse_backend(const char *name);
+
+/* The distance of the pair (x, y) in double: sqrt of the sum of squares (euclidean), sum of
+ * |d| (manhattan) or max |d| (chebyshev). */
+double sj_distance(int metric, const double *x, const double *y, size_t dim);
+
+/* Starts a join: a self-join of `a` when `b` is NULL, else a join b. `a` and `b` are
+ * malloc'd row-major double arrays of `na`/`nb` rows of `dim` columns; the pipe takes
+ * ownership of both in every case (they are freed when the pipe and the join are done).
+ * `threads` = 0: all cores. Returns 0 and sets *out, or -1 with a message in err. */
+int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, size_t dim,
+                  double eps, int metric, int backend, uint64_t threads, char *err,
+                  size_t errlen);
+
+/* The coordinates given to sj_pipe_start (valid until sj_pipe_close). */
+const double *sj_pipe_a(const sj_pipe *p);
+const double *sj_pipe_b(const sj_pipe *p);
+
+/* Waits at most timeout_ms for the next chunk. SJ_CHUNK: *pairs holds *count pairs
+ * (i, j, i, j, ...), valid until the next call; SJ_END: the join finished and every pair
+ * was handed out; SJ_ERROR: the join failed (sj_pipe_error has the message); SJ_WAIT:
+ * nothing arrived yet. */
+int sj_pipe_next(sj_pipe *p, const uint32_t **pairs, size_t *count, int timeout_ms);
+
+/* The engine's message after SJ_ERROR. */
+const char *sj_pipe_error(const sj_pipe *p);
+
+/* Stops the join (the callback returns "stop" at its next call), waits up to wait_ms for it
+ * to end, and releases the caller's hold. If the join has not ended by then, its thread is
+ * detached and frees everything when it ends. NULL is fine. Returns 1 when the join had
+ * ended, 0 when it was left to end in the background. */
+int sj_pipe_close(sj_pipe *p, int wait_ms);
+
+#endif
