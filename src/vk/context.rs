@@ -149,6 +149,12 @@ impl Context {
             .device
             .clone()
             .or_else(|| std::env::var("SIMJOIN_DEVICE").ok());
+        // First (and before taking the lifecycle lock, which the probe takes itself): the
+        // process-wide device probe's instance exists before the first device: lavapipe
+        // builds an llvmpipe screen (with process-wide LLVM set-up) for every instance that
+        // enumerates its devices, which is not safe while another lavapipe device runs
+        // work (a SIGSEGV in lavapipe's queue thread, seen once in about 150 stress runs).
+        let _ = super::device_choice::probe_instance();
         // Creation, enumeration and device creation under one hold of the lifecycle lock.
         let _serial = lifecycle_lock();
         let instance = Instance::new(validation)?;

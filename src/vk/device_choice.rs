@@ -273,6 +273,11 @@ fn probe() -> std::result::Result<&'static Probe, Error> {
         .map_err(|(kind, msg)| Error::new(*kind, msg))
 }
 
+/// Creates the probe's instance if it does not exist yet (see `Context::new`).
+pub(super) fn probe_instance() -> bool {
+    probe().is_ok()
+}
+
 pub(super) fn list_devices() -> Result<Vec<DeviceInfo>> {
     match probe() {
         Ok(p) => Ok(p.candidates.iter().map(Candidate::info).collect()),
