@@ -3,7 +3,8 @@
 //! (`cpu/`, `gpu/`) both depend on this module and not on each other.
 
 use crate::dataset::Dataset;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::knn::{KnnJob, KnnResult};
 use crate::options::JoinOptions;
 use crate::result::{JoinReport, PairSink};
 
@@ -20,4 +21,13 @@ pub(crate) struct Job<'a> {
 /// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
 pub(crate) trait JoinBackend: Send + Sync {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
+
+    /// The exact k-nearest-neighbour join (see `knn.rs` for the answer's definition).
+    /// `ErrorKind::Unsupported` when this backend has not the asked algorithm.
+    fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
+        Err(Error::unsupported(format!(
+            "this backend has no '{}' kNN algorithm",
+            job.opts.algorithm
+        )))
+    }
 }

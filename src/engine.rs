@@ -5,6 +5,7 @@ use crate::backend::{Job, JoinBackend};
 use crate::cpu::CpuBackend;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
+use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
 use crate::result::{assemble, JoinReport, JoinResult, PairSink, VecSink};
 use std::sync::OnceLock;
@@ -152,6 +153,47 @@ impl Engine {
         sink: &mut dyn PairSink,
     ) -> Result<JoinReport> {
         self.run(a, Some(b), opts, Some(sink))
+    }
+
+    /// The exact k-nearest-neighbour join: for each point of `query` (or, when `None`, of
+    /// `data` itself, the point excluded), its `k` nearest points of `data`, nearest first,
+    /// ties by smaller index. `k` larger than the candidates is an error.
+    pub fn knn(
+        &self,
+        data: &Dataset,
+        query: Option<&Dataset>,
+        k: usize,
+        opts: &KnnOptions,
+    ) -> Result<KnnResult> {
+        let start = Instant::now();
+        let job = KnnJob::new(data, query, k, opts)?;
+        let mut result = match opts.backend {
+            Backend::Cpu => self.cpu.knn(&job)?,
+            Backend::Gpu => match self.gpu() {
+                Ok(gpu) => gpu.backend.knn(&job)?,
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::NoDevice,
+                        format!("no usable Vulkan device: {e}"),
+                    ))
+                }
+            },
+            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
+                Some(Ok(gpu)) if !gpu.software => match gpu.backend.knn(&job) {
+                    Err(e) if e.kind() == ErrorKind::Unsupported => {
+                        let mut r = self.cpu.knn(&job)?;
+                        r.report.notes.push(format!(
+                            "backend auto: the GPU could not run this kNN job ({e}), ran on the CPU"
+                        ));
+                        r
+                    }
+                    other => other?,
+                },
+                _ => self.cpu.knn(&job)?,
+            },
+        };
+        result.report.seconds = start.elapsed().as_secs_f64();
+        Ok(result)
     }
 
     fn collect(&self, a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<JoinResult> {

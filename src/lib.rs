@@ -22,6 +22,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod grid;
+pub mod knn;
 pub mod metric;
 pub mod options;
 #[doc(hidden)]
@@ -47,5 +48,6 @@ pub use dataset::{Coords, Dataset, Precision};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
+pub use knn::{KnnDistances, KnnOptions, KnnResult};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
 pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};

@@ -45,6 +45,8 @@ pub enum Algorithm {
     Brute = 3,
     /// Sort-and-search over a set of Z-order curves (LSS).
     Lss = 4,
+    /// k-d tree: the CPU's k-nearest-neighbour search (not an eps-join algorithm).
+    KdTree = 5,
 }
 
 /// What the join returns.
@@ -79,6 +81,8 @@ pub struct JoinOptions {
     pub batch_points: Option<usize>,
     /// GPU: capacity of each device result buffer, in pairs (None = from device memory).
     pub result_buffer_pairs: Option<usize>,
+    /// LSS: number of shifted Z-order lists (None = chosen from dimensionality and eps).
+    pub lss_lists: Option<usize>,
 }
 
 impl JoinOptions {
@@ -94,6 +98,7 @@ impl JoinOptions {
             indexed_dims: None,
             batch_points: None,
             result_buffer_pairs: None,
+            lss_lists: None,
         }
     }
 
@@ -111,12 +116,26 @@ impl JoinOptions {
         if self.batch_points == Some(0) {
             return Err(Error::invalid("batch_points must be >= 1 when given"));
         }
+        check_lss_lists(self.lss_lists)?;
         if self.result_buffer_pairs == Some(0) {
             return Err(Error::invalid(
                 "result_buffer_pairs must be >= 1 when given",
             ));
         }
         Ok(())
+    }
+}
+
+/// Most shifted Z-order lists LSS builds (the paper's d + 1 is at most 65 up to 64-D; more
+/// than this never paid in its experiments or ours).
+pub const MAX_LSS_LISTS: usize = 64;
+
+pub(crate) fn check_lss_lists(lists: Option<usize>) -> Result<()> {
+    match lists {
+        Some(l) if l == 0 || l > MAX_LSS_LISTS => Err(Error::invalid(format!(
+            "lss_lists must be between 1 and {MAX_LSS_LISTS} when given (got {l})"
+        ))),
+        _ => Ok(()),
     }
 }
 
@@ -145,5 +164,5 @@ macro_rules! names {
 
 names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev" });
 names!(Backend { Auto = "auto", Cpu = "cpu", Gpu = "gpu" });
-names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss" });
+names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss", KdTree = "kdtree" });
 names!(OutputForm { Pairs = "pairs", Csr = "csr", Count = "count" });

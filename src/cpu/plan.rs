@@ -35,6 +35,11 @@ pub(crate) fn choose(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Re
             "the CPU backend has no 'lss' algorithm (use grid, ego, brute or auto)",
         ));
     }
+    if opts.algorithm == Algorithm::KdTree {
+        return Err(Error::invalid(
+            "'kdtree' is a k-nearest-neighbour algorithm; an eps-join uses grid, ego, brute, lss or auto",
+        ));
+    }
     // Candidate pairs brute force would test.
     let work = if b.is_some() {
         na as f64 * nb as f64

@@ -33,6 +33,8 @@ pub const SIMJOIN_ALGORITHM_GRID: simjoin_algorithm = 1;
 pub const SIMJOIN_ALGORITHM_EGO: simjoin_algorithm = 2;
 pub const SIMJOIN_ALGORITHM_BRUTE: simjoin_algorithm = 3;
 pub const SIMJOIN_ALGORITHM_LSS: simjoin_algorithm = 4;
+/// k-d tree (CPU k-nearest-neighbour join).
+pub const SIMJOIN_ALGORITHM_KDTREE: simjoin_algorithm = 5;
 
 /// What a join returns: one of `SIMJOIN_OUTPUT_*`.
 pub type simjoin_output = u32;
@@ -67,6 +69,8 @@ pub struct simjoin_options {
     pub batch_points: u64,
     /// GPU: result buffer capacity in pairs (0 = automatic).
     pub result_buffer_pairs: u64,
+    /// LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic). Added in 0.3 (the struct's size tells an older caller apart).
+    pub lss_lists: u64,
 }
 
 impl simjoin_options {
@@ -84,6 +88,7 @@ impl simjoin_options {
             indexed_dims: 0,
             batch_points: 0,
             result_buffer_pairs: 0,
+            lss_lists: 0,
         }
     }
 }
@@ -132,12 +137,13 @@ pub(crate) const BACKENDS: [(u32, Backend); 3] = [
     (SIMJOIN_BACKEND_CPU, Backend::Cpu),
     (SIMJOIN_BACKEND_GPU, Backend::Gpu),
 ];
-pub(crate) const ALGORITHMS: [(u32, Algorithm); 5] = [
+pub(crate) const ALGORITHMS: [(u32, Algorithm); 6] = [
     (SIMJOIN_ALGORITHM_AUTO, Algorithm::Auto),
     (SIMJOIN_ALGORITHM_GRID, Algorithm::Grid),
     (SIMJOIN_ALGORITHM_EGO, Algorithm::Ego),
     (SIMJOIN_ALGORITHM_BRUTE, Algorithm::Brute),
     (SIMJOIN_ALGORITHM_LSS, Algorithm::Lss),
+    (SIMJOIN_ALGORITHM_KDTREE, Algorithm::KdTree),
 ];
 pub(crate) const OUTPUTS: [(u32, OutputForm); 3] = [
     (SIMJOIN_OUTPUT_PAIRS, OutputForm::Pairs),
@@ -234,6 +240,7 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     j.indexed_dims = optional_count("indexed_dims", o.indexed_dims)?;
     j.batch_points = optional_count("batch_points", o.batch_points)?;
     j.result_buffer_pairs = optional_count("result_buffer_pairs", o.result_buffer_pairs)?;
+    j.lss_lists = optional_count("lss_lists", o.lss_lists)?;
     j.validate()?;
     Ok(j)
 }

@@ -11,7 +11,7 @@ LIBRARY = {"darwin": "libsimjoin.dylib", "win32": "simjoin.dll"}.get(sys.platfor
 OK, INVALID_ARGUMENT, CANCELLED = 0, 1, 7
 METRICS = {"euclidean": 0, "manhattan": 1, "chebyshev": 2}
 BACKENDS = {"auto": 0, "cpu": 1, "gpu": 2}
-ALGORITHMS = {"auto": 0, "grid": 1, "ego": 2, "brute": 3, "lss": 4}
+ALGORITHMS = {"auto": 0, "grid": 1, "ego": 2, "brute": 3, "lss": 4, "kdtree": 5}
 ALGORITHM_NAMES = {v: k for k, v in ALGORITHMS.items()}
 OUTPUTS = {"pairs": 0, "csr": 1, "count": 2}
 DTYPE_F32, DTYPE_F64 = 0, 1
@@ -30,6 +30,7 @@ class Options(ctypes.Structure):
         ("indexed_dims", c_uint64),
         ("batch_points", c_uint64),
         ("result_buffer_pairs", c_uint64),
+        ("lss_lists", c_uint64),
     ]
 
 

@@ -1,0 +1,189 @@
+//! The exact k-nearest-neighbour join: for every query point, its k nearest data points.
+//!
+//! One definition of the answer, shared by every backend so that all agree bit for bit:
+//! - the distance of a candidate is `metric::distance_acc` in the input precision (squared
+//!   for Euclidean), canonical dimension order, no fused multiply-add;
+//! - neighbours are ordered by (distance, index): equal distances go to the smaller data
+//!   index, at the k-th place too;
+//! - a self-kNN (no query set) excludes the point itself (by index; an exact duplicate of
+//!   it is a neighbour at distance 0);
+//! - reported distances are `sqrt(acc)` for Euclidean (computed on the host in the input
+//!   precision, so a GPU's approximate `sqrt` never enters), `acc` otherwise.
+
+use crate::dataset::{Dataset, Precision};
+use crate::error::{Error, Result};
+use crate::metric::Coord;
+use crate::options::{Algorithm, Backend, Metric};
+use crate::result::JoinReport;
+
+/// How to run a k-nearest-neighbour join.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KnnOptions {
+    pub metric: Metric,
+    pub backend: Backend,
+    /// `Auto`, `KdTree` (CPU), `Grid` (CPU), `Lss` (GPU) or `Brute` (both).
+    pub algorithm: Algorithm,
+    /// LSS: number of shifted Z-order lists (None = automatic).
+    pub lss_lists: Option<usize>,
+}
+
+impl Default for KnnOptions {
+    fn default() -> Self {
+        KnnOptions {
+            metric: Metric::Euclidean,
+            backend: Backend::Auto,
+            algorithm: Algorithm::Auto,
+            lss_lists: None,
+        }
+    }
+}
+
+/// Neighbour distances, in the input precision.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KnnDistances {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// The answer: `rows` query points × `k` neighbours, row-major. Row r holds query r's
+/// neighbours nearest first: `indices[r*k + c]` is a data point index.
+#[derive(Clone, Debug)]
+pub struct KnnResult {
+    pub rows: usize,
+    pub k: usize,
+    pub indices: Vec<u32>,
+    pub distances: KnnDistances,
+    pub report: JoinReport,
+}
+
+impl KnnResult {
+    /// Row r's neighbour indices.
+    pub fn row(&self, r: usize) -> &[u32] {
+        &self.indices[r * self.k..(r + 1) * self.k]
+    }
+    /// Distance of row r's c-th neighbour, widened to f64.
+    pub fn distance(&self, r: usize, c: usize) -> f64 {
+        match &self.distances {
+            KnnDistances::F32(d) => d[r * self.k + c] as f64,
+            KnnDistances::F64(d) => d[r * self.k + c],
+        }
+    }
+}
+
+/// One kNN join to run; `query == None` is a self-kNN. Checked by [`KnnJob::new`].
+pub(crate) struct KnnJob<'a> {
+    pub data: Dataset<'a>,
+    pub query: Option<Dataset<'a>>,
+    pub k: usize,
+    pub opts: &'a KnnOptions,
+}
+
+impl<'a> KnnJob<'a> {
+    pub fn new(
+        data: &Dataset<'a>,
+        query: Option<&Dataset<'a>>,
+        k: usize,
+        opts: &'a KnnOptions,
+    ) -> Result<Self> {
+        crate::options::check_lss_lists(opts.lss_lists)?;
+        if matches!(opts.algorithm, Algorithm::Ego) {
+            return Err(Error::invalid(
+                "'ego' is an eps-join algorithm; kNN uses auto, kdtree, grid, lss or brute",
+            ));
+        }
+        if let Some(q) = query {
+            if q.dim() != data.dim() {
+                return Err(Error::invalid(format!(
+                    "the data have {} dimensions but the queries have {}",
+                    data.dim(),
+                    q.dim()
+                )));
+            }
+            if q.precision() != data.precision() {
+                return Err(Error::invalid(
+                    "data and queries must have the same precision (both f32 or both f64)",
+                ));
+            }
+        }
+        if k == 0 {
+            return Err(Error::invalid("k must be >= 1"));
+        }
+        let candidates = data.len() - usize::from(query.is_none() && !data.is_empty());
+        let rows = query.map_or(data.len(), |q| q.len());
+        if rows > 0 && k > candidates {
+            return Err(Error::invalid(format!(
+                "k = {k} is larger than the {candidates} candidate points{}",
+                if query.is_none() {
+                    " (a self-kNN excludes the point itself)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        if k > u32::MAX as usize || rows.checked_mul(k).is_none() {
+            return Err(Error::invalid(format!(
+                "a {rows} x {k} result does not fit in memory"
+            )));
+        }
+        Ok(KnnJob {
+            data: *data,
+            query: query.copied(),
+            k,
+            opts,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.query.map_or(self.data.len(), |q| q.len())
+    }
+    pub fn is_self(&self) -> bool {
+        self.query.is_none()
+    }
+    pub fn precision(&self) -> Precision {
+        self.data.precision()
+    }
+}
+
+/// The ordering key of a candidate: (distance accumulator, index). Totally ordered because
+/// accumulators are finite and never NaN (inputs are finite).
+#[inline(always)]
+pub(crate) fn key_less<T: Coord>(a: (T, u32), b: (T, u32)) -> bool {
+    a.0 < b.0 || (a.0 == b.0 && a.1 < b.1)
+}
+
+/// Turns accumulators into reported distances (square root for Euclidean), in place.
+pub(crate) fn finish_distances<T: Coord + Sqrt>(metric: Metric, acc: &mut [T]) {
+    if metric == Metric::Euclidean {
+        for a in acc {
+            *a = a.sqrt_();
+        }
+    }
+}
+
+/// Square root in the input precision (IEEE, correctly rounded).
+pub(crate) trait Sqrt {
+    fn sqrt_(self) -> Self;
+}
+impl Sqrt for f32 {
+    fn sqrt_(self) -> Self {
+        self.sqrt()
+    }
+}
+impl Sqrt for f64 {
+    fn sqrt_(self) -> Self {
+        self.sqrt()
+    }
+}
+
+/// Allocates a result array of `len` entries, or a clear out-of-memory error.
+pub(crate) fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            crate::error::ErrorKind::OutOfHostMemory,
+            format!("cannot allocate the kNN {what} ({len} entries)"),
+        )
+    })?;
+    v.resize(len, fill);
+    Ok(v)
+}
