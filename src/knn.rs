@@ -10,7 +10,7 @@
 //! - reported distances are `sqrt(acc)` for Euclidean (computed on the host in the input
 //!   precision, so a GPU's approximate `sqrt` never enters), `acc` otherwise.
 
-use crate::dataset::{Dataset, Precision};
+use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::metric::Coord;
 use crate::options::{Algorithm, Backend, Metric};
@@ -135,12 +135,6 @@ impl<'a> KnnJob<'a> {
 
     pub fn rows(&self) -> usize {
         self.query.map_or(self.data.len(), |q| q.len())
-    }
-    pub fn is_self(&self) -> bool {
-        self.query.is_none()
-    }
-    pub fn precision(&self) -> Precision {
-        self.data.precision()
     }
 }
 

@@ -2,7 +2,7 @@
 //! per pair. Tests compare every backend's pair set with these, exactly.
 
 use crate::dataset::{Coords, Dataset};
-use crate::metric::{threshold, within, Coord};
+use crate::metric::{distance_acc, threshold, within, Coord};
 use crate::options::Metric;
 use crate::result::Pair;
 
@@ -49,5 +49,58 @@ pub fn join(a: &Dataset, b: &Dataset, metric: Metric, eps: f64) -> Vec<Pair> {
         (Coords::F32(x), Coords::F32(y)) => ab_pairs(x, y, a.dim(), metric, eps),
         (Coords::F64(x), Coords::F64(y)) => ab_pairs(x, y, a.dim(), metric, eps),
         _ => panic!("oracle::join needs both sets in the same precision"),
+    }
+}
+
+/// Brute-force kNN: for each query (each data point when `query` is None, itself
+/// excluded), the k nearest data points by (accumulator, index) as `knn.rs` defines, with
+/// their reported distances widened to f64. Row-major `rows x k`.
+pub fn knn(
+    data: &Dataset,
+    query: Option<&Dataset>,
+    k: usize,
+    metric: Metric,
+) -> (Vec<u32>, Vec<f64>) {
+    fn rows<T: crate::metric::Coord>(
+        x: &[T],
+        q: Option<&[T]>,
+        dim: usize,
+        k: usize,
+        metric: Metric,
+    ) -> (Vec<u32>, Vec<f64>) {
+        let qs = q.unwrap_or(x);
+        let (mut idx, mut dist) = (Vec::new(), Vec::new());
+        for (r, qp) in qs.chunks_exact(dim).enumerate() {
+            let mut all: Vec<(T, u32)> = x
+                .chunks_exact(dim)
+                .enumerate()
+                .filter(|&(j, _)| q.is_some() || j != r)
+                .map(|(j, p)| (distance_acc(metric, qp, p), j as u32))
+                .collect();
+            all.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+            for &(a, j) in &all[..k] {
+                idx.push(j);
+                let a = a.to_f64();
+                // The reported distance: sqrt in the input precision for Euclidean.
+                let d = if metric == Metric::Euclidean {
+                    T::from_f64(a).to_f64().sqrt()
+                } else {
+                    a
+                };
+                dist.push(if std::mem::size_of::<T>() == 4 {
+                    (d as f32) as f64
+                } else {
+                    d
+                });
+            }
+        }
+        (idx, dist)
+    }
+    match (data.coords(), query.map(|q| q.coords())) {
+        (Coords::F32(x), None) => rows(x, None, data.dim(), k, metric),
+        (Coords::F32(x), Some(Coords::F32(q))) => rows(x, Some(q), data.dim(), k, metric),
+        (Coords::F64(x), None) => rows(x, None, data.dim(), k, metric),
+        (Coords::F64(x), Some(Coords::F64(q))) => rows(x, Some(q), data.dim(), k, metric),
+        _ => panic!("mixed precision"),
     }
 }

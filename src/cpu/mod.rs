@@ -10,6 +10,7 @@ mod dot_filter;
 mod ego;
 mod emit;
 mod grid;
+mod knn;
 mod plan;
 mod store;
 
@@ -74,6 +75,12 @@ impl JoinBackend for CpuBackend {
         report.device = format!("cpu ({threads} threads)");
         report.batches = report.batches.max(1);
         Ok(report)
+    }
+
+    fn knn(&self, job: &crate::knn::KnnJob) -> Result<crate::knn::KnnResult> {
+        let pool = self.pool()?;
+        let threads = pool.current_num_threads();
+        pool.install(|| knn::run(job, threads))
     }
 }
 

@@ -1,0 +1,488 @@
+//! The CPU's exact k-nearest-neighbour join: a k-d tree (median splits on the widest
+//! dimension, small leaves, points copied into leaf order) searched depth-first, nearest
+//! child first, with the classic incremental distance to the far child's half-space
+//! (Arya & Mount). Queries run in parallel, in the tree's leaf order for a self-kNN (close
+//! queries share cache lines and search paths), and every candidate is measured with the
+//! canonical arithmetic of `metric.rs`, so the answer is the one `knn.rs` defines, bit for bit.
+//!
+//! Exactness of the pruning: a subtree is skipped only when its lower bound, computed in
+//! f64, exceeds the current k-th accumulator by a relative margin that covers the rounding
+//! of both (see `prune_bound`); candidates at exactly the k-th distance are always visited,
+//! so ties go to the smaller index. Brute force (`algorithm = brute`) scans every point.
+
+use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
+use crate::dataset::Coords;
+use crate::error::{Error, Result};
+use crate::knn::{alloc, finish_distances, key_less, KnnDistances, KnnJob, KnnResult, Sqrt};
+use crate::metric::{accumulate, reject_margin, Coord};
+use crate::options::{Algorithm, Metric};
+use crate::result::JoinReport;
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Points per leaf: small enough that pruning works, large enough that leaf scans (tight
+/// loops over contiguous coordinates) dominate the tree walk.
+const LEAF: usize = 12;
+/// Queries per parallel task.
+const CHUNK: usize = 512;
+
+pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
+    let algorithm = match job.opts.algorithm {
+        Algorithm::Auto | Algorithm::KdTree => Algorithm::KdTree,
+        Algorithm::Brute => Algorithm::Brute,
+        other => {
+            return Err(Error::unsupported(format!(
+                "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree or brute)"
+            )))
+        }
+    };
+    let mut result = match (job.data.coords(), job.query.map(|q| q.coords())) {
+        (Coords::F32(d), None) => by_metric::<f32>(job, d, None, algorithm),
+        (Coords::F32(d), Some(Coords::F32(q))) => by_metric::<f32>(job, d, Some(q), algorithm),
+        (Coords::F64(d), None) => by_metric::<f64>(job, d, None, algorithm),
+        (Coords::F64(d), Some(Coords::F64(q))) => by_metric::<f64>(job, d, Some(q), algorithm),
+        _ => Err(Error::invalid(
+            "data and queries must have the same precision",
+        )),
+    }?;
+    result.report.backend = "cpu".into();
+    result.report.device = format!("cpu ({threads} threads)");
+    result.report.algorithm = algorithm;
+    result.report.batches = 1;
+    Ok(result)
+}
+
+/// The distances array of the input precision.
+pub(crate) trait Distances: Coord + Sqrt {
+    fn wrap(v: Vec<Self>) -> KnnDistances;
+}
+impl Distances for f32 {
+    fn wrap(v: Vec<f32>) -> KnnDistances {
+        KnnDistances::F32(v)
+    }
+}
+impl Distances for f64 {
+    fn wrap(v: Vec<f64>) -> KnnDistances {
+        KnnDistances::F64(v)
+    }
+}
+
+fn by_metric<T: Distances>(
+    job: &KnnJob,
+    data: &[T],
+    query: Option<&[T]>,
+    algorithm: Algorithm,
+) -> Result<KnnResult> {
+    match job.opts.metric {
+        Metric::Euclidean => knn::<T, Euclid>(job, data, query, algorithm),
+        Metric::Manhattan => knn::<T, Manhattan>(job, data, query, algorithm),
+        Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, algorithm),
+    }
+}
+
+fn knn<T: Distances, M: MetricKind>(
+    job: &KnnJob,
+    data: &[T],
+    query: Option<&[T]>,
+    algorithm: Algorithm,
+) -> Result<KnnResult> {
+    let dim = job.data.dim();
+    let k = job.k;
+    let rows = job.rows();
+    let mut indices = alloc(rows * k, 0u32, "index array")?;
+    let mut acc = alloc(rows * k, T::ZERO, "distance array")?;
+    let mut phases = Vec::new();
+    let mut notes = Vec::new();
+    if rows > 0 {
+        let t0 = Instant::now();
+        let tree = match algorithm {
+            Algorithm::Brute => Tree::flat(data, dim),
+            _ => Tree::build(data, dim),
+        };
+        phases.push(("index build".to_string(), t0.elapsed().as_secs_f64()));
+        notes.push(format!(
+            "{} nodes, {} points per leaf at most",
+            tree.nodes.len(),
+            tree.leaf_size()
+        ));
+        let t1 = Instant::now();
+        // Query order: the tree's leaf order for a self-kNN; for A-to-B, the order of a
+        // tree built over the queries (close queries next to each other).
+        let (qpts, qids): (std::borrow::Cow<[T]>, std::borrow::Cow<[u32]>) = match query {
+            None => (tree.pts.as_slice().into(), tree.ids.as_slice().into()),
+            Some(q) => {
+                let qt = Tree::build(q, dim);
+                (qt.pts.into(), qt.ids.into())
+            }
+        };
+        let self_join = query.is_none();
+        let thr_margin = 1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13;
+        // Results in query-order position, gathered into rows afterwards.
+        let mut pos_idx = alloc(rows * k, 0u32, "index array")?;
+        let mut pos_acc = alloc(rows * k, T::ZERO, "distance array")?;
+        pos_idx
+            .par_chunks_mut(CHUNK * k)
+            .zip(pos_acc.par_chunks_mut(CHUNK * k))
+            .enumerate()
+            .for_each(|(c, (out_i, out_a))| {
+                let mut s = Searcher::<T, M> {
+                    tree: &tree,
+                    q: &[],
+                    skip: u32::MAX,
+                    heap: Heap::new(k),
+                    off: vec![0.0; dim],
+                    margin: thr_margin,
+                    slack: (dim + 2) as f64 * 1e-44,
+                    _m: std::marker::PhantomData,
+                };
+                let first = c * CHUNK;
+                for (r, (oi, oa)) in out_i.chunks_mut(k).zip(out_a.chunks_mut(k)).enumerate() {
+                    let p = first + r;
+                    s.q = &qpts[p * dim..(p + 1) * dim];
+                    s.skip = if self_join { qids[p] } else { u32::MAX };
+                    s.heap.clear();
+                    s.off.iter_mut().for_each(|o| *o = 0.0);
+                    s.search(0, 0.0);
+                    s.heap.drain_sorted(oi, oa);
+                }
+            });
+        // Gather rows: row r is query qids[p] for some position p.
+        let mut row_of = vec![0u32; rows];
+        for (p, &id) in qids.iter().enumerate() {
+            row_of[id as usize] = p as u32;
+        }
+        indices
+            .par_chunks_mut(k)
+            .zip(acc.par_chunks_mut(k))
+            .zip(row_of.par_iter())
+            .for_each(|((oi, oa), &p)| {
+                let p = p as usize;
+                oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
+                oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
+            });
+        finish_distances(M::METRIC, &mut acc);
+        phases.push(("search".to_string(), t1.elapsed().as_secs_f64()));
+    }
+    Ok(KnnResult {
+        rows,
+        k,
+        indices,
+        distances: T::wrap(acc),
+        report: JoinReport {
+            pairs: (rows * k) as u64,
+            phases,
+            notes,
+            ..Default::default()
+        },
+    })
+}
+
+/// A node: an inner node splits on `dim` at `split` (left: coordinate <= split, right:
+/// >= split); a leaf (`left == LEAF_MARK`) holds points `start..end` of the leaf order.
+#[derive(Clone, Copy)]
+struct Node {
+    dim: u32,
+    left: u32,
+    right: u32,
+    start: u32,
+    end: u32,
+    split: f64,
+}
+const LEAF_MARK: u32 = u32::MAX;
+
+struct Tree<T> {
+    nodes: Vec<Node>,
+    /// Coordinates in leaf order.
+    pts: Vec<T>,
+    /// Original index of each point in leaf order.
+    ids: Vec<u32>,
+    dim: usize,
+}
+
+impl<T: Coord> Tree<T> {
+    fn leaf_size(&self) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.left == LEAF_MARK)
+            .map(|n| (n.end - n.start) as usize)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// One leaf holding every point: the search degenerates into an exact brute force.
+    fn flat(data: &[T], dim: usize) -> Self {
+        let n = data.len() / dim;
+        Tree {
+            nodes: vec![Node {
+                dim: 0,
+                left: LEAF_MARK,
+                right: LEAF_MARK,
+                start: 0,
+                end: n as u32,
+                split: 0.0,
+            }],
+            pts: data.to_vec(),
+            ids: (0..n as u32).collect(),
+            dim,
+        }
+    }
+
+    fn build(data: &[T], dim: usize) -> Self {
+        let n = data.len() / dim;
+        let mut perm: Vec<u32> = (0..n as u32).collect();
+        let mut nodes = Vec::with_capacity(2 * n / LEAF + 2);
+        build_node(data, dim, &mut perm, 0, &mut nodes);
+        let mut pts = Vec::with_capacity(n * dim);
+        for &i in &perm {
+            pts.extend_from_slice(&data[i as usize * dim..(i as usize + 1) * dim]);
+        }
+        Tree {
+            nodes,
+            pts,
+            ids: perm,
+            dim,
+        }
+    }
+}
+
+/// Builds the subtree over `perm` (positions `start..` of the leaf order) into `nodes`,
+/// returning its node number. Large subtrees build their halves in parallel.
+fn build_node<T: Coord>(
+    data: &[T],
+    dim: usize,
+    perm: &mut [u32],
+    start: usize,
+    nodes: &mut Vec<Node>,
+) -> u32 {
+    let me = nodes.len() as u32;
+    let leaf = Node {
+        dim: 0,
+        left: LEAF_MARK,
+        right: LEAF_MARK,
+        start: start as u32,
+        end: (start + perm.len()) as u32,
+        split: 0.0,
+    };
+    nodes.push(leaf);
+    if perm.len() <= LEAF {
+        return me;
+    }
+    // The widest dimension of this subset.
+    let coord = |i: u32, d: usize| data[i as usize * dim + d].to_f64();
+    let mut best = (0usize, -1.0f64);
+    for d in 0..dim {
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for &i in perm.iter() {
+            let x = coord(i, d);
+            lo = lo.min(x);
+            hi = hi.max(x);
+        }
+        if hi - lo > best.1 {
+            best = (d, hi - lo);
+        }
+    }
+    if best.1 <= 0.0 {
+        // Every point identical: nothing to split on.
+        return me;
+    }
+    let sd = best.0;
+    let mid = perm.len() / 2;
+    perm.select_nth_unstable_by(mid, |&a, &b| coord(a, sd).total_cmp(&coord(b, sd)));
+    let split = coord(perm[mid], sd);
+    let (lp, rp) = perm.split_at_mut(mid);
+    let (left, right) = if lp.len() + rp.len() > 1 << 16 {
+        let (mut ln, mut rn) = (Vec::new(), Vec::new());
+        rayon::join(
+            || build_node(data, dim, lp, start, &mut ln),
+            || build_node(data, dim, rp, start + mid, &mut rn),
+        );
+        // Splice the two subtrees in, renumbering their links.
+        let lbase = nodes.len() as u32;
+        let rbase = lbase + ln.len() as u32;
+        for (nodes_of, base) in [(ln, lbase), (rn, rbase)] {
+            nodes.extend(nodes_of.into_iter().map(|mut n| {
+                if n.left != LEAF_MARK {
+                    n.left += base;
+                    n.right += base;
+                }
+                n
+            }));
+        }
+        (lbase, rbase)
+    } else {
+        let l = build_node(data, dim, lp, start, nodes);
+        let r = build_node(data, dim, rp, start + mid, nodes);
+        (l, r)
+    };
+    nodes[me as usize] = Node {
+        dim: sd as u32,
+        left,
+        right,
+        start: start as u32,
+        end: (start + perm.len()) as u32,
+        split,
+    };
+    me
+}
+
+/// The k best candidates so far: a max-heap by (accumulator, index).
+struct Heap<T> {
+    k: usize,
+    items: Vec<(T, u32)>,
+}
+
+impl<T: Coord> Heap<T> {
+    fn new(k: usize) -> Self {
+        Heap {
+            k,
+            items: Vec::with_capacity(k),
+        }
+    }
+    fn clear(&mut self) {
+        self.items.clear();
+    }
+    fn full(&self) -> bool {
+        self.items.len() == self.k
+    }
+    /// The k-th accumulator (the bound), when full.
+    #[inline(always)]
+    fn worst(&self) -> T {
+        self.items[0].0
+    }
+    #[inline]
+    fn offer(&mut self, item: (T, u32)) {
+        let h = &mut self.items;
+        if h.len() < self.k {
+            // Sift up.
+            h.push(item);
+            let mut i = h.len() - 1;
+            while i > 0 {
+                let parent = (i - 1) / 2;
+                if key_less(h[parent], h[i]) {
+                    h.swap(parent, i);
+                    i = parent;
+                } else {
+                    break;
+                }
+            }
+        } else if key_less(item, h[0]) {
+            // Replace the worst and sift down.
+            h[0] = item;
+            let n = h.len();
+            let mut i = 0;
+            loop {
+                let (l, r) = (2 * i + 1, 2 * i + 2);
+                let mut big = i;
+                if l < n && key_less(h[big], h[l]) {
+                    big = l;
+                }
+                if r < n && key_less(h[big], h[r]) {
+                    big = r;
+                }
+                if big == i {
+                    break;
+                }
+                h.swap(i, big);
+                i = big;
+            }
+        }
+    }
+    /// Writes the candidates nearest first and empties the heap.
+    fn drain_sorted(&mut self, idx: &mut [u32], acc: &mut [T]) {
+        self.items
+            .sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+        for (c, &(a, i)) in self.items.iter().enumerate() {
+            idx[c] = i;
+            acc[c] = a;
+        }
+        self.items.clear();
+    }
+}
+
+struct Searcher<'t, T, M> {
+    tree: &'t Tree<T>,
+    q: &'t [T],
+    /// The query's own index (self-kNN), excluded.
+    skip: u32,
+    heap: Heap<T>,
+    /// Per dimension, the query's offset to the current cell (the incremental bound).
+    off: Vec<f64>,
+    margin: f64,
+    slack: f64,
+    _m: std::marker::PhantomData<M>,
+}
+
+impl<T: Coord, M: MetricKind> Searcher<'_, T, M> {
+    /// Whether a region at lower bound `rd` (f64) may hold a candidate that enters the
+    /// heap. Rounding: the canonical accumulator of a point at real distance D is at least
+    /// D (1 - (d+1)u) and `rd` at most the real bound (1 + 1e-13); `margin` covers both.
+    /// `slack` covers terms that underflow to zero in T (f32 squares below ~1e-45).
+    #[inline(always)]
+    fn may_enter(&self, rd: f64) -> bool {
+        !self.heap.full() || rd <= self.heap.worst().to_f64() * self.margin + self.slack
+    }
+
+    fn search(&mut self, node: u32, rd: f64) {
+        let n = self.tree.nodes[node as usize];
+        if n.left == LEAF_MARK {
+            self.scan(n.start as usize, n.end as usize);
+            return;
+        }
+        let sd = n.dim as usize;
+        let diff = self.q[sd].to_f64() - n.split;
+        let (near, far) = if diff <= 0.0 {
+            (n.left, n.right)
+        } else {
+            (n.right, n.left)
+        };
+        self.search(near, rd);
+        let old = self.off[sd];
+        let far_rd = match M::METRIC {
+            Metric::Euclidean => rd - old * old + diff * diff,
+            Metric::Manhattan => rd - old.abs() + diff.abs(),
+            Metric::Chebyshev => rd.max(diff.abs()),
+        };
+        if self.may_enter(far_rd) {
+            self.off[sd] = diff;
+            self.search(far, far_rd);
+            self.off[sd] = old;
+        }
+    }
+
+    #[inline]
+    fn scan(&mut self, start: usize, end: usize) {
+        let dim = self.tree.dim;
+        let pts = &self.tree.pts[start * dim..end * dim];
+        let ids = &self.tree.ids[start..end];
+        for (p, &id) in pts.chunks_exact(dim).zip(ids) {
+            if id == self.skip {
+                continue;
+            }
+            if self.heap.full() {
+                // Canonical accumulation with an exact early exit (partial sums never
+                // decrease): above the k-th accumulator it cannot enter.
+                let bound = self.heap.worst();
+                let mut acc = T::ZERO;
+                let mut out = false;
+                for (cq, cp) in self.q.chunks(8).zip(p.chunks(8)) {
+                    for (&x, &y) in cq.iter().zip(cp) {
+                        acc = accumulate(M::METRIC, acc, x, y);
+                    }
+                    if acc > bound {
+                        out = true;
+                        break;
+                    }
+                }
+                if !out {
+                    self.heap.offer((acc, id));
+                }
+            } else {
+                let mut acc = T::ZERO;
+                for (&x, &y) in self.q.iter().zip(p) {
+                    acc = accumulate(M::METRIC, acc, x, y);
+                }
+                self.heap.offer((acc, id));
+            }
+        }
+    }
+}

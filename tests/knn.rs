@@ -1,0 +1,181 @@
+//! The exact kNN join on the CPU backend against the brute-force oracle (`simjoin::oracle::knn`):
+//! indices and distances equal, on uniform, clustered, duplicate and lattice data (ties at
+//! the k-th place), 1-D to 64-D, every metric, f32 and f64, self and A-to-B, k from 1 to
+//! n - 1; and the errors.
+
+mod common;
+
+use common::Rng;
+use simjoin::{Algorithm, Backend, Dataset, Engine, ErrorKind, KnnDistances, KnnOptions, Metric};
+
+const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
+
+fn opts(metric: Metric, algorithm: Algorithm) -> KnnOptions {
+    KnnOptions {
+        metric,
+        backend: Backend::Cpu,
+        algorithm,
+        ..Default::default()
+    }
+}
+
+fn distances(r: &simjoin::KnnResult) -> Vec<f64> {
+    match &r.distances {
+        KnnDistances::F32(d) => d.iter().map(|&x| x as f64).collect(),
+        KnnDistances::F64(d) => d.clone(),
+    }
+}
+
+/// Runs every CPU algorithm on (data, query) and checks each against the oracle.
+fn check(engine: &Engine, data: &Dataset, query: Option<&Dataset>, k: usize, what: &str) {
+    for metric in METRICS {
+        let (want_i, want_d) = simjoin::oracle::knn(data, query, k, metric);
+        for algorithm in [Algorithm::Auto, Algorithm::KdTree, Algorithm::Brute] {
+            let r = engine
+                .knn(data, query, k, &opts(metric, algorithm))
+                .unwrap_or_else(|e| panic!("{what} {metric} {algorithm}: {e}"));
+            assert_eq!(r.rows, query.map_or(data.len(), |q| q.len()));
+            assert_eq!(r.k, k);
+            assert_eq!(r.indices, want_i, "{what} {metric} {algorithm}: indices");
+            assert_eq!(
+                distances(&r),
+                want_d,
+                "{what} {metric} {algorithm}: distances"
+            );
+        }
+    }
+}
+
+fn uniform(rng: &mut Rng, n: usize, dim: usize) -> Vec<f64> {
+    (0..n * dim).map(|_| rng.unit()).collect()
+}
+
+fn clustered(rng: &mut Rng, n: usize, dim: usize) -> Vec<f64> {
+    let centers: Vec<f64> = (0..4 * dim).map(|_| rng.unit() * 10.0).collect();
+    let mut v = Vec::with_capacity(n * dim);
+    for i in 0..n {
+        let c = i % 4;
+        for d in 0..dim {
+            v.push(centers[c * dim + d] + 0.05 * rng.normal());
+        }
+    }
+    v
+}
+
+#[test]
+fn uniform_and_clustered_1d_to_64d_both_precisions() {
+    let engine = Engine::new();
+    let mut rng = Rng(7);
+    for dim in [1, 2, 3, 5, 8, 16, 33, 64] {
+        let n = 300;
+        for (name, pts) in [
+            ("uniform", uniform(&mut rng, n, dim)),
+            ("clustered", clustered(&mut rng, n, dim)),
+        ] {
+            let d64 = Dataset::from_f64(&pts, dim).unwrap();
+            check(&engine, &d64, None, 7, &format!("{name} {dim}-D f64"));
+            let p32: Vec<f32> = pts.iter().map(|&x| x as f32).collect();
+            let d32 = Dataset::from_f32(&p32, dim).unwrap();
+            check(&engine, &d32, None, 7, &format!("{name} {dim}-D f32"));
+        }
+    }
+}
+
+#[test]
+fn lattice_ties_and_duplicates() {
+    let engine = Engine::new();
+    // A 2-D integer lattice: every inner point has 4 neighbours at exactly 1, 4 at sqrt 2:
+    // k = 3 and 6 cut through groups of equal distances (ties by smaller index).
+    let mut lattice = Vec::new();
+    for x in 0..12 {
+        for y in 0..12 {
+            lattice.extend([x as f32, y as f32]);
+        }
+    }
+    let d = Dataset::from_f32(&lattice, 2).unwrap();
+    for k in [1, 3, 4, 6, 9, 143] {
+        check(&engine, &d, None, k, &format!("lattice k={k}"));
+    }
+    // Heavy duplicates: 50 copies of 5 points, 3-D.
+    let mut dup = Vec::new();
+    for i in 0..250 {
+        let p = i % 5;
+        dup.extend([p as f64 * 0.25, 1.0, -(p as f64)]);
+    }
+    let d = Dataset::from_f64(&dup, 3).unwrap();
+    for k in [1, 48, 49, 50, 120, 249] {
+        check(&engine, &d, None, k, &format!("duplicates k={k}"));
+    }
+    // Every point identical.
+    let same = vec![0.5f32; 40 * 4];
+    let d = Dataset::from_f32(&same, 4).unwrap();
+    check(&engine, &d, None, 39, "identical");
+}
+
+#[test]
+fn a_to_b_and_large_k() {
+    let engine = Engine::new();
+    let mut rng = Rng(11);
+    for dim in [2, 3, 12] {
+        let a = uniform(&mut rng, 700, dim);
+        let b = clustered(&mut rng, 90, dim);
+        let da = Dataset::from_f64(&a, dim).unwrap();
+        let db = Dataset::from_f64(&b, dim).unwrap();
+        check(&engine, &da, Some(&db), 5, &format!("A-to-B {dim}-D"));
+        check(&engine, &da, Some(&db), 700, &format!("A-to-B {dim}-D k=n"));
+        check(&engine, &db, Some(&da), 90, &format!("B-to-A {dim}-D k=n"));
+    }
+    // Large k: 3000 points, k = 2500.
+    let pts = uniform(&mut rng, 3000, 3);
+    let d = Dataset::from_f64(&pts, 3).unwrap();
+    let (want, _) = simjoin::oracle::knn(&d, None, 2500, Metric::Euclidean);
+    let r = engine
+        .knn(&d, None, 2500, &opts(Metric::Euclidean, Algorithm::Auto))
+        .unwrap();
+    assert_eq!(r.indices, want);
+}
+
+#[test]
+fn tiny_inputs_and_errors() {
+    let engine = Engine::new();
+    let o = opts(Metric::Euclidean, Algorithm::Auto);
+    // n = 0: an empty answer.
+    let empty = Dataset::from_f32(&[], 3).unwrap();
+    let r = engine.knn(&empty, None, 1, &o).unwrap();
+    assert_eq!((r.rows, r.indices.len()), (0, 0));
+    // n = 1: a self-kNN has no candidate.
+    let one = Dataset::from_f32(&[1.0, 2.0, 3.0], 3).unwrap();
+    let e = engine.knn(&one, None, 1, &o).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("larger than"), "{e}");
+    // n = 2: each is the other's neighbour.
+    let two = Dataset::from_f32(&[0.0, 0.0, 0.0, 3.0, 4.0, 0.0], 3).unwrap();
+    let r = engine.knn(&two, None, 1, &o).unwrap();
+    assert_eq!(r.indices, vec![1, 0]);
+    assert_eq!(distances(&r), vec![5.0, 5.0]);
+    // k = 0, k > n, mismatched dimensions and precision, an eps-join algorithm.
+    assert!(engine.knn(&two, None, 0, &o).is_err());
+    assert!(engine.knn(&two, Some(&one), 3, &o).is_err());
+    let q2 = Dataset::from_f32(&[0.0, 0.0], 2).unwrap();
+    assert!(engine.knn(&two, Some(&q2), 1, &o).is_err());
+    let q64 = Dataset::from_f64(&[0.0, 0.0, 0.0], 3).unwrap();
+    assert!(engine.knn(&two, Some(&q64), 1, &o).is_err());
+    let ego = opts(Metric::Euclidean, Algorithm::Ego);
+    assert!(engine.knn(&two, None, 1, &ego).is_err());
+    // Empty queries against data: an empty answer.
+    let r = engine.knn(&two, Some(&empty), 2, &o).unwrap();
+    assert_eq!(r.rows, 0);
+}
+
+#[test]
+fn subnormal_differences_are_not_pruned() {
+    // Differences whose squares underflow in f32: accumulators are exactly 0 for points
+    // that differ, so ties at 0 must go by index, whatever the tree's bounds say.
+    let engine = Engine::new();
+    let mut pts = Vec::new();
+    for i in 0..200 {
+        pts.extend([1e-30f32 * (i % 7) as f32, 1e-30 * (i % 3) as f32]);
+    }
+    let d = Dataset::from_f32(&pts, 2).unwrap();
+    check(&engine, &d, None, 30, "subnormal");
+}
