@@ -79,6 +79,12 @@ typedef uint32_t simjoin_status;
 typedef struct simjoin_engine simjoin_engine;
 
 /**
+ * A kNN result (opaque, immutable). Pointers it hands out stay valid until
+ * `simjoin_knn_result_free`.
+ */
+typedef struct simjoin_knn_result simjoin_knn_result;
+
+/**
  * A join result (opaque, immutable): the output (pairs, CSR or count) and a report of
  * what ran. Pointers it hands out stay valid until `simjoin_result_free`.
  */
@@ -194,6 +200,10 @@ typedef struct simjoin_options {
    * GPU: result buffer capacity in pairs (0 = automatic).
    */
   uint64_t result_buffer_pairs;
+  /**
+   * LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic). Added in 0.3 (the struct's size tells an older caller apart).
+   */
+  uint64_t lss_lists;
 } simjoin_options;
 
 /**
@@ -205,6 +215,26 @@ typedef struct simjoin_options {
  * not unwind (no C++ exception, no longjmp) through simjoin.
  */
 typedef int (*simjoin_pair_callback)(void *user_data, const uint32_t *pairs, size_t count);
+
+/**
+ * kNN options. Call `simjoin_knn_options_init` first: it sets `size` and every default.
+ */
+typedef struct simjoin_knn_options {
+  /**
+   * `sizeof(simjoin_knn_options)` as the caller compiled it.
+   */
+  size_t size;
+  simjoin_metric metric;
+  simjoin_backend backend;
+  /**
+   * AUTO, KDTREE (CPU), LSS (GPU) or BRUTE.
+   */
+  simjoin_algorithm algorithm;
+  /**
+   * LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic).
+   */
+  uint64_t lss_lists;
+} simjoin_knn_options;
 
 /**
  * What ran: the report of a result.
@@ -261,6 +291,11 @@ typedef struct simjoin_report {
 #define SIMJOIN_ALGORITHM_BRUTE 3
 
 #define SIMJOIN_ALGORITHM_LSS 4
+
+/**
+ * k-d tree (CPU k-nearest-neighbour join).
+ */
+#define SIMJOIN_ALGORITHM_KDTREE 5
 
 /**
  * Self-join: unique pairs (i < j). A join B: pairs (i in A, j in B).
@@ -376,6 +411,51 @@ simjoin_status simjoin_join_stream(const struct simjoin_engine *engine,
                                    simjoin_pair_callback callback,
                                    void *user_data,
                                    struct simjoin_result **out);
+
+/**
+ * Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
+ * `opts->size = sizeof(simjoin_knn_options)`.
+ */
+simjoin_status simjoin_knn_options_init(struct simjoin_knn_options *opts);
+
+/**
+ * The exact k-nearest-neighbour join: for each row of `query` (or, when `query` is NULL,
+ * of `data` itself, each point's own entry excluded), its `k` nearest rows of `data`,
+ * nearest first, equal distances by smaller index. `opts` may be NULL (defaults). `k`
+ * larger than the candidates is SIMJOIN_INVALID_ARGUMENT. On success `*out` holds a new
+ * result (free it with `simjoin_knn_result_free`).
+ */
+simjoin_status simjoin_knn(const struct simjoin_engine *engine,
+                           const struct simjoin_matrix *data,
+                           const struct simjoin_matrix *query,
+                           size_t k,
+                           const struct simjoin_knn_options *opts,
+                           struct simjoin_knn_result **out);
+
+/**
+ * Frees a kNN result (NULL is fine). Pointers obtained from it become invalid.
+ */
+void simjoin_knn_result_free(struct simjoin_knn_result *result);
+
+/**
+ * The answer's arrays, row-major (rows x k), owned by the result: `*indices` holds data
+ * row numbers (uint32); `*distances` the distances, `float` when `*dtype` is
+ * SIMJOIN_DTYPE_F32 and `double` when SIMJOIN_DTYPE_F64 (the inputs' type). Both are NULL
+ * when `*rows` is 0. Any out-pointer may be NULL when that value is not wanted.
+ */
+simjoin_status simjoin_knn_result_arrays(const struct simjoin_knn_result *result,
+                                         size_t *rows,
+                                         size_t *k,
+                                         const uint32_t **indices,
+                                         const void **distances,
+                                         simjoin_dtype *dtype);
+
+/**
+ * Fills `*report` with what ran (`pairs` is rows x k); its strings live as long as the
+ * result.
+ */
+simjoin_status simjoin_knn_result_report(const struct simjoin_knn_result *result,
+                                         struct simjoin_report *report);
 
 /**
  * Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic

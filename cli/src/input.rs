@@ -27,6 +27,12 @@ impl Points {
             (p, _) => p,
         }
     }
+    pub fn precision(&self) -> Precision {
+        match self {
+            Points::F32 { .. } => Precision::F32,
+            Points::F64 { .. } => Precision::F64,
+        }
+    }
     /// A validated view (finite coordinates, dim >= 1).
     pub fn dataset(&self) -> simjoin::Result<Dataset<'_>> {
         match self {

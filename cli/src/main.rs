@@ -42,6 +42,9 @@ enum Command {
         #[command(flatten)]
         join: JoinArgs,
     },
+    /// The k nearest neighbours of every point of INPUT (itself excluded), or of every
+    /// point of --query, among the points of INPUT: exact, nearest first, ties by index.
+    Knn(KnnArgs),
     /// Vulkan devices, their queues and limits, and the backend `auto` chooses.
     Info,
     /// Generates seeded clustered data and runs a real join on it.
@@ -70,6 +73,43 @@ struct JoinArgs {
     #[arg(long)]
     stats: bool,
     /// Coordinate precision for the join (default: as stored; text files are read as f64).
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    /// CPU worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Vulkan device index or name substring.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+#[derive(Args)]
+struct KnnArgs {
+    /// Data points: .npy (2-D f32/f64), .csv/.txt, .fvecs.
+    input: PathBuf,
+    /// Neighbours per query point (>= 1).
+    #[arg(long)]
+    k: usize,
+    /// Query points (default: INPUT itself, each point's own entry excluded).
+    #[arg(long)]
+    query: Option<PathBuf>,
+    /// euclidean, manhattan or chebyshev.
+    #[arg(long, default_value = "euclidean")]
+    metric: Metric,
+    /// auto, gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    backend: Backend,
+    /// auto, kdtree (CPU), lss (GPU) or brute.
+    #[arg(long, default_value = "auto")]
+    algorithm: Algorithm,
+    /// Write the neighbours to FILE: .npz (arrays `indices` (m, k) uint32 and `distances`
+    /// (m, k)) or .csv (lines "query,rank,neighbor,distance"). Without it, a summary.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Print one JSON object with timings and what ran.
+    #[arg(long)]
+    stats: bool,
+    /// Coordinate precision (default: as stored; text files are read as f64).
     #[arg(long, value_enum)]
     precision: Option<Precision>,
     /// CPU worker threads (default: all cores).
@@ -118,6 +158,7 @@ fn main() {
     let outcome = match cli.command {
         Command::SelfJoin { input, join } => run_join(&[input], &join),
         Command::Join { a, b, join } => run_join(&[a, b], &join),
+        Command::Knn(args) => run_knn(&args),
         Command::Info => info(),
         Command::Demo(args) => run_demo(&args),
     };
@@ -235,6 +276,87 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
         println!("{stats}");
     } else if args.output.is_none() {
         println!("{}", report.pairs);
+    }
+    Ok(())
+}
+
+fn run_knn(args: &KnnArgs) -> Result<()> {
+    let opts = simjoin::KnnOptions {
+        metric: args.metric,
+        backend: args.backend,
+        algorithm: args.algorithm,
+        ..Default::default()
+    };
+    anyhow::ensure!(args.k >= 1, "--k must be at least 1");
+    if let Some(path) = &args.output {
+        output::check_knn_output_path(path)?;
+    }
+    let engine = Engine::with_options(EngineOptions {
+        device: args.device.clone(),
+        threads: args.threads,
+        validation: None,
+    })?;
+    let read_start = Instant::now();
+    let data = read_points(&args.input)?.with_precision(args.precision);
+    let query = match &args.query {
+        // Queries take the data's precision (the join needs one).
+        Some(p) => Some(read_points(p)?.with_precision(Some(data.precision()))),
+        None => None,
+    };
+    let dset = data
+        .dataset()
+        .with_context(|| args.input.display().to_string())?;
+    let qset = match (&query, &args.query) {
+        (Some(q), Some(p)) => Some(q.dataset().with_context(|| p.display().to_string())?),
+        _ => None,
+    };
+    let read_seconds = read_start.elapsed().as_secs_f64();
+    let progress = Progress::start("searching");
+    let result = engine.knn(&dset, qset.as_ref(), args.k, &opts);
+    progress.finish();
+    let result = result?;
+    let t = Instant::now();
+    if let Some(path) = &args.output {
+        output::write_knn(path, &result)?;
+    }
+    let write_seconds = t.elapsed().as_secs_f64();
+    let r = &result.report;
+    if args.stats {
+        let phases: Vec<_> = r
+            .phases
+            .iter()
+            .map(|(name, seconds)| serde_json::json!({ "name": name, "seconds": seconds }))
+            .collect();
+        let stats = serde_json::json!({
+            "rows": result.rows,
+            "k": result.k,
+            "seconds": r.seconds,
+            "backend": r.backend,
+            "device": r.device,
+            "algorithm": r.algorithm.name(),
+            "phases": phases,
+            "notes": r.notes,
+            "points": dset.len(),
+            "queries": qset.map_or(dset.len(), |q| q.len()),
+            "dim": dset.dim(),
+            "metric": args.metric.name(),
+            "read_seconds": read_seconds,
+            "write_seconds": write_seconds,
+        });
+        println!("{stats}");
+    } else if args.output.is_none() {
+        let mean_kth = if result.rows > 0 {
+            (0..result.rows)
+                .map(|row| result.distance(row, result.k - 1))
+                .sum::<f64>()
+                / result.rows as f64
+        } else {
+            0.0
+        };
+        println!(
+            "{} query points x {} neighbours in {:.3} s on {} ({}), algorithm {}; mean distance to the k-th neighbour {mean_kth:.6}",
+            result.rows, result.k, r.seconds, r.backend, r.device, r.algorithm
+        );
     }
     Ok(())
 }

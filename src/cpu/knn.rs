@@ -22,7 +22,7 @@ use std::time::Instant;
 
 /// Points per leaf: small enough that pruning works, large enough that leaf scans (tight
 /// loops over contiguous coordinates) dominate the tree walk.
-const LEAF: usize = 12;
+const LEAF: usize = 24;
 /// Queries per parallel task.
 const CHUNK: usize = 512;
 

@@ -1,8 +1,9 @@
 //! The C ABI (`include/simjoin.h`, generated from this module and its children by cbindgen).
 //!
 //! One file per C object: `options` (join and engine options), `engine`, `matrix` (borrowed
-//! input), `join` (the join calls and the streaming callback), `result` (results and their
-//! accessors); this file holds the status numbers, the panic boundary and the error message.
+//! input), `join` (the join calls and the streaming callback), `knn` (the kNN join, its
+//! options and result), `result` (results and their accessors); this file holds the status
+//! numbers, the panic boundary and the error message.
 //!
 //! Conventions (rustls-ffi style):
 //! - every function returns a `simjoin_status` with fixed numbers (or a plain value when it
@@ -30,12 +31,14 @@
 
 mod engine;
 mod join;
+mod knn;
 mod matrix;
 mod options;
 mod result;
 
 pub use engine::*;
 pub use join::*;
+pub use knn::*;
 pub use matrix::*;
 pub use options::*;
 pub use result::*;

@@ -174,7 +174,7 @@ pub(crate) fn optional_count(what: &str, value: u64) -> Result<Option<usize>, Er
 /// # Safety
 /// `ptr` is non-NULL and points at a readable struct of at least the `usize` it starts
 /// with and of the size that `usize` states.
-unsafe fn read_sized<T: Copy>(
+pub(crate) unsafe fn read_sized<T: Copy>(
     ptr: *const T,
     defaults: T,
     least: usize,
