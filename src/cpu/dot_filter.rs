@@ -233,14 +233,15 @@ impl Block<'_> {
 
 /// Calls `keep(i, j0, mask)` for every query i of `q` and tile of candidates
 /// `j0..j0 + COLS` of `c` where bit l of `mask` marks candidate j0 + l (< c.len) as not
-/// rejected: F <= g, or F not a number. Only queries and candidates whose bit is set in
+/// rejected: F <= g_i, or F not a number. `g` holds one cutoff for every query
+/// (`g.len() == 1`) or one per query (`g.len() >= q.len`). Only queries and candidates whose bit is set in
 /// `q_live`, `c_live` (words of 64 bits) are considered; tiles without any are skipped.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn survivors(
     q: &Block,
     c: &Block,
     dim: usize,
-    g: f32,
+    g: &[f32],
     fma: bool,
     q_live: &[u64],
     c_live: &[u64],
@@ -248,6 +249,7 @@ pub(crate) fn survivors(
 ) {
     q.check(dim, ROWS);
     c.check(dim, COLS);
+    assert!(g.len() == 1 || g.len() >= q.len);
     assert!(q_live.len() * 64 >= q.len && c_live.len() * 64 >= c.len);
     let live = Live {
         q: q_live,
@@ -303,7 +305,7 @@ fn survivors_portable(
     q: &Block,
     c: &Block,
     dim: usize,
-    g: f32,
+    g: &[f32],
     live: &Live,
     keep: &mut impl FnMut(usize, usize, u16),
 ) {
@@ -332,6 +334,7 @@ fn survivors_portable(
                     continue;
                 }
                 let qn = q.n2[i0 + r];
+                let g = if g.len() == 1 { g[0] } else { g[i0 + r] };
                 let mut mask = 0u32;
                 for (l, &dot) in row.iter().enumerate() {
                     let f = (qn + c.n2[j0 + l]) - 2.0 * dot;
@@ -352,12 +355,11 @@ unsafe fn survivors_fma(
     q: &Block,
     c: &Block,
     dim: usize,
-    g: f32,
+    g: &[f32],
     live: &Live,
     keep: &mut impl FnMut(usize, usize, u16),
 ) {
     use std::arch::x86_64::*;
-    let gv = _mm256_set1_ps(g);
     let two = _mm256_set1_ps(2.0);
     let mut i0 = 0;
     while i0 < q.len {
@@ -390,6 +392,7 @@ unsafe fn survivors_fma(
                     continue;
                 }
                 let qn = _mm256_set1_ps(*q.n2.get_unchecked(i0 + r));
+                let gv = _mm256_set1_ps(if g.len() == 1 { g[0] } else { g[i0 + r] });
                 let f0 = _mm256_fnmadd_ps(two, acc[0], _mm256_add_ps(qn, cn0));
                 let f1 = _mm256_fnmadd_ps(two, acc[1], _mm256_add_ps(qn, cn1));
                 // "not greater than, unordered true": a NaN is kept.
@@ -473,7 +476,7 @@ mod tests {
         let g = 2.6f32;
         for fma in [false, fma_available()] {
             let mut kept = vec![false; nq * nc];
-            survivors(&q, &c, dim, g, fma, &[!0], &[!0], |i, j0, mut mask| {
+            survivors(&q, &c, dim, &[g], fma, &[!0], &[!0], |i, j0, mut mask| {
                 while mask != 0 {
                     let j = j0 + mask.trailing_zeros() as usize;
                     mask &= mask - 1;

@@ -493,7 +493,7 @@ impl<T: Coord> Ctx<'_, T> {
             &query,
             &cand,
             dim,
-            g,
+            &[g],
             f.fma,
             &q_live,
             &c_live,

@@ -25,6 +25,11 @@ use std::time::Instant;
 const LEAF: usize = 24;
 /// Queries per parallel task.
 const CHUNK: usize = 512;
+/// From this many dimensions, Euclidean kNN compares leaves of queries with leaves of
+/// points through the f32 dot-product filter (`filtered`), confirming survivors exactly.
+const FILTER_MIN_DIM: usize = 10;
+
+mod filtered;
 
 pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
     let algorithm = match job.opts.algorithm {
@@ -95,6 +100,27 @@ fn knn<T: Distances, M: MetricKind>(
     let mut notes = Vec::new();
     if rows > 0 {
         let t0 = Instant::now();
+        if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
+        {
+            if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
+                finish_distances(M::METRIC, &mut acc);
+                phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
+                notes.push(done);
+                return Ok(KnnResult {
+                    rows,
+                    k,
+                    indices,
+                    distances: T::wrap(acc),
+                    report: JoinReport {
+                        pairs: (rows * k) as u64,
+                        phases,
+                        notes,
+                        ..Default::default()
+                    },
+                });
+            }
+            notes.push("dot-product filter not usable (norms too large): plain k-d tree".into());
+        }
         let tree = match algorithm {
             Algorithm::Brute => Tree::flat(data, dim),
             _ => Tree::build(data, dim),
@@ -228,10 +254,15 @@ impl<T: Coord> Tree<T> {
     }
 
     fn build(data: &[T], dim: usize) -> Self {
+        Self::build_with(data, dim, LEAF)
+    }
+
+    /// A tree whose leaves hold at most `leaf` points.
+    fn build_with(data: &[T], dim: usize, leaf: usize) -> Self {
         let n = data.len() / dim;
         let mut perm: Vec<u32> = (0..n as u32).collect();
-        let mut nodes = Vec::with_capacity(2 * n / LEAF + 2);
-        build_node(data, dim, &mut perm, 0, &mut nodes);
+        let mut nodes = Vec::with_capacity(2 * n / leaf + 2);
+        build_node(data, dim, &mut perm, 0, leaf, &mut nodes);
         let mut pts = Vec::with_capacity(n * dim);
         for &i in &perm {
             pts.extend_from_slice(&data[i as usize * dim..(i as usize + 1) * dim]);
@@ -252,6 +283,7 @@ fn build_node<T: Coord>(
     dim: usize,
     perm: &mut [u32],
     start: usize,
+    leaf_max: usize,
     nodes: &mut Vec<Node>,
 ) -> u32 {
     let me = nodes.len() as u32;
@@ -264,7 +296,7 @@ fn build_node<T: Coord>(
         split: 0.0,
     };
     nodes.push(leaf);
-    if perm.len() <= LEAF {
+    if perm.len() <= leaf_max {
         return me;
     }
     // The widest dimension of this subset.
@@ -293,8 +325,8 @@ fn build_node<T: Coord>(
     let (left, right) = if lp.len() + rp.len() > 1 << 16 {
         let (mut ln, mut rn) = (Vec::new(), Vec::new());
         rayon::join(
-            || build_node(data, dim, lp, start, &mut ln),
-            || build_node(data, dim, rp, start + mid, &mut rn),
+            || build_node(data, dim, lp, start, leaf_max, &mut ln),
+            || build_node(data, dim, rp, start + mid, leaf_max, &mut rn),
         );
         // Splice the two subtrees in, renumbering their links.
         let lbase = nodes.len() as u32;
@@ -310,8 +342,8 @@ fn build_node<T: Coord>(
         }
         (lbase, rbase)
     } else {
-        let l = build_node(data, dim, lp, start, nodes);
-        let r = build_node(data, dim, rp, start + mid, nodes);
+        let l = build_node(data, dim, lp, start, leaf_max, nodes);
+        let r = build_node(data, dim, rp, start + mid, leaf_max, nodes);
         (l, r)
     };
     nodes[me as usize] = Node {

@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 from ._native import lib
 
-__all__ = ["self_join", "join", "Error", "InvalidArgumentError", "__version__"]
+__all__ = ["self_join", "join", "knn", "Error", "InvalidArgumentError", "__version__"]
 __version__ = lib.simjoin_version().decode()
 
 
@@ -182,3 +182,99 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
     )
     return _collect(result, output.lower(), (a.shape[0], b.shape[0]))
 
+
+
+class _KnnOwner:
+    """Owns a kNN result; the NumPy arrays viewing its memory keep it alive, and the last
+    one to go frees it (no copy of the answer is ever made)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __del__(self):
+        lib.simjoin_knn_result_free(self.handle)
+
+
+def _view(owner, address, ctype, count, dtype, shape):
+    """A NumPy array over `count` values at `address`, keeping `owner` alive."""
+    buf = (ctype * count).from_address(address)
+    buf._simjoin_owner = owner
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
+def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto", output="arrays",
+        threads=None):
+    """The exact k nearest neighbours of every row of `query` among the rows of X, or, when
+    `query` is None, of every row of X among the others (a point is not its own neighbour;
+    an exact duplicate of it is, at distance 0).
+
+    Returns `(distances, indices)`, two (m, k) arrays like scikit-learn's `kneighbors`:
+    row r holds query r's neighbours nearest first, equal distances by smaller index.
+    `indices` are uint32 row numbers of X; `distances` have X's float type (float32 or
+    float64). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
+    like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan" or
+    "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
+    "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
+    The arrays view the engine's memory (no copy); it is freed with the last of them.
+    """
+    output = str(output).lower()
+    if output not in ("arrays", "graph"):
+        raise InvalidArgumentError(
+            _native.INVALID_ARGUMENT, f"unknown output {output!r} (expected 'arrays' or 'graph')"
+        )
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InvalidArgumentError(_native.INVALID_ARGUMENT, f"k must be an integer >= 1 (got {k!r})")
+    data = _as_points(X, "X")
+    q = None
+    if query is not None:
+        qa = np.asarray(query)
+        common = data.dtype
+        if qa.dtype != data.dtype:
+            common = np.result_type(data.dtype, qa.dtype)
+            common = common if common in (np.float32, np.float64) else np.float64
+            data = _as_points(data, "X", common)
+        q = _as_points(qa, "query", common)
+    opts = _native.KnnOptions()
+    _check(lib.simjoin_knn_options_init(ctypes.byref(opts)))
+    opts.metric = _lookup(_native.METRICS, "metric", metric)
+    opts.backend = _lookup(_native.BACKENDS, "backend", backend)
+    opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)
+    md = _matrix(data)
+    mq = _matrix(q) if q is not None else None
+    handle = ctypes.c_void_p()
+    _check(
+        lib.simjoin_knn(
+            _Engine.get(threads),
+            ctypes.byref(md),
+            ctypes.byref(mq) if mq is not None else None,
+            int(k),
+            ctypes.byref(opts),
+            ctypes.byref(handle),
+        )
+    )
+    owner = _KnnOwner(handle)
+    rows, kk = ctypes.c_size_t(), ctypes.c_size_t()
+    idx_p, dist_p, dtype = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_void_p(), ctypes.c_uint32()
+    _check(
+        lib.simjoin_knn_result_arrays(
+            handle, ctypes.byref(rows), ctypes.byref(kk), ctypes.byref(idx_p), ctypes.byref(dist_p),
+            ctypes.byref(dtype),
+        )
+    )
+    shape, count = (rows.value, kk.value), rows.value * kk.value
+    ftype, fctype = (np.float32, ctypes.c_float) if dtype.value == _native.DTYPE_F32 else (np.float64, ctypes.c_double)
+    if count == 0:
+        distances, indices = np.empty(shape, dtype=ftype), np.empty(shape, dtype=np.uint32)
+    else:
+        address = ctypes.cast(idx_p, ctypes.c_void_p).value
+        indices = _view(owner, address, ctypes.c_uint32, count, np.uint32, shape)
+        distances = _view(owner, dist_p.value, fctype, count, ftype, shape)
+    del owner
+    if output == "graph":
+        import scipy.sparse
+
+        indptr = np.arange(0, count + 1, kk.value if kk.value else 1, dtype=np.int64)[: rows.value + 1]
+        return scipy.sparse.csr_matrix(
+            (distances.reshape(-1), indices.reshape(-1), indptr), shape=(rows.value, data.shape[0])
+        )
+    return distances, indices

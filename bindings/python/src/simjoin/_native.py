@@ -43,6 +43,16 @@ class EngineOptions(ctypes.Structure):
     ]
 
 
+class KnnOptions(ctypes.Structure):
+    _fields_ = [
+        ("size", c_size_t),
+        ("metric", c_uint32),
+        ("backend", c_uint32),
+        ("algorithm", c_uint32),
+        ("lss_lists", c_uint64),
+    ]
+
+
 class Matrix(ctypes.Structure):
     _fields_ = [("data", c_void_p), ("rows", c_size_t), ("cols", c_size_t), ("dtype", c_uint32)]
 
@@ -103,6 +113,24 @@ def _declare(lib):
             ],
         ),
         "simjoin_result_report": (status, [result_p, POINTER(Report)]),
+        "simjoin_knn_options_init": (status, [POINTER(KnnOptions)]),
+        "simjoin_knn": (
+            status,
+            [engine_p, POINTER(Matrix), POINTER(Matrix), c_size_t, POINTER(KnnOptions), POINTER(result_p)],
+        ),
+        "simjoin_knn_result_free": (None, [result_p]),
+        "simjoin_knn_result_arrays": (
+            status,
+            [
+                result_p,
+                POINTER(c_size_t),
+                POINTER(c_size_t),
+                POINTER(POINTER(c_uint32)),
+                POINTER(c_void_p),
+                POINTER(c_uint32),
+            ],
+        ),
+        "simjoin_knn_result_report": (status, [result_p, POINTER(Report)]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
