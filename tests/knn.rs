@@ -179,3 +179,24 @@ fn subnormal_differences_are_not_pruned() {
     let d = Dataset::from_f32(&pts, 2).unwrap();
     check(&engine, &d, None, 30, "subnormal");
 }
+
+#[test]
+fn high_dim_ties_duplicates_and_huge_norms() {
+    // 12-D and 40-D small-integer points: many exact ties and duplicates, on the filtered
+    // (dot-product) path; then coordinates too large for the f32 filter (plain k-d tree).
+    let engine = Engine::new();
+    let mut rng = Rng(5);
+    for dim in [12, 40] {
+        let pts: Vec<f32> = (0..500 * dim).map(|_| (rng.next() % 3) as f32).collect();
+        let d = Dataset::from_f32(&pts, dim).unwrap();
+        for k in [1, 10, 64] {
+            check(&engine, &d, None, k, &format!("integer {dim}-D k={k}"));
+        }
+        let q: Vec<f32> = (0..50 * dim).map(|_| (rng.next() % 3) as f32).collect();
+        let dq = Dataset::from_f32(&q, dim).unwrap();
+        check(&engine, &d, Some(&dq), 33, &format!("integer {dim}-D A-to-B"));
+    }
+    let huge: Vec<f64> = (0..300 * 16).map(|_| (rng.unit() - 0.5) * 1e25).collect();
+    let d = Dataset::from_f64(&huge, 16).unwrap();
+    check(&engine, &d, None, 8, "huge norms");
+}
