@@ -194,7 +194,13 @@ fn high_dim_ties_duplicates_and_huge_norms() {
         }
         let q: Vec<f32> = (0..50 * dim).map(|_| (rng.next() % 3) as f32).collect();
         let dq = Dataset::from_f32(&q, dim).unwrap();
-        check(&engine, &d, Some(&dq), 33, &format!("integer {dim}-D A-to-B"));
+        check(
+            &engine,
+            &d,
+            Some(&dq),
+            33,
+            &format!("integer {dim}-D A-to-B"),
+        );
     }
     let huge: Vec<f64> = (0..300 * 16).map(|_| (rng.unit() - 0.5) * 1e25).collect();
     let d = Dataset::from_f64(&huge, 16).unwrap();

@@ -447,3 +447,88 @@ fn readme_cli_example_runs() {
     }
     assert!(ran >= 3, "README CLI example has {ran} commands");
 }
+
+/// Reads array `name` of an .npz written by `simjoin knn`: its shape and values.
+fn read_npz<T: npyz::Deserialize>(path: &Path, name: &str) -> (Vec<u64>, Vec<T>) {
+    let file = std::fs::File::open(path).unwrap();
+    let mut zip = zip::ZipArchive::new(file).unwrap();
+    let member = zip.by_name(&format!("{name}.npy")).unwrap();
+    let npy = npyz::NpyFile::new(member).unwrap();
+    let shape = npy.shape().to_vec();
+    (shape, npy.into_vec().unwrap())
+}
+
+#[test]
+fn knn_npz_and_csv_match_the_oracle() {
+    let dir = scratch("knn");
+    let pts = lcg_points(300, 3, 9);
+    write_npy(&dir.join("x.npy"), &pts, &[300, 3], false);
+    let q = lcg_points(40, 3, 10);
+    write_npy(&dir.join("q.npy"), &q, &[40, 3], false);
+    let data = Dataset::from_f64(&pts, 3).unwrap();
+    let query = Dataset::from_f64(&q, 3).unwrap();
+    for metric in ["euclidean", "manhattan", "chebyshev"] {
+        let m: Metric = metric.parse().unwrap();
+        // Self-kNN to .npz.
+        stdout_ok(&run(
+            &dir,
+            &[
+                "knn", "x.npy", "--k", "7", "--metric", metric, "--output", "knn.npz",
+            ],
+        ));
+        let (want_i, want_d) = oracle::knn(&data, None, 7, m);
+        let (shape, idx) = read_npz::<u32>(&dir.join("knn.npz"), "indices");
+        assert_eq!(shape, vec![300, 7]);
+        assert_eq!(idx, want_i, "{metric}");
+        let (shape, dist) = read_npz::<f64>(&dir.join("knn.npz"), "distances");
+        assert_eq!(shape, vec![300, 7]);
+        assert_eq!(dist, want_d, "{metric}");
+        // A-to-B to .csv: query,rank,neighbor,distance.
+        stdout_ok(&run(
+            &dir,
+            &[
+                "knn", "x.npy", "--k", "5", "--query", "q.npy", "--metric", metric, "--output",
+                "knn.csv",
+            ],
+        ));
+        let (want_i, want_d) = oracle::knn(&data, Some(&query), 5, m);
+        let text = std::fs::read_to_string(dir.join("knn.csv")).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some("query,rank,neighbor,distance"));
+        let rows: Vec<(usize, usize, u32, f64)> = lines
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (
+                    f[0].parse().unwrap(),
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                    f[3].parse().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(rows.len(), 40 * 5);
+        for (e, &(r, c, j, d)) in rows.iter().enumerate() {
+            assert_eq!((r, c), (e / 5, e % 5));
+            assert_eq!(j, want_i[e]);
+            assert_eq!(d, want_d[e], "distances read back exactly");
+        }
+    }
+    // --stats: one JSON object.
+    let out = stdout_ok(&run(&dir, &["knn", "x.npy", "--k", "3", "--stats"]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["rows"], 300);
+    assert_eq!(v["k"], 3);
+    assert_eq!(v["algorithm"], "kdtree");
+    // Errors: k too large, k = 0, bad output extension, mismatched query dimensions.
+    assert_error(&run(&dir, &["knn", "x.npy", "--k", "300"]), "larger than");
+    assert_error(&run(&dir, &["knn", "x.npy", "--k", "0"]), "k");
+    assert_error(
+        &run(&dir, &["knn", "x.npy", "--k", "2", "--output", "k.npy"]),
+        ".npz or .csv",
+    );
+    write_npy(&dir.join("q2.npy"), &q[..80], &[40, 2], false);
+    assert_error(
+        &run(&dir, &["knn", "x.npy", "--k", "2", "--query", "q2.npy"]),
+        "dimensions",
+    );
+}
