@@ -357,17 +357,23 @@ fn build_node<T: Coord>(
     me
 }
 
-/// The k best candidates so far: a max-heap by (accumulator, index).
+/// The k best candidates so far, by (accumulator, index). Up to `SORTED_MAX` it is a sorted
+/// array (insertion by shifting; no final sort), beyond a binary max-heap.
 struct Heap<T> {
     k: usize,
+    sorted: bool,
     items: Vec<(T, u32)>,
 }
+
+/// Largest k kept as a sorted array.
+const SORTED_MAX: usize = 48;
 
 impl<T: Coord> Heap<T> {
     fn new(k: usize) -> Self {
         Heap {
             k,
-            items: Vec::with_capacity(k),
+            sorted: k <= SORTED_MAX,
+            items: Vec::with_capacity(k + 1),
         }
     }
     fn clear(&mut self) {
@@ -376,13 +382,40 @@ impl<T: Coord> Heap<T> {
     fn full(&self) -> bool {
         self.items.len() == self.k
     }
-    /// The k-th accumulator (the bound), when full.
+    /// The k-th candidate (the bound), when full.
+    #[inline(always)]
+    fn worst_item(&self) -> (T, u32) {
+        if self.sorted {
+            self.items[self.items.len() - 1]
+        } else {
+            self.items[0]
+        }
+    }
+    /// The k-th accumulator, when full.
     #[inline(always)]
     fn worst(&self) -> T {
-        self.items[0].0
+        self.worst_item().0
     }
     #[inline]
     fn offer(&mut self, item: (T, u32)) {
+        if self.sorted {
+            let h = &mut self.items;
+            if h.len() == self.k {
+                if !key_less(item, h[h.len() - 1]) {
+                    return;
+                }
+                h.pop();
+            }
+            // Shift larger entries up by one (k is small: a short linear walk).
+            let mut i = h.len();
+            h.push(item);
+            while i > 0 && key_less(item, h[i - 1]) {
+                h[i] = h[i - 1];
+                i -= 1;
+            }
+            h[i] = item;
+            return;
+        }
         let h = &mut self.items;
         if h.len() < self.k {
             // Sift up.
@@ -419,15 +452,20 @@ impl<T: Coord> Heap<T> {
             }
         }
     }
+    /// The candidates nearest first (the heap is left empty).
+    fn take_sorted(&mut self) -> std::vec::Drain<'_, (T, u32)> {
+        if !self.sorted {
+            self.items
+                .sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+        }
+        self.items.drain(..)
+    }
     /// Writes the candidates nearest first and empties the heap.
     fn drain_sorted(&mut self, idx: &mut [u32], acc: &mut [T]) {
-        self.items
-            .sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
-        for (c, &(a, i)) in self.items.iter().enumerate() {
+        for (c, (a, i)) in self.take_sorted().enumerate() {
             idx[c] = i;
             acc[c] = a;
         }
-        self.items.clear();
     }
 }
 

@@ -239,7 +239,7 @@ pub(super) fn search<T: Coord>(
                                         break;
                                     }
                                 }
-                                if !out && key_less((a, id), heap.items[0]) {
+                                if !out && key_less((a, id), heap.worst_item()) {
                                     heap.offer((a, id));
                                 }
                             } else {
@@ -255,9 +255,7 @@ pub(super) fn search<T: Coord>(
             }
             let mut out = Vec::with_capacity(qn * k);
             for h in &mut heaps {
-                h.items
-                    .sort_unstable_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
-                out.extend_from_slice(&h.items);
+                out.extend(h.take_sorted());
             }
             (ql, out)
         })
