@@ -7,7 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
-use crate::result::{assemble, JoinReport, JoinResult, PairSink, VecSink};
+use crate::result::{assemble, ChunkSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -205,17 +205,20 @@ impl Engine {
                 report,
             });
         }
-        let mut sink = VecSink::default();
+        let mut sink = ChunkSink::default();
         let mut report = self.run(a, b, opts, Some(&mut sink))?;
         let t = Instant::now();
-        let output = assemble(
-            sink.pairs,
-            opts.output,
-            b.is_none(),
-            a.len(),
-            opts.include_self,
-            opts.sorted,
-        )?;
+        // On the engine's threads, not the caller's alone.
+        let output = self.cpu.install(|| {
+            assemble(
+                sink.into_pairs()?,
+                opts.output,
+                b.is_none(),
+                a.len(),
+                opts.include_self,
+                opts.sorted,
+            )
+        })??;
         report
             .phases
             .push(("assemble output".into(), t.elapsed().as_secs_f64()));

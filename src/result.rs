@@ -34,6 +34,58 @@ impl PairSink for VecSink {
     }
 }
 
+/// The engine's own collecting sink: keeps each chunk as delivered (no reallocation of a
+/// growing array) and concatenates them once, in parallel, into an exactly sized array.
+#[derive(Default)]
+pub(crate) struct ChunkSink {
+    chunks: Vec<Vec<Pair>>,
+    total: usize,
+}
+
+impl PairSink for ChunkSink {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        self.total += chunk.len();
+        self.chunks.push(chunk.to_vec());
+        Ok(())
+    }
+}
+
+impl ChunkSink {
+    pub fn into_pairs(mut self) -> Result<Vec<Pair>> {
+        if self.chunks.len() == 1 {
+            return Ok(self.chunks.pop().unwrap_or_default());
+        }
+        let mut out: Vec<Pair> = Vec::new();
+        out.try_reserve_exact(self.total).map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate {} result pairs", self.total),
+            )
+        })?;
+        // Fresh pages are mapped lazily: the parallel copy faults them in on every worker
+        // instead of one thread, and nothing is written twice.
+        let mut rest = &mut out.spare_capacity_mut()[..self.total];
+        let mut parts = Vec::with_capacity(self.chunks.len());
+        for c in &self.chunks {
+            let (head, tail) = rest.split_at_mut(c.len());
+            parts.push(head);
+            rest = tail;
+        }
+        parts
+            .into_par_iter()
+            .zip(self.chunks.par_iter())
+            .for_each(|(dst, src)| {
+                for (d, &p) in dst.iter_mut().zip(src) {
+                    d.write(p);
+                }
+            });
+        // SAFETY: the parts tile the first `total` spare slots exactly (their lengths sum to
+        // `total`, the chunks' lengths), and each was written above.
+        unsafe { out.set_len(self.total) };
+        Ok(out)
+    }
+}
+
 /// Wraps a sink error so the engine reports it as `Cancelled` with the sink's message.
 pub(crate) fn sink_error(e: anyhow::Error) -> Error {
     Error::with_kind(

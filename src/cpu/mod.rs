@@ -40,6 +40,11 @@ impl CpuBackend {
         }
     }
 
+    /// Runs `f` on the engine's worker threads (its parallel iterators use them).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        Ok(self.pool()?.install(f))
+    }
+
     fn pool(&self) -> Result<&rayon::ThreadPool> {
         if let Some(pool) = self.pool.get() {
             return Ok(pool);

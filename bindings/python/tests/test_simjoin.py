@@ -177,3 +177,17 @@ def test_readme_python_example_runs():
     text = readme.read_text()
     block = text.split("<!-- python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "README.md", "exec"), {})
+
+
+def test_pairs_are_handed_over_without_a_copy():
+    """The pair array views the engine's buffer (kept alive by the array, freed with it)."""
+    import gc
+
+    X = np.random.default_rng(4).random((3000, 2))
+    pairs = simjoin.self_join(X, 0.03, sorted=False)
+    assert pairs.base is not None and not pairs.flags.owndata
+    view = pairs[::2]
+    del pairs
+    gc.collect()
+    again = simjoin.self_join(X, 0.03, sorted=False)
+    np.testing.assert_array_equal(view, again[::2])

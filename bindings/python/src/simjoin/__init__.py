@@ -109,35 +109,52 @@ class _Engine:
             return handle
 
 
-def _collect(result, output, shape):
-    """Copies a result's output into NumPy / SciPy objects (then the result is freed)."""
-    try:
-        if output == "count":
-            return int(lib.simjoin_result_count(result))
-        if output == "pairs":
-            ptr, count = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
-            _check(lib.simjoin_result_pairs(result, ctypes.byref(ptr), ctypes.byref(count)))
-            if count.value == 0:
-                return np.empty((0, 2), dtype=np.uint32)
-            return np.ctypeslib.as_array(ptr, shape=(count.value, 2)).copy()
-        import scipy.sparse
+class _ResultOwner:
+    """Owns a join result; NumPy arrays viewing its memory keep it alive, and the last one
+    to go frees it (the engine's arrays become the user's without a copy)."""
 
-        offsets, rows = ctypes.POINTER(ctypes.c_uint64)(), ctypes.c_size_t()
-        neighbors, nnz = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
-        _check(
-            lib.simjoin_result_csr(
-                result, ctypes.byref(offsets), ctypes.byref(rows), ctypes.byref(neighbors), ctypes.byref(nnz)
-            )
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __del__(self):
+        lib.simjoin_result_free(self.handle)
+
+
+def _collect(result, output, shape):
+    """Hands a result's output over as NumPy / SciPy objects viewing the engine's arrays."""
+    owner = _ResultOwner(result)
+    if output == "count":
+        return int(lib.simjoin_result_count(result))
+    if output == "pairs":
+        ptr, count = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
+        _check(lib.simjoin_result_pairs(result, ctypes.byref(ptr), ctypes.byref(count)))
+        if count.value == 0:
+            return np.empty((0, 2), dtype=np.uint32)
+        address = ctypes.cast(ptr, ctypes.c_void_p).value
+        return _view(owner, address, ctypes.c_uint32, 2 * count.value, np.uint32, (count.value, 2))
+    import scipy.sparse
+
+    offsets, rows = ctypes.POINTER(ctypes.c_uint64)(), ctypes.c_size_t()
+    neighbors, nnz = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
+    _check(
+        lib.simjoin_result_csr(
+            result, ctypes.byref(offsets), ctypes.byref(rows), ctypes.byref(neighbors), ctypes.byref(nnz)
         )
-        indptr = np.ctypeslib.as_array(offsets, shape=(rows.value + 1,)).astype(np.int64)
-        if nnz.value:
-            indices = np.ctypeslib.as_array(neighbors, shape=(nnz.value,)).astype(np.int64)
-        else:
-            indices = np.empty(0, dtype=np.int64)
-        data = np.ones(nnz.value, dtype=bool)
-        return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape)
-    finally:
-        lib.simjoin_result_free(result)
+    )
+    # offsets are uint64 below 2^63 and neighbours uint32 below the column count: when
+    # that is below 2^31 they are valid int64 / int32 arrays as they are (no copy).
+    indptr = _view(owner, ctypes.cast(offsets, ctypes.c_void_p).value, ctypes.c_int64, rows.value + 1,
+                   np.int64, (rows.value + 1,))
+    if nnz.value == 0:
+        indices = np.empty(0, dtype=np.int32)
+    elif shape[1] < 2**31:
+        indices = _view(owner, ctypes.cast(neighbors, ctypes.c_void_p).value, ctypes.c_int32, nnz.value,
+                        np.int32, (nnz.value,))
+    else:
+        indices = np.ctypeslib.as_array(neighbors, shape=(nnz.value,)).astype(np.int64)
+    data = np.ones(nnz.value, dtype=bool)
+    # scipy keeps arrays of index dtype as given (checked by the tests: no copy is made).
+    return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape, copy=False)
 
 
 def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
