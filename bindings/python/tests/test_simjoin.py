@@ -184,10 +184,10 @@ def test_pairs_are_handed_over_without_a_copy():
     import gc
 
     X = np.random.default_rng(4).random((3000, 2))
-    pairs = simjoin.self_join(X, 0.03, sorted=False)
+    pairs = simjoin.self_join(X, 0.03)
     assert pairs.base is not None and not pairs.flags.owndata
     view = pairs[::2]
     del pairs
     gc.collect()
-    again = simjoin.self_join(X, 0.03, sorted=False)
+    again = simjoin.self_join(X, 0.03)
     np.testing.assert_array_equal(view, again[::2])
