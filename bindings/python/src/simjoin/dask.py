@@ -235,7 +235,7 @@ class _Tree:
         lo, hi = self.cut - h, self.cut + h
         rows = np.arange(len(x))
         node = np.zeros(len(x), np.int64)
-        out_r, out_l = [], []
+        out_r, out_l = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
         while len(rows):
             at_leaf = self.left[node] < 0
             out_r.append(rows[at_leaf])
@@ -462,7 +462,8 @@ def _weighted_cut(v, w):
     return float(cut)
 
 
-def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, seed, backend="cpu"):
+def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, seed, pair_cost=PAIR_COST,
+               backend="cpu"):
     """Samples the input(s) and grows the tree (see the module docstring)."""
     eps = float(eps)
     if not (math.isfinite(eps) and eps > 0):
@@ -522,10 +523,10 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     # Each sample point's cost: its own weight plus its share of the pairs' cost.
     pc = ws.copy()
     if mode == "self":
-        np.add.at(pc, P, 0.5 * PAIR_COST * pw)
-        np.add.at(pc, Q, 0.5 * PAIR_COST * pw)
+        np.add.at(pc, P, 0.5 * pair_cost * pw)
+        np.add.at(pc, Q, 0.5 * pair_cost * pw)
     else:
-        np.add.at(pc, P, PAIR_COST * pw)
+        np.add.at(pc, P, pair_cost * pw)
     xs64 = xs.astype(np.float64)
     h_rel = eps * (1.0 + 2.0**-10)
 
@@ -534,7 +535,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     members = {0: np.arange(len(xs))}
     owned = {0: np.arange(len(P))}
     node_of = np.zeros(len(xs), np.int64)
-    cost = {0: float(ws.sum() + PAIR_COST * pw.sum())}
+    cost = {0: float(ws.sum() + pair_cost * pw.sum())}
     total = cost[0]
     if partitions is None:
         parts = max(len(inputs[0].parts), math.ceil(total / DEFAULT_TASK_COST))
@@ -564,7 +565,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
             to_left = in_left[P[o]]
         pl = pw[o][to_left].sum()
         pr = pw[o][~to_left].sum()
-        return wl + halo_l + PAIR_COST * pl, wr + halo_r + PAIR_COST * pr, right, to_left
+        return wl + halo_l + pair_cost * pl, wr + halo_r + pair_cost * pr, right, to_left
 
     while heap and leaves < max_leaves:
         negc, node = heapq.heappop(heap)
@@ -641,7 +642,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     home = tree.home(xs64)
     owner = np.minimum(home[P], home[Q]) if mode == "self" else home[P]
     leaf_pairs = np.bincount(owner, weights=pw, minlength=L)
-    leaf_cost = own_pts + other_pts + PAIR_COST * leaf_pairs
+    leaf_cost = own_pts + other_pts + pair_cost * leaf_pairs
     target = max(leaf_cost.sum() / partitions, 1.0)
 
     # Block splitting for leaves the tree could not cut usefully.
@@ -673,7 +674,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
                 t_other.append(0.0)
                 t_pairs.append(2 * leaf_pairs[c] / (k * k))
     t_own, t_other, t_pairs = np.array(t_own), np.array(t_other), np.array(t_pairs)
-    t_cost = t_own + t_other + PAIR_COST * t_pairs
+    t_cost = t_own + t_other + pair_cost * t_pairs
 
     def ratio(v):
         return float(v.max() / v.mean()) if len(v) and v.mean() > 0 else 1.0
@@ -711,18 +712,21 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
 
 
 def plan(points, eps, *, points_b=None, metric="euclidean", partitions=None, columns=None,
-         sample_size=20_000, max_skew=2.0, seed=0):
+         sample_size=20_000, max_skew=2.0, pair_cost=PAIR_COST, seed=0):
     """Plans a self-join of `points` (or, with `points_b`, the join points x points_b)
     without running it: returns a ``Plan`` whose ``stats`` dict reports the balance
     (per-task estimated points and pairs, max/mean ratios). Reads the input once (a sample
     and the chunk lengths). ``partitions``: the number of leaves to aim for (None: at least
     the number of input chunks, more for big inputs); ``max_skew``: leaves or tasks
-    estimated to cost more than this many times the mean are split further."""
+    estimated to cost more than this many times the mean are split further; ``pair_cost``:
+    the cost of a pair relative to a point in the planner's cost model (0 cuts on point
+    counts alone, ignoring where the pairs are: for comparison)."""
     inputs = [_Input(points, columns, "points")]
     if points_b is not None:
         inputs.append(_Input(points_b, columns, "points_b"))
     mode = "self" if points_b is None else "join"
-    return _make_plan(mode, eps, metric, inputs, partitions, int(sample_size), float(max_skew), seed)
+    return _make_plan(mode, eps, metric, inputs, partitions, int(sample_size), float(max_skew), seed,
+                      float(pair_cost))
 
 
 def _meta(dtype, return_distance):
