@@ -298,7 +298,8 @@ def test_import_simjoin_without_dask():
     assert "ImportError: simjoin.dask needs Dask" in out.stdout
 
 
-def test_readme_dask_example_runs():
+def test_readme_dask_example_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     readme = Path(__file__).resolve().parents[3] / "README.md"
     if not readme.exists():
         pytest.skip("not run from a source checkout")
