@@ -147,7 +147,7 @@ def part_overhead(client, args, rows):
 
 
 def part_balance(client, args, rows):
-    n, d, eps, parts = (200_000, 3, 0.004, 8) if args.quick else (2_000_000, 3, 0.002, 16)
+    n, d, eps, parts = (200_000, 3, 0.004, 8) if args.quick else (1_000_000, 3, 0.0006, 16)
     X = clustered(n, d, n // 8, 2).persist()
     Xl = local(X)
     t = now()
@@ -274,8 +274,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="overhead,balance,large")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test of the script)")
-    ap.add_argument("--large-n", type=int, default=20_000_000)
-    ap.add_argument("--large-eps", type=float, default=0.0135)
+    ap.add_argument("--large-n", type=int, default=10_000_000)
+    ap.add_argument("--large-eps", type=float, default=0.0207)
     ap.add_argument("--tmp", default=None, help="where Parquet output goes (deleted after measuring)")
     ap.add_argument("--out", default=None, help="append the results (markdown) to this file")
     ap.add_argument("--json", default=None, help="write the raw figures here")

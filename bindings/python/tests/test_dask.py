@@ -298,6 +298,7 @@ def test_import_simjoin_without_dask():
     assert "ImportError: simjoin.dask needs Dask" in out.stdout
 
 
+@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
 def test_readme_dask_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     readme = Path(__file__).resolve().parents[3] / "README.md"
