@@ -120,9 +120,13 @@ class _Input:
             if missing:
                 raise _invalid(f"{name}: no column(s) {missing!r}")
             frame = points[cols]
-            kinds = [np.dtype(t) for t in frame.dtypes]
-            for c, t in zip(cols, kinds):
-                if t.kind not in "fiub":
+            kinds = []
+            for c, t in zip(cols, frame.dtypes):
+                try:
+                    kinds.append(np.dtype(t))
+                except TypeError:
+                    kinds.append(np.dtype(object))
+                if kinds[-1].kind not in "fiub":
                     raise _invalid(f"{name}: column {c!r} is not numeric ({t})")
             self.dtype = np.dtype(np.float32) if all(t == np.float32 for t in kinds) else np.dtype(np.float64)
             self.dims = len(cols)
@@ -393,7 +397,7 @@ def _block(data, i, j, spec):
     }
     if return_distance:
         frame["distance"] = np.concatenate(dists) if dists else np.empty(0, ox.dtype)
-    return pd.DataFrame(frame)
+    return pd.DataFrame(frame, copy=False)
 
 
 def _leaf_join(spec, n_a, *pieces):
@@ -712,7 +716,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
 
 
 def plan(points, eps, *, points_b=None, metric="euclidean", partitions=None, columns=None,
-         sample_size=20_000, max_skew=2.0, pair_cost=PAIR_COST, seed=0):
+         sample_size=20_000, max_skew=1.5, pair_cost=PAIR_COST, seed=0):
     """Plans a self-join of `points` (or, with `points_b`, the join points x points_b)
     without running it: returns a ``Plan`` whose ``stats`` dict reports the balance
     (per-task estimated points and pairs, max/mean ratios). Reads the input once (a sample
@@ -741,7 +745,7 @@ def _build(mode, inputs, eps, metric, backend, return_distance, partitions, thre
     if backend.lower() not in _native.BACKENDS:
         raise _invalid(f"unknown backend {backend!r} (expected one of: {', '.join(_native.BACKENDS)})")
     if the_plan is None:
-        the_plan = _make_plan(mode, eps, metric, inputs, partitions, 20_000, 2.0, 0)
+        the_plan = _make_plan(mode, eps, metric, inputs, partitions, 20_000, 1.5, 0)
         lengths = the_plan._lengths
     else:
         if the_plan.mode != mode:
