@@ -212,6 +212,36 @@ def part_large(client, args, rows):
     print(rows[-1], flush=True)
 
 
+PEAK_CHILD = """
+import resource, sys, time
+import numpy as np, simjoin
+n, eps = int(sys.argv[1]), float(sys.argv[2])
+X = np.random.default_rng(3).random((n, 3))
+simjoin.self_join(X[:1000], eps)
+import os
+base = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")  # resident now
+t = time.perf_counter()
+p = simjoin.self_join(X, eps)
+dt = time.perf_counter() - t
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(len(p), dt, peak - base)
+"""
+
+
+def part_peak(client, args, rows):
+    """The single-machine join's peak memory per pair, measured in a fresh process on a join
+    that fits (the figure the large part's extrapolation uses)."""
+    import subprocess
+
+    n, eps = (200_000, 0.033) if args.quick else (2_000_000, 0.033)
+    out = subprocess.run([sys.executable, "-c", PEAK_CHILD, str(n), str(eps)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    pairs, secs, extra = int(out[0]), float(out[1]), int(out[2])
+    rows.append(dict(part="peak", workload="uniform-3d", n=n, eps=eps, pairs=pairs, single_pairs_s=secs,
+                     peak_bytes=extra, bytes_per_pair=extra / pairs, load=load()))
+    print(rows[-1], flush=True)
+
+
 def markdown(rows, args):
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out = [f"### Run of {when}", "", f"Machine: {machine()}.", f"Command: `python bench/dask_bench.py {' '.join(sys.argv[1:])}`", ""]
@@ -252,6 +282,14 @@ def markdown(rows, args):
                 f"{r['sum_task_s']:.1f} | {r['halo_copies']:.0f} | {r['plan_s']:.2f} | {r['dask_count_s']:.2f} | {r['load']:.1f} |"
             )
         out.append("")
+    for r in [r for r in rows if r["part"] == "peak"]:
+        out += [
+            f"Single-machine peak memory: `simjoin.self_join` (pairs, sorted) on {r['workload']}, n = {r['n']},",
+            f"eps = {r['eps']}: {r['pairs']} pairs in {r['single_pairs_s']:.1f} s, peak RSS {r['peak_bytes'] / 2**30:.2f} GiB above",
+            f"the resident size before the call = **{r['bytes_per_pair']:.1f} bytes per pair** (the engine's result buffer, then",
+            f"the (m, 2) uint32 copy NumPy returns). Load average: {r['load']:.1f}.",
+            "",
+        ]
     lg = [r for r in rows if r["part"] == "large"]
     for r in lg:
         gib = 2**30
@@ -262,9 +300,9 @@ def markdown(rows, args):
             f"{r['parquet_bytes'] / gib:.1f} GiB; the row count read back from the Parquet footers equals the single-machine",
             f"`output=\"count\"` ({r['single_count_s']:.1f} s; counting materialises nothing). The single-machine",
             f"`simjoin.self_join` would return these pairs as an (m, 2) uint32 array of {r['single_pairs_bytes'] / gib:.1f} GiB,",
-            f"after the engine's own result buffer of the same size (peak about {r['single_peak_bytes'] / gib:.1f} GiB), on a",
-            f"machine with {r['machine_bytes'] / gib:.1f} GiB: it cannot finish here (not run, so as not to exhaust a shared",
-            f"machine's memory). Load average after the run: {r['load']:.1f}.",
+            f"after the engine's own result buffer of the same size: at the 16 bytes per pair measured above, a peak",
+            f"of about {r['single_peak_bytes'] / gib:.1f} GiB on a machine with {r['machine_bytes'] / gib:.1f} GiB. It cannot finish here (not run,",
+            f"so as not to exhaust a shared machine's memory). Load average after the run: {r['load']:.1f}.",
             "",
         ]
     return "\n".join(out)
@@ -272,7 +310,7 @@ def markdown(rows, args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--parts", default="overhead,balance,large")
+    ap.add_argument("--parts", default="overhead,balance,peak,large")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke test of the script)")
     ap.add_argument("--large-n", type=int, default=10_000_000)
     ap.add_argument("--large-eps", type=float, default=0.0207)
@@ -285,7 +323,8 @@ def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         for p in parts:
-            {"overhead": part_overhead, "balance": part_balance, "large": part_large}[p](client, args, rows)
+            {"overhead": part_overhead, "balance": part_balance, "peak": part_peak, "large": part_large}[p](
+                client, args, rows)
     text = markdown(rows, args)
     print(text)
     if args.out:
