@@ -96,6 +96,21 @@ def test_exact_against_single_machine(client, kind, metric):
         assert_same_pairs(ab.compute(), want_ab)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_points_exactly_eps_apart_across_cuts(client, dtype):
+    """A lattice with spacing eps: cuts fall on lattice coordinates, so pairs exactly eps
+    apart straddle every cut; none may be lost or doubled (float32 and float64)."""
+    g = np.arange(30) * 0.25
+    X = np.array([(x, y, z) for z in g[:4] for y in g for x in g], dtype=dtype)
+    for metric in METRICS:
+        want = simjoin.self_join(X, 0.25, metric=metric)
+        got = sjd.self_join(da.from_array(X, chunks=1500), 0.25, metric=metric, partitions=16, backend="cpu")
+        assert_same_pairs(got.compute(), want)
+    A, B = X[::2], X[1::2]
+    got = sjd.join(da.from_array(A, chunks=1000), da.from_array(B, chunks=700), 0.25, partitions=16, backend="cpu")
+    assert_same_pairs(got.compute(), simjoin.join(A, B, 0.25))
+
+
 def test_every_pair_once_per_task_and_tasks_disjoint(client):
     """The ownership rule: the per-task results are disjoint and their union is exact, also
     with leaves split into blocks (duplicate-heavy data)."""
@@ -132,6 +147,18 @@ def test_dataframe_input_float32_and_columns(client):
                   return_distance=True).compute()
     assert ab["distance"].dtype == np.float64
     assert_same_pairs(ab, simjoin.join(X, B, eps))
+    # Plans made first and passed back (self-join and join).
+    cols = ["x", "y", "z"]
+    p = sjd.plan(ddf, eps, columns=cols, partitions=3)
+    assert p.mode == "self" and p.dims == 3
+    assert_same_pairs(sjd.self_join(ddf, eps, columns=cols, plan=p, backend="cpu").compute(),
+                      simjoin.self_join(X, eps))
+    pj = sjd.plan(ddf, eps, points_b=da.from_array(B, chunks=300), columns=cols, partitions=3)
+    assert pj.mode == "join"
+    got = sjd.join(ddf, da.from_array(B, chunks=300), eps, columns=cols, plan=pj, backend="cpu").compute()
+    assert_same_pairs(got, simjoin.join(X, B, eps))
+    with pytest.raises(simjoin.InvalidArgumentError, match="plan"):
+        sjd.self_join(ddf, eps, columns=cols, plan=pj)
 
 
 @pytest.mark.parametrize("metric", METRICS)
