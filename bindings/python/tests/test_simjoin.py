@@ -191,3 +191,15 @@ def test_pairs_are_handed_over_without_a_copy():
     gc.collect()
     again = simjoin.self_join(X, 0.03)
     np.testing.assert_array_equal(view, again[::2])
+
+
+def test_unaligned_input_is_accepted():
+    """An unaligned float64 array (as unpickled buffers can be) is copied, not refused."""
+    X = np.random.default_rng(6).random((500, 3))
+    raw = np.zeros(X.nbytes + 1, dtype=np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype=np.float64, count=X.size, offset=1).reshape(X.shape)
+    unaligned[...] = X
+    assert not unaligned.flags.aligned
+    np.testing.assert_array_equal(simjoin.self_join(unaligned, 0.1), simjoin.self_join(X, 0.1))
+    d, i = simjoin.knn(unaligned, 3)
+    np.testing.assert_array_equal(i, simjoin.knn(X, 3)[1])

@@ -54,7 +54,8 @@ def _as_points(X, name, dtype=None):
         )
     if dtype is None:
         dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else np.float64
-    return np.ascontiguousarray(arr, dtype=dtype)
+    # C order and aligned (arrays from pickles or buffers may be unaligned): a copy only then.
+    return np.require(arr, dtype=dtype, requirements=["C", "A"])
 
 
 def _matrix(arr):
