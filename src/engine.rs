@@ -7,7 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
-use crate::result::{assemble, ChunkSink, JoinReport, JoinResult, PairSink};
+use crate::result::{assemble, CollectSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -205,7 +205,7 @@ impl Engine {
                 report,
             });
         }
-        let mut sink = ChunkSink::default();
+        let mut sink = CollectSink::default();
         let mut report = self.run(a, b, opts, Some(&mut sink))?;
         let t = Instant::now();
         // On the engine's threads, not the caller's alone.

@@ -34,55 +34,34 @@ impl PairSink for VecSink {
     }
 }
 
-/// The engine's own collecting sink: keeps each chunk as delivered (no reallocation of a
-/// growing array) and concatenates them once, in parallel, into an exactly sized array.
+/// The engine's own collecting sink: one array grown by doubling. Large arrays are
+/// separate mappings that `realloc` moves with `mremap` (no copy, no second resident
+/// copy), so the peak stays near 8 bytes per pair; a failed allocation is an error, not an
+/// abort.
 #[derive(Default)]
-pub(crate) struct ChunkSink {
-    chunks: Vec<Vec<Pair>>,
-    total: usize,
+pub(crate) struct CollectSink {
+    pairs: Vec<Pair>,
 }
 
-impl PairSink for ChunkSink {
+impl PairSink for CollectSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        self.total += chunk.len();
-        self.chunks.push(chunk.to_vec());
+        if self.pairs.capacity() - self.pairs.len() < chunk.len() {
+            let want = chunk.len().max(self.pairs.len());
+            self.pairs.try_reserve(want).map_err(|_| {
+                anyhow::anyhow!(
+                    "out of memory for {} result pairs",
+                    self.pairs.len() + chunk.len()
+                )
+            })?;
+        }
+        self.pairs.extend_from_slice(chunk);
         Ok(())
     }
 }
 
-impl ChunkSink {
-    pub fn into_pairs(mut self) -> Result<Vec<Pair>> {
-        if self.chunks.len() == 1 {
-            return Ok(self.chunks.pop().unwrap_or_default());
-        }
-        let mut out: Vec<Pair> = Vec::new();
-        out.try_reserve_exact(self.total).map_err(|_| {
-            Error::new(
-                ErrorKind::OutOfHostMemory,
-                format!("cannot allocate {} result pairs", self.total),
-            )
-        })?;
-        // Fresh pages are mapped lazily: the parallel copy faults them in on every worker
-        // instead of one thread, and nothing is written twice.
-        let mut rest = &mut out.spare_capacity_mut()[..self.total];
-        let mut parts = Vec::with_capacity(self.chunks.len());
-        for c in &self.chunks {
-            let (head, tail) = rest.split_at_mut(c.len());
-            parts.push(head);
-            rest = tail;
-        }
-        parts
-            .into_par_iter()
-            .zip(self.chunks.par_iter())
-            .for_each(|(dst, src)| {
-                for (d, &p) in dst.iter_mut().zip(src) {
-                    d.write(p);
-                }
-            });
-        // SAFETY: the parts tile the first `total` spare slots exactly (their lengths sum to
-        // `total`, the chunks' lengths), and each was written above.
-        unsafe { out.set_len(self.total) };
-        Ok(out)
+impl CollectSink {
+    pub fn into_pairs(self) -> Result<Vec<Pair>> {
+        Ok(self.pairs)
     }
 }
 
