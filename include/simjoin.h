@@ -204,6 +204,11 @@ typedef struct simjoin_options {
    * LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic). Added in 0.3 (the struct's size tells an older caller apart).
    */
   uint64_t lss_lists;
+  /**
+   * Non-zero: also compute each pair's (or CSR entry's) distance
+   * (`simjoin_result_distances`). Added in 0.3.
+   */
+  uint32_t distances;
 } simjoin_options;
 
 /**
@@ -505,6 +510,18 @@ simjoin_status simjoin_result_csr(const struct simjoin_result *result,
                                   size_t *rows,
                                   const uint32_t **neighbors,
                                   size_t *nnz);
+
+/**
+ * The distances of a result joined with `opts->distances` set: `*distances` holds
+ * `*count` values, one per pair (PAIRS, in the pairs' order) or per CSR neighbour entry
+ * (CSR, in `neighbors`' order), `float` when `*dtype` is SIMJOIN_DTYPE_F32 and `double`
+ * when SIMJOIN_DTYPE_F64 (the inputs' type); owned by the result; NULL when `*count` is
+ * 0. SIMJOIN_INVALID_ARGUMENT when the join was run without distances.
+ */
+simjoin_status simjoin_result_distances(const struct simjoin_result *result,
+                                        const void **distances,
+                                        size_t *count,
+                                        simjoin_dtype *dtype);
 
 /**
  * Fills `*report` with the result's report; its strings live as long as the result.

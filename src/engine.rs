@@ -7,7 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
-use crate::result::{assemble, CollectSink, JoinReport, JoinResult, PairSink};
+use crate::result::{assemble, entry_distances, CollectSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -203,6 +203,7 @@ impl Engine {
             return Ok(JoinResult {
                 output: crate::result::JoinOutput::Count(report.pairs),
                 report,
+                distances: None,
             });
         }
         let mut sink = CollectSink::default();
@@ -223,7 +224,24 @@ impl Engine {
             .phases
             .push(("assemble output".into(), t.elapsed().as_secs_f64()));
         report.seconds = start.elapsed().as_secs_f64();
-        Ok(JoinResult { output, report })
+        let distances = if opts.distances {
+            let t = Instant::now();
+            let d = self
+                .cpu
+                .install(|| entry_distances(a, b.unwrap_or(a), opts.metric, &output))??;
+            report
+                .phases
+                .push(("distances".into(), t.elapsed().as_secs_f64()));
+            report.seconds = start.elapsed().as_secs_f64();
+            d
+        } else {
+            None
+        };
+        Ok(JoinResult {
+            output,
+            report,
+            distances,
+        })
     }
 
     fn run(

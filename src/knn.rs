@@ -14,7 +14,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::metric::Coord;
 use crate::options::{Algorithm, Backend, Metric};
-use crate::result::JoinReport;
+use crate::result::{Distances, JoinReport};
 
 /// How to run a k-nearest-neighbour join.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,13 +38,6 @@ impl Default for KnnOptions {
     }
 }
 
-/// Neighbour distances, in the input precision.
-#[derive(Clone, Debug, PartialEq)]
-pub enum KnnDistances {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-}
-
 /// The answer: `rows` query points × `k` neighbours, row-major. Row r holds query r's
 /// neighbours nearest first: `indices[r*k + c]` is a data point index.
 #[derive(Clone, Debug)]
@@ -52,7 +45,7 @@ pub struct KnnResult {
     pub rows: usize,
     pub k: usize,
     pub indices: Vec<u32>,
-    pub distances: KnnDistances,
+    pub distances: Distances,
     pub report: JoinReport,
 }
 
@@ -64,8 +57,8 @@ impl KnnResult {
     /// Distance of row r's c-th neighbour, widened to f64.
     pub fn distance(&self, r: usize, c: usize) -> f64 {
         match &self.distances {
-            KnnDistances::F32(d) => d[r * self.k + c] as f64,
-            KnnDistances::F64(d) => d[r * self.k + c],
+            Distances::F32(d) => d[r * self.k + c] as f64,
+            Distances::F64(d) => d[r * self.k + c],
         }
     }
 }

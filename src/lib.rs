@@ -48,6 +48,6 @@ pub use dataset::{Coords, Dataset, Precision};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
-pub use knn::{KnnDistances, KnnOptions, KnnResult};
+pub use knn::{KnnOptions, KnnResult};
 pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
-pub use result::{Csr, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
+pub use result::{Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};

@@ -75,6 +75,8 @@ pub struct JoinOptions {
     pub sorted: bool,
     /// Self-join CSR only: list each point as its own neighbour.
     pub include_self: bool,
+    /// Also return the distance of every pair or CSR entry (`JoinResult::distances`).
+    pub distances: bool,
     /// GPU grid: number of indexed dimensions k (None = chosen by the sampling cost model).
     pub indexed_dims: Option<usize>,
     /// GPU: number of query points per batch (None = from the estimation pass).
@@ -95,6 +97,7 @@ impl JoinOptions {
             output: OutputForm::default(),
             sorted: false,
             include_self: false,
+            distances: false,
             indexed_dims: None,
             batch_points: None,
             result_buffer_pairs: None,

@@ -94,6 +94,33 @@ pub struct JoinReport {
     pub notes: Vec<String>,
 }
 
+/// Distances of result entries, in the input precision (Euclidean: the square root of the
+/// canonical accumulator of `metric.rs`, computed in that precision).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Distances {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Distances {
+    pub fn len(&self) -> usize {
+        match self {
+            Distances::F32(v) => v.len(),
+            Distances::F64(v) => v.len(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Entry e widened to f64.
+    pub fn get(&self, e: usize) -> f64 {
+        match self {
+            Distances::F32(v) => v[e] as f64,
+            Distances::F64(v) => v[e],
+        }
+    }
+}
+
 /// CSR neighbour table: row `r`'s neighbours are `neighbors[offsets[r]..offsets[r+1]]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Csr {
@@ -112,6 +139,9 @@ pub enum JoinOutput {
 pub struct JoinResult {
     pub output: JoinOutput,
     pub report: JoinReport,
+    /// With `JoinOptions::distances`: the distance of each pair (`Pairs`) or of each CSR
+    /// neighbour entry (`Csr`), in the same order.
+    pub distances: Option<Distances>,
 }
 
 impl JoinResult {
@@ -262,4 +292,83 @@ mod tests {
         assert_eq!(c.offsets, vec![0, 1, 3]);
         assert_eq!(c.neighbors, vec![3, 0, 5]);
     }
+}
+
+/// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
+/// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
+/// the accumulator in the input precision, square-rooted in that precision for Euclidean.
+pub(crate) fn entry_distances(
+    a: &crate::dataset::Dataset,
+    b: &crate::dataset::Dataset,
+    metric: crate::options::Metric,
+    output: &JoinOutput,
+) -> Result<Option<Distances>> {
+    use crate::dataset::Coords;
+    fn fill<T: crate::metric::Coord>(
+        a: &[T],
+        b: &[T],
+        dim: usize,
+        metric: crate::options::Metric,
+        output: &JoinOutput,
+        sqrt: fn(T) -> T,
+    ) -> Result<Option<Vec<T>>> {
+        let dist = |i: u32, j: u32| {
+            let acc = crate::metric::distance_acc(
+                metric,
+                &a[i as usize * dim..(i as usize + 1) * dim],
+                &b[j as usize * dim..(j as usize + 1) * dim],
+            );
+            if metric == crate::options::Metric::Euclidean {
+                sqrt(acc)
+            } else {
+                acc
+            }
+        };
+        let len = match output {
+            JoinOutput::Pairs(p) => p.len(),
+            JoinOutput::Csr(c) => c.neighbors.len(),
+            JoinOutput::Count(_) => return Ok(None),
+        };
+        let mut out: Vec<T> = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate {len} distances"),
+            )
+        })?;
+        match output {
+            JoinOutput::Pairs(p) => p
+                .par_iter()
+                .map(|&[i, j]| dist(i, j))
+                .collect_into_vec(&mut out),
+            JoinOutput::Csr(c) => {
+                out.resize(len, T::ZERO);
+                let mut rest: &mut [T] = &mut out;
+                let mut rows = Vec::with_capacity(c.offsets.len() - 1);
+                for w in c.offsets.windows(2) {
+                    let (head, tail) = rest.split_at_mut((w[1] - w[0]) as usize);
+                    rows.push(head);
+                    rest = tail;
+                }
+                rows.into_par_iter().enumerate().for_each(|(r, seg)| {
+                    let first = c.offsets[r] as usize;
+                    for (d, &n) in seg.iter_mut().zip(&c.neighbors[first..]) {
+                        *d = dist(r as u32, n);
+                    }
+                });
+            }
+            JoinOutput::Count(_) => {}
+        }
+        Ok(Some(out))
+    }
+    let dim = a.dim();
+    Ok(match (a.coords(), b.coords()) {
+        (Coords::F32(x), Coords::F32(y)) => {
+            fill(x, y, dim, metric, output, f32::sqrt)?.map(Distances::F32)
+        }
+        (Coords::F64(x), Coords::F64(y)) => {
+            fill(x, y, dim, metric, output, f64::sqrt)?.map(Distances::F64)
+        }
+        _ => return Err(Error::invalid("A and B must have the same precision")),
+    })
 }

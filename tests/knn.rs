@@ -6,7 +6,7 @@
 mod common;
 
 use common::Rng;
-use simjoin::{Algorithm, Backend, Dataset, Engine, ErrorKind, KnnDistances, KnnOptions, Metric};
+use simjoin::{Algorithm, Backend, Dataset, Distances, Engine, ErrorKind, KnnOptions, Metric};
 
 const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
 
@@ -21,8 +21,8 @@ fn opts(metric: Metric, algorithm: Algorithm) -> KnnOptions {
 
 fn distances(r: &simjoin::KnnResult) -> Vec<f64> {
     match &r.distances {
-        KnnDistances::F32(d) => d.iter().map(|&x| x as f64).collect(),
-        KnnDistances::F64(d) => d.clone(),
+        Distances::F32(d) => d.iter().map(|&x| x as f64).collect(),
+        Distances::F64(d) => d.clone(),
     }
 }
 

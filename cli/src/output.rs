@@ -3,7 +3,7 @@
 //! uncompressed as NumPy's `savez` does) or .csv ("query,rank,neighbor,distance").
 
 use anyhow::{bail, Context, Result};
-use simjoin::{KnnDistances, KnnResult, Pair};
+use simjoin::{Distances, KnnResult, Pair};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
@@ -73,8 +73,8 @@ pub fn write_knn(path: &Path, r: &KnnResult) -> Result<()> {
             write_npy(&mut zip, &shape, r.indices.iter().copied())?;
             zip.start_file("distances.npy", member)?;
             match &r.distances {
-                KnnDistances::F32(d) => write_npy(&mut zip, &shape, d.iter().copied())?,
-                KnnDistances::F64(d) => write_npy(&mut zip, &shape, d.iter().copied())?,
+                Distances::F32(d) => write_npy(&mut zip, &shape, d.iter().copied())?,
+                Distances::F64(d) => write_npy(&mut zip, &shape, d.iter().copied())?,
             }
             zip.finish()?.flush()?;
         } else {
@@ -84,10 +84,10 @@ pub fn write_knn(path: &Path, r: &KnnResult) -> Result<()> {
                 for (rank, &j) in r.row(row).iter().enumerate() {
                     // `{}` of a float is the shortest string that reads back exactly.
                     match &r.distances {
-                        KnnDistances::F32(d) => {
+                        Distances::F32(d) => {
                             writeln!(out, "{row},{rank},{j},{}", d[row * r.k + rank])?
                         }
-                        KnnDistances::F64(d) => {
+                        Distances::F64(d) => {
                             writeln!(out, "{row},{rank},{j},{}", d[row * r.k + rank])?
                         }
                     }

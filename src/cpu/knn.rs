@@ -13,9 +13,10 @@
 use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
-use crate::knn::{alloc, finish_distances, key_less, KnnDistances, KnnJob, KnnResult, Sqrt};
+use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
 use crate::metric::{accumulate, reject_margin, Coord};
 use crate::options::{Algorithm, Metric};
+use crate::result::Distances;
 use crate::result::JoinReport;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -58,21 +59,21 @@ pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
 }
 
 /// The distances array of the input precision.
-pub(crate) trait Distances: Coord + Sqrt {
-    fn wrap(v: Vec<Self>) -> KnnDistances;
+pub(crate) trait DistanceType: Coord + Sqrt {
+    fn wrap(v: Vec<Self>) -> Distances;
 }
-impl Distances for f32 {
-    fn wrap(v: Vec<f32>) -> KnnDistances {
-        KnnDistances::F32(v)
+impl DistanceType for f32 {
+    fn wrap(v: Vec<f32>) -> Distances {
+        Distances::F32(v)
     }
 }
-impl Distances for f64 {
-    fn wrap(v: Vec<f64>) -> KnnDistances {
-        KnnDistances::F64(v)
+impl DistanceType for f64 {
+    fn wrap(v: Vec<f64>) -> Distances {
+        Distances::F64(v)
     }
 }
 
-fn by_metric<T: Distances>(
+fn by_metric<T: DistanceType>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,
@@ -85,7 +86,7 @@ fn by_metric<T: Distances>(
     }
 }
 
-fn knn<T: Distances, M: MetricKind>(
+fn knn<T: DistanceType, M: MetricKind>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,

@@ -137,6 +137,7 @@ unsafe fn stream(
             let result = JoinResult {
                 output: JoinOutput::Count(report.pairs),
                 report,
+                distances: None,
             };
             // SAFETY: `out` is non-NULL (checked) and writable (header contract).
             unsafe { *out = Box::into_raw(into_handle(result)) };

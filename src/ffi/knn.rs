@@ -11,7 +11,8 @@ use super::options::{
 };
 use super::result::simjoin_report;
 use super::{guard, null_arg, simjoin_status};
-use crate::knn::{KnnDistances, KnnOptions, KnnResult};
+use crate::knn::{KnnOptions, KnnResult};
+use crate::result::Distances;
 use std::ffi::{c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -155,8 +156,8 @@ pub unsafe extern "C" fn simjoin_knn_result_arrays(
             .result;
         let empty = r.indices.is_empty();
         let (dist, ty) = match &r.distances {
-            KnnDistances::F32(d) => (d.as_ptr() as *const c_void, SIMJOIN_DTYPE_F32),
-            KnnDistances::F64(d) => (d.as_ptr() as *const c_void, SIMJOIN_DTYPE_F64),
+            Distances::F32(d) => (d.as_ptr() as *const c_void, SIMJOIN_DTYPE_F32),
+            Distances::F64(d) => (d.as_ptr() as *const c_void, SIMJOIN_DTYPE_F64),
         };
         // SAFETY: each out-pointer is NULL (skipped) or writable (header contract).
         unsafe {

@@ -71,6 +71,9 @@ pub struct simjoin_options {
     pub result_buffer_pairs: u64,
     /// LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic). Added in 0.3 (the struct's size tells an older caller apart).
     pub lss_lists: u64,
+    /// Non-zero: also compute each pair's (or CSR entry's) distance
+    /// (`simjoin_result_distances`). Added in 0.3.
+    pub distances: u32,
 }
 
 impl simjoin_options {
@@ -89,6 +92,7 @@ impl simjoin_options {
             batch_points: 0,
             result_buffer_pairs: 0,
             lss_lists: 0,
+            distances: 0,
         }
     }
 }
@@ -241,6 +245,7 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     j.batch_points = optional_count("batch_points", o.batch_points)?;
     j.result_buffer_pairs = optional_count("result_buffer_pairs", o.result_buffer_pairs)?;
     j.lss_lists = optional_count("lss_lists", o.lss_lists)?;
+    j.distances = o.distances != 0;
     j.validate()?;
     Ok(j)
 }

@@ -1,13 +1,14 @@
 //! Results (`simjoin_result`, immutable) and their accessors: pairs, CSR, count, report.
 
+use super::matrix::{simjoin_dtype, SIMJOIN_DTYPE_F32, SIMJOIN_DTYPE_F64};
 use super::options::{
     simjoin_algorithm, simjoin_output, SIMJOIN_OUTPUT_COUNT, SIMJOIN_OUTPUT_CSR,
     SIMJOIN_OUTPUT_PAIRS,
 };
 use super::{guard, null_arg, simjoin_status};
 use crate::error::Error;
-use crate::result::{JoinOutput, JoinResult};
-use std::ffi::{c_char, CString};
+use crate::result::{Distances, JoinOutput, JoinResult};
+use std::ffi::{c_char, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// A join result (opaque, immutable): the output (pairs, CSR or count) and a report of
@@ -127,6 +128,48 @@ pub unsafe extern "C" fn simjoin_result_csr(
             *rows = c.offsets.len() - 1;
             *neighbors = first;
             *nnz = c.neighbors.len();
+        }
+        Ok(())
+    })
+}
+
+/// The distances of a result joined with `opts->distances` set: `*distances` holds
+/// `*count` values, one per pair (PAIRS, in the pairs' order) or per CSR neighbour entry
+/// (CSR, in `neighbors`' order), `float` when `*dtype` is SIMJOIN_DTYPE_F32 and `double`
+/// when SIMJOIN_DTYPE_F64 (the inputs' type); owned by the result; NULL when `*count` is
+/// 0. SIMJOIN_INVALID_ARGUMENT when the join was run without distances.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_result_distances(
+    result: *const simjoin_result,
+    distances: *mut *const c_void,
+    count: *mut usize,
+    dtype: *mut simjoin_dtype,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL or a live result (header contract); checked for NULL here.
+        let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
+        if distances.is_null() || count.is_null() {
+            return Err(null_arg(if distances.is_null() {
+                "distances"
+            } else {
+                "count"
+            }));
+        }
+        let d = r.result.distances.as_ref().ok_or_else(|| {
+            Error::invalid("the result has no distances (join with opts->distances set)")
+        })?;
+        let (ptr, ty) = match d {
+            Distances::F32(v) => (v.as_ptr() as *const c_void, SIMJOIN_DTYPE_F32),
+            Distances::F64(v) => (v.as_ptr() as *const c_void, SIMJOIN_DTYPE_F64),
+        };
+        // SAFETY: out-pointers non-NULL (checked; dtype may be NULL) and writable (header
+        // contract).
+        unsafe {
+            *distances = if d.is_empty() { std::ptr::null() } else { ptr };
+            *count = d.len();
+            if let Some(t) = dtype.as_mut() {
+                *t = ty;
+            }
         }
         Ok(())
     })

@@ -203,3 +203,41 @@ def test_unaligned_input_is_accepted():
     np.testing.assert_array_equal(simjoin.self_join(unaligned, 0.1), simjoin.self_join(X, 0.1))
     d, i = simjoin.knn(unaligned, 3)
     np.testing.assert_array_equal(i, simjoin.knn(X, 3)[1])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("metric,p", [("euclidean", 2), ("manhattan", 1), ("chebyshev", np.inf)])
+def test_distances_with_pairs_and_csr(dtype, metric, p):
+    from scipy.spatial import cKDTree
+
+    X = np.random.default_rng(8).random((1500, 3)).astype(dtype)
+    eps = 0.08
+    pairs, dist = simjoin.self_join(X, eps, metric=metric, return_distance=True)
+    assert dist.dtype == dtype and dist.shape == (len(pairs),)
+    assert np.array_equal(pairs, simjoin.self_join(X, eps, metric=metric))
+    diff = (X[pairs[:, 0]] - X[pairs[:, 1]]).astype(np.float64)
+    want = np.linalg.norm(diff, ord=p, axis=1)
+    np.testing.assert_allclose(dist, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+    assert (dist <= dtype(eps) * (1 + 1e-6)).all()
+    # CSR of distances, like cKDTree.sparse_distance_matrix (both directions).
+    g = simjoin.self_join(X, eps, metric=metric, output="csr", return_distance=True)
+    ref = cKDTree(X.astype(np.float64)).sparse_distance_matrix(cKDTree(X.astype(np.float64)), eps, p=p).tocsr()
+    ref.setdiag(0)
+    ref.eliminate_zeros()
+    assert g.shape == ref.shape and g.dtype == dtype
+    # Same entries (boundary pairs can differ by rounding only in float32: compare sets).
+    if dtype == np.float64:
+        assert g.nnz == ref.nnz
+        np.testing.assert_allclose(g.toarray() if len(X) < 2000 else 0, ref.toarray() if len(X) < 2000 else 0, rtol=1e-12)
+    # A join B with distances.
+    ab, d_ab = simjoin.join(X[:700], X[700:], eps, metric=metric, return_distance=True)
+    want = np.linalg.norm((X[:700][ab[:, 0]] - X[700:][ab[:, 1]]).astype(np.float64), ord=p, axis=1)
+    np.testing.assert_allclose(d_ab, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_distances_of_duplicates_are_explicit_zeros():
+    X = np.array([[0.0, 0.0], [0.0, 0.0], [0.5, 0.0]])
+    g = simjoin.self_join(X, 0.6, output="csr", return_distance=True)
+    assert g.nnz == 6
+    assert g[0, 1] == 0.0 and g.has_canonical_format
+    np.testing.assert_array_equal(g.data[g.indptr[0]:g.indptr[1]], [0.0, 0.5])

@@ -73,7 +73,7 @@ def _lookup(table, what, value):
         ) from None
 
 
-def _options(eps, metric, backend, algorithm, output, sorted):
+def _options(eps, metric, backend, algorithm, output, sorted, return_distance=False):
     opts = _native.Options()
     _check(lib.simjoin_options_init(ctypes.byref(opts)))
     opts.eps = float(eps)
@@ -82,6 +82,7 @@ def _options(eps, metric, backend, algorithm, output, sorted):
     opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)
     opts.output = _lookup(_native.OUTPUTS, "output", output)
     opts.sorted = 1 if sorted else 0
+    opts.distances = 1 if return_distance else 0
     return opts
 
 
@@ -121,7 +122,16 @@ class _ResultOwner:
         lib.simjoin_result_free(self.handle)
 
 
-def _collect(result, output, shape):
+def _distances(owner, result, dtype_hint):
+    ptr, count, dtype = ctypes.c_void_p(), ctypes.c_size_t(), ctypes.c_uint32()
+    _check(lib.simjoin_result_distances(result, ctypes.byref(ptr), ctypes.byref(count), ctypes.byref(dtype)))
+    ftype, fctype = (np.float32, ctypes.c_float) if dtype.value == _native.DTYPE_F32 else (np.float64, ctypes.c_double)
+    if count.value == 0:
+        return np.empty(0, dtype=ftype)
+    return _view(owner, ptr.value, fctype, count.value, ftype, (count.value,))
+
+
+def _collect(result, output, shape, return_distance=False):
     """Hands a result's output over as NumPy / SciPy objects viewing the engine's arrays."""
     owner = _ResultOwner(result)
     if output == "count":
@@ -130,9 +140,13 @@ def _collect(result, output, shape):
         ptr, count = ctypes.POINTER(ctypes.c_uint32)(), ctypes.c_size_t()
         _check(lib.simjoin_result_pairs(result, ctypes.byref(ptr), ctypes.byref(count)))
         if count.value == 0:
-            return np.empty((0, 2), dtype=np.uint32)
-        address = ctypes.cast(ptr, ctypes.c_void_p).value
-        return _view(owner, address, ctypes.c_uint32, 2 * count.value, np.uint32, (count.value, 2))
+            pairs = np.empty((0, 2), dtype=np.uint32)
+        else:
+            address = ctypes.cast(ptr, ctypes.c_void_p).value
+            pairs = _view(owner, address, ctypes.c_uint32, 2 * count.value, np.uint32, (count.value, 2))
+        if return_distance:
+            return pairs, _distances(owner, result, None)
+        return pairs
     import scipy.sparse
 
     offsets, rows = ctypes.POINTER(ctypes.c_uint64)(), ctypes.c_size_t()
@@ -153,36 +167,41 @@ def _collect(result, output, shape):
                         np.int32, (nnz.value,))
     else:
         indices = np.ctypeslib.as_array(neighbors, shape=(nnz.value,)).astype(np.int64)
-    data = np.ones(nnz.value, dtype=bool)
+    data = _distances(owner, result, None) if return_distance else np.ones(nnz.value, dtype=bool)
     # scipy keeps arrays of index dtype as given (checked by the tests: no copy is made).
     return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape, copy=False)
 
 
 def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-              sorted=True, threads=None):
+              sorted=True, return_distance=False, threads=None):
     """All pairs of rows of X within distance `eps` (dist <= eps).
 
     output="pairs": unique pairs (i < j) as an (m, 2) uint32 array (sorted unless
-    sorted=False); output="csr": the full neighbour table as an (n, n) boolean
-    scipy.sparse.csr_matrix (both directions, no diagonal); output="count": the number of
-    pairs as an int. metric: "euclidean", "manhattan" or "chebyshev"; backend: "auto",
-    "cpu" or "gpu"; algorithm: "auto", "grid", "ego", "brute" or "lss".
+    sorted=False); with return_distance=True, `(pairs, distances)` (the distances in X's
+    float type). output="csr": the full neighbour table as an (n, n)
+    scipy.sparse.csr_matrix (both directions, no diagonal), boolean, or holding the
+    distances with return_distance=True (like cKDTree.sparse_distance_matrix and
+    radius_neighbors_graph(mode="distance"); duplicates are explicit zeros).
+    output="count": the number of pairs as an int. metric: "euclidean", "manhattan" or
+    "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid", "ego",
+    "brute" or "lss". Arrays view the engine's memory (no copy).
     """
     points = _as_points(X, "X")
-    opts = _options(eps, metric, backend, algorithm, output, sorted)
+    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     m = _matrix(points)
     result = ctypes.c_void_p()
     _check(lib.simjoin_self_join(_Engine.get(threads), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
-    return _collect(result, output.lower(), (points.shape[0], points.shape[0]))
+    return _collect(result, output.lower(), (points.shape[0], points.shape[0]), return_distance)
 
 
 def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-         sorted=True, threads=None):
+         sorted=True, return_distance=False, threads=None):
     """All pairs (i, j), row i of A and row j of B, within distance `eps`.
 
     output="pairs": an (m, 2) uint32 array of (i, j); output="csr": an (len(A), len(B))
-    boolean scipy.sparse.csr_matrix; output="count": an int. A float32 array joined with a
-    float64 one is joined in float64.
+    scipy.sparse.csr_matrix (boolean, or distances with return_distance=True, which also
+    makes output="pairs" return `(pairs, distances)`); output="count": an int. A float32
+    array joined with a float64 one is joined in float64.
     """
     a, b = np.asarray(A), np.asarray(B)
     common = None
@@ -190,7 +209,7 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
         common = np.result_type(a.dtype, b.dtype)
         common = common if common in (np.float32, np.float64) else np.float64
     a, b = _as_points(a, "A", common), _as_points(b, "B", common)
-    opts = _options(eps, metric, backend, algorithm, output, sorted)
+    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     ma, mb = _matrix(a), _matrix(b)
     result = ctypes.c_void_p()
     _check(
@@ -198,7 +217,7 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
             _Engine.get(threads), ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)
         )
     )
-    return _collect(result, output.lower(), (a.shape[0], b.shape[0]))
+    return _collect(result, output.lower(), (a.shape[0], b.shape[0]), return_distance)
 
 
 

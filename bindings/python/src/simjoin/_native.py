@@ -31,6 +31,7 @@ class Options(ctypes.Structure):
         ("batch_points", c_uint64),
         ("result_buffer_pairs", c_uint64),
         ("lss_lists", c_uint64),
+        ("distances", c_uint32),
     ]
 
 
@@ -113,6 +114,7 @@ def _declare(lib):
             ],
         ),
         "simjoin_result_report": (status, [result_p, POINTER(Report)]),
+        "simjoin_result_distances": (status, [result_p, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint32)]),
         "simjoin_knn_options_init": (status, [POINTER(KnnOptions)]),
         "simjoin_knn": (
             status,
