@@ -270,30 +270,6 @@ pub fn build_csr(
     Ok(Csr { offsets, neighbors })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn csr_self_join_both_directions() {
-        let pairs = vec![[0, 2], [1, 2]];
-        let c = build_csr(&pairs, true, 3, false, true).unwrap();
-        assert_eq!(c.offsets, vec![0, 1, 2, 4]);
-        assert_eq!(c.neighbors, vec![2, 2, 0, 1]);
-        let c = build_csr(&pairs, true, 3, true, true).unwrap();
-        assert_eq!(c.offsets, vec![0, 2, 4, 7]);
-        assert_eq!(c.neighbors, vec![0, 2, 1, 2, 0, 1, 2]);
-    }
-
-    #[test]
-    fn csr_ab_by_rows_of_a() {
-        let pairs = vec![[1, 5], [0, 3], [1, 0]];
-        let c = build_csr(&pairs, false, 2, false, true).unwrap();
-        assert_eq!(c.offsets, vec![0, 1, 3]);
-        assert_eq!(c.neighbors, vec![3, 0, 5]);
-    }
-}
-
 /// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
 /// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
 /// the accumulator in the input precision, square-rooted in that precision for Euclidean.
@@ -371,4 +347,28 @@ pub(crate) fn entry_distances(
         }
         _ => return Err(Error::invalid("A and B must have the same precision")),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csr_self_join_both_directions() {
+        let pairs = vec![[0, 2], [1, 2]];
+        let c = build_csr(&pairs, true, 3, false, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 1, 2, 4]);
+        assert_eq!(c.neighbors, vec![2, 2, 0, 1]);
+        let c = build_csr(&pairs, true, 3, true, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 2, 4, 7]);
+        assert_eq!(c.neighbors, vec![0, 2, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn csr_ab_by_rows_of_a() {
+        let pairs = vec![[1, 5], [0, 3], [1, 0]];
+        let c = build_csr(&pairs, false, 2, false, true).unwrap();
+        assert_eq!(c.offsets, vec![0, 1, 3]);
+        assert_eq!(c.neighbors, vec![3, 0, 5]);
+    }
 }
