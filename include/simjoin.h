@@ -91,35 +91,6 @@ typedef struct simjoin_knn_result simjoin_knn_result;
 typedef struct simjoin_result simjoin_result;
 
 /**
- * Validation layers for an engine's Vulkan device: one of `SIMJOIN_VALIDATION_*`.
- */
-typedef uint32_t simjoin_validation;
-
-/**
- * Engine options. Call `simjoin_engine_options_init` first: it sets `size` and every
- * default. They hold for the engine's whole life.
- */
-typedef struct simjoin_engine_options {
-  /**
-   * `sizeof(simjoin_engine_options)` as the caller compiled it.
-   */
-  size_t size;
-  /**
-   * Vulkan device index or name substring, NUL-terminated (NULL = the
-   * `SIMJOIN_DEVICE` environment variable, else the best device). Copied at creation.
-   */
-  const char *device;
-  /**
-   * CPU worker threads (0 = one per core).
-   */
-  uint64_t threads;
-  /**
-   * One of `SIMJOIN_VALIDATION_*`.
-   */
-  simjoin_validation validation;
-} simjoin_engine_options;
-
-/**
  * Coordinate type of a `simjoin_matrix`: one of `SIMJOIN_DTYPE_*`.
  */
 typedef uint32_t simjoin_dtype;
@@ -210,6 +181,35 @@ typedef struct simjoin_options {
    */
   uint32_t distances;
 } simjoin_options;
+
+/**
+ * Validation layers for an engine's Vulkan device: one of `SIMJOIN_VALIDATION_*`.
+ */
+typedef uint32_t simjoin_validation;
+
+/**
+ * Engine options. Call `simjoin_engine_options_init` first: it sets `size` and every
+ * default. They hold for the engine's whole life.
+ */
+typedef struct simjoin_engine_options {
+  /**
+   * `sizeof(simjoin_engine_options)` as the caller compiled it.
+   */
+  size_t size;
+  /**
+   * Vulkan device index or name substring, NUL-terminated (NULL = the
+   * `SIMJOIN_DEVICE` environment variable, else the best device). Copied at creation.
+   */
+  const char *device;
+  /**
+   * CPU worker threads (0 = one per core).
+   */
+  uint64_t threads;
+  /**
+   * One of `SIMJOIN_VALIDATION_*`.
+   */
+  simjoin_validation validation;
+} simjoin_engine_options;
 
 /**
  * Receives result pairs during a streaming join: `pairs` holds `count` pairs as
@@ -354,6 +354,31 @@ const char *simjoin_status_str(uint32_t status);
  * message is "" after a successful call.
  */
 size_t simjoin_last_error_message(char *buf, size_t len);
+
+/**
+ * Self-join streamed as Arrow record batches: fills `*out`, a caller-allocated `struct
+ * ArrowArrayStream` (the Arrow C stream interface), whose batches have columns `i`, `j`
+ * (uint32, i < j) and, with `opts->distances`, `distance` (float or double, the points'
+ * type). The join runs on a thread of its own while the consumer pulls batches (at most a
+ * few chunks ahead: a result larger than memory streams through), unsorted; `output` and
+ * `sorted` are ignored. The engine and the points' data must stay alive until the
+ * consumer calls the stream's `release`, which stops the join if it is still running.
+ * Errors of the join come out of the stream's `get_next`.
+ */
+simjoin_status simjoin_self_join_arrow(const struct simjoin_engine *engine,
+                                       const struct simjoin_matrix *points,
+                                       const struct simjoin_options *opts,
+                                       void *out);
+
+/**
+ * A join B streamed as Arrow record batches (`i` in A, `j` in B); see
+ * `simjoin_self_join_arrow`.
+ */
+simjoin_status simjoin_join_arrow(const struct simjoin_engine *engine,
+                                  const struct simjoin_matrix *a,
+                                  const struct simjoin_matrix *b,
+                                  const struct simjoin_options *opts,
+                                  void *out);
 
 /**
  * Creates an engine with default options (`simjoin_engine_new_with(NULL, out)`). Cheap:

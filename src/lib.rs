@@ -15,6 +15,7 @@
 // Every `unsafe` block says why it is sound (checked by clippy in CI).
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod arrow;
 mod backend;
 pub mod dataset;
 mod device;

@@ -57,7 +57,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # scikit-learn: the kNN tests compare with its kneighbors; dask, distributed, pandas and
 # pyarrow: simjoin.dask on a LocalCluster.
-"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' distributed pandas pyarrow
+"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' distributed pandas pyarrow duckdb polars
 # Reinstall the package (no cache) so it bundles the library just built.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-cache-dir ./bindings/python
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.

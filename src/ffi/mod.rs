@@ -29,6 +29,7 @@
 // (valid, aligned, live memory) is documented in the header and is the caller's to keep.
 #![allow(clippy::missing_safety_doc)]
 
+mod arrow;
 mod engine;
 mod join;
 mod knn;
@@ -36,6 +37,7 @@ mod matrix;
 mod options;
 mod result;
 
+pub use arrow::*;
 pub use engine::*;
 pub use join::*;
 pub use knn::*;

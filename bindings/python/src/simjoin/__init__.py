@@ -172,6 +172,48 @@ def _collect(result, output, shape, return_distance=False):
     return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape, copy=False)
 
 
+_ARROW_OUTPUTS = ("arrow", "arrow_stream")
+
+
+class _Keep:
+    """Keeps the engine's inputs alive while an Arrow stream still reads them."""
+
+    def __init__(self, *arrays):
+        self.arrays = arrays
+
+
+def _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads):
+    """The join as Arrow record batches (columns i, j and optionally distance), produced
+    while the join runs: a pyarrow.Table (output="arrow") or a pyarrow.RecordBatchReader
+    (output="arrow_stream", for results larger than memory)."""
+    import pyarrow as pa
+
+    opts = _options(eps, metric, backend, algorithm, "pairs", False, return_distance)
+    stream = _native.ArrowArrayStream()
+    ma = _matrix(a)
+    engine = _Engine.get(threads)
+    if b is None:
+        _check(lib.simjoin_self_join_arrow(engine, ctypes.byref(ma), ctypes.byref(opts), ctypes.addressof(stream)))
+    else:
+        mb = _matrix(b)
+        _check(lib.simjoin_join_arrow(engine, ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts),
+                                      ctypes.addressof(stream)))
+    # pyarrow moves the stream out of `stream` (it owns the release from here on).
+    reader = pa.RecordBatchReader._import_from_c(ctypes.addressof(stream))
+    if str(output).lower() == "arrow":
+        return reader.read_all()
+
+    # The join reads `a` and `b` until the stream is released: tie their lifetime to the
+    # reader's batches by wrapping it in a generator that holds them.
+    keep = _Keep(a, b)
+
+    def batches():
+        _ = keep
+        yield from reader
+
+    return pa.RecordBatchReader.from_batches(reader.schema, batches())
+
+
 def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
               sorted=True, return_distance=False, threads=None):
     """All pairs of rows of X within distance `eps` (dist <= eps).
@@ -185,8 +227,14 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     output="count": the number of pairs as an int. metric: "euclidean", "manhattan" or
     "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid", "ego",
     "brute" or "lss". Arrays view the engine's memory (no copy).
+    output="arrow": a pyarrow.Table with columns i, j (uint32) and, with return_distance,
+    distance; output="arrow_stream": a pyarrow.RecordBatchReader whose batches are made
+    while the join runs (unsorted; for results larger than memory). DuckDB and Polars read
+    both directly.
     """
     points = _as_points(X, "X")
+    if str(output).lower() in _ARROW_OUTPUTS:
+        return _arrow(output, points, None, eps, metric, backend, algorithm, return_distance, threads)
     opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     m = _matrix(points)
     result = ctypes.c_void_p()
@@ -209,6 +257,8 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
         common = np.result_type(a.dtype, b.dtype)
         common = common if common in (np.float32, np.float64) else np.float64
     a, b = _as_points(a, "A", common), _as_points(b, "B", common)
+    if str(output).lower() in _ARROW_OUTPUTS:
+        return _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads)
     opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     ma, mb = _matrix(a), _matrix(b)
     result = ctypes.c_void_p()

@@ -54,6 +54,18 @@ class KnnOptions(ctypes.Structure):
     ]
 
 
+class ArrowArrayStream(ctypes.Structure):
+    """The Arrow C stream interface's struct (filled by simjoin, consumed by pyarrow)."""
+
+    _fields_ = [
+        ("get_schema", c_void_p),
+        ("get_next", c_void_p),
+        ("get_last_error", c_void_p),
+        ("release", c_void_p),
+        ("private_data", c_void_p),
+    ]
+
+
 class Matrix(ctypes.Structure):
     _fields_ = [("data", c_void_p), ("rows", c_size_t), ("cols", c_size_t), ("dtype", c_uint32)]
 
@@ -115,6 +127,8 @@ def _declare(lib):
         ),
         "simjoin_result_report": (status, [result_p, POINTER(Report)]),
         "simjoin_result_distances": (status, [result_p, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint32)]),
+        "simjoin_self_join_arrow": (status, [engine_p, POINTER(Matrix), POINTER(Options), c_void_p]),
+        "simjoin_join_arrow": (status, [engine_p, POINTER(Matrix), POINTER(Matrix), POINTER(Options), c_void_p]),
         "simjoin_knn_options_init": (status, [POINTER(KnnOptions)]),
         "simjoin_knn": (
             status,
