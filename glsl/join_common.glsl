@@ -42,6 +42,9 @@ layout(std430, set = 0, binding = BINDING_COUNTERS) buffer Counters { uint count
 // Per thread of the batch: (phase, combination, position + 1, matches so far); phase DONE
 // when finished. Zeroed by the host before a batch's first dispatch.
 layout(std430, set = 0, binding = BINDING_STATES) buffer States { uvec4 states[]; };
+// LSS kNN (glsl/lss.glsl): per query position, the accumulator limit and the box radius.
+layout(std430, set = 0, binding = BINDING_Q_LIMITS) buffer QueryLimits { T q_limits[]; };
+layout(std430, set = 0, binding = BINDING_Q_RADII) readonly buffer QueryRadii { uint q_radii[]; };
 
 JOIN_PARAMS_BLOCK
 
@@ -62,9 +65,12 @@ bool charge(uint cost) {
     return true;
 }
 
-// The distance test against `limit`, over the dimensions in dataset order (the canonical
-// order of src/metric.rs) or, when `reordered`, in REORDER's order (meta[2K+1 ..]).
-bool distance_within(uint rpos, bool reordered, T limit) {
+// The accumulated distance (metric::distance_acc) between the query and indexed point
+// `rpos`, over the dimensions in dataset order (the canonical order of src/metric.rs) or,
+// when `reordered`, in REORDER's order (meta[2K+1 ..]). With `early`, it stops once the
+// partial sum exceeds `limit` (checked every 4 dimensions) and returns that partial sum,
+// which is > limit; without, it is the exact accumulator.
+T partial_distance(uint rpos, bool reordered, T limit, bool early) {
     precise T acc = T(0);
     uint base = rpos * DIM;
     bool alive = true;
@@ -78,9 +84,14 @@ bool distance_within(uint rpos, bool reordered, T limit) {
         } else {
             acc = max(acc, abs(d));
         }
-        alive = (t & 3u) != 3u || acc <= limit;
+        alive = !early || (t & 3u) != 3u || acc <= limit;
     }
-    return alive && acc <= limit;
+    return acc;
+}
+
+// The distance test against `limit` (see partial_distance).
+bool distance_within(uint rpos, bool reordered, T limit) {
+    return partial_distance(rpos, reordered, limit, true) <= limit;
 }
 
 // REORDER: the partial distance in variance order rejects most non-matches after a few

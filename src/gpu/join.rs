@@ -197,6 +197,12 @@ where
             thr,
             window: T::from_f64(T::from_f64(opts.eps).to_f64() * (1.0 + WINDOW_WIDEN)),
             thr_reject: reject_threshold(thr, dim),
+            lists: 0,
+            shift: 0,
+            radius: 0,
+            rank_lo: 0,
+            rank_hi: 0,
+            k: 0,
         },
     };
     let mut counts = Counts::default();
