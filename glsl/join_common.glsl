@@ -28,9 +28,14 @@ const uint DONE = 0xFFFFFFFFu;
 
 layout(std430, set = 0, binding = BINDING_R_COORDS) readonly buffer IndexedCoords { T r_coords[]; };
 layout(std430, set = 0, binding = BINDING_Q_COORDS) readonly buffer QueryCoords { T q_coords[]; };
-layout(std430, set = 0, binding = BINDING_CELL_KEYS) readonly buffer CellKeys { uint64_t cell_keys[]; };
-layout(std430, set = 0, binding = BINDING_CELL_RANGES) readonly buffer CellRanges { uvec2 cell_ranges[]; };
-layout(std430, set = 0, binding = BINDING_R_IDS) readonly buffer IndexedIds { uint r_ids[]; };
+// The index arrays the LSS kernels write (glsl/lss.glsl defines JOIN_INDEX_ACCESS empty);
+// read-only for the grid and brute-force kernels.
+#ifndef JOIN_INDEX_ACCESS
+#define JOIN_INDEX_ACCESS readonly
+#endif
+layout(std430, set = 0, binding = BINDING_CELL_KEYS) JOIN_INDEX_ACCESS buffer CellKeys { uint64_t cell_keys[]; };
+layout(std430, set = 0, binding = BINDING_CELL_RANGES) JOIN_INDEX_ACCESS buffer CellRanges { uvec2 cell_ranges[]; };
+layout(std430, set = 0, binding = BINDING_R_IDS) JOIN_INDEX_ACCESS buffer IndexedIds { uint r_ids[]; };
 layout(std430, set = 0, binding = BINDING_Q_IDS) readonly buffer QueryIds { uint q_ids[]; };
 layout(std430, set = 0, binding = BINDING_Q_CELLS) readonly buffer QueryCells { uint q_cells[]; };
 // cells per dimension [K], mask offsets [K+1] (relative to 2K+1+DIM), dimensions by
