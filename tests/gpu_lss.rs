@@ -147,3 +147,302 @@ fn lss_self_join_dims_and_metrics() {
         }
     }
 }
+
+#[test]
+fn lss_a_join_b_both_orders_and_metrics() {
+    for metric in METRICS {
+        for d in [2, 5, 16] {
+            let a = uniform(250, d, 1 + d as u64);
+            // B partly outside A's bounds: the quantisation spans both sets.
+            let b: Vec<f64> = uniform(400, d, 2 + d as u64)
+                .iter()
+                .map(|v| v * 1.3 - 0.15)
+                .collect();
+            let eps = eps_for(&a, d, metric, 0.04);
+            let o = lss(eps, metric, None);
+            // A smaller: A is indexed and pairs are swapped back; then B indexed.
+            let n1 = check_ab(&a, &b, d, &o, &format!("A⋈B {metric} d={d}"));
+            let n2 = check_ab(&b, &a, d, &o, &format!("B⋈A {metric} d={d}"));
+            assert_eq!(n1, n2);
+            assert!(n1 > 100, "{metric} d={d}: {n1}");
+        }
+    }
+}
+
+#[test]
+fn lss_lattice_exactly_eps_apart_and_duplicates() {
+    // Integer lattice with eps = 1: neighbours exactly eps apart (a match), in 1-3 D, with
+    // every point twice (duplicates: distance 0).
+    for d in [1usize, 2, 3] {
+        let side: usize = [60, 12, 6][d - 1];
+        let mut x = Vec::new();
+        for rep in 0..2 {
+            for i in 0..side.pow(d as u32) {
+                let mut rest = i;
+                for _ in 0..d {
+                    x.push((rest % side) as f64 + rep as f64 * 0.0);
+                    rest /= side;
+                }
+            }
+        }
+        for metric in METRICS {
+            for lists in [Some(1), Some(2), Some(d + 1), None] {
+                let pairs = check_self(
+                    &x,
+                    d,
+                    &lss(1.0, metric, lists),
+                    &format!("lattice d={d} {metric} lists {lists:?}"),
+                );
+                let n = side.pow(d as u32);
+                // At least: each duplicate pair, and both copies of each axis neighbour.
+                assert!(pairs >= n + 4 * d * (side - 1) * side.pow(d as u32 - 1));
+            }
+        }
+    }
+    // 400 points on 5 distinct positions: every pair at one position matches.
+    let x: Vec<f64> = (0..400)
+        .flat_map(|i| [(i % 5) as f64 * 0.5, 1.0, -2.0])
+        .collect();
+    let pairs = check_self(&x, 3, &lss(0.1, Metric::Euclidean, None), "duplicates");
+    assert_eq!(pairs, 5 * 80 * 79 / 2);
+}
+
+#[test]
+fn lss_list_counts_and_high_dims() {
+    for (d, n) in [(8, 250), (16, 200), (64, 100)] {
+        let x = clusters(n, d, 40 + d as u64);
+        let eps = eps_for(&x, d, Metric::Euclidean, 0.05);
+        for lists in [1, 2, d + 1] {
+            check_self(
+                &x,
+                d,
+                &lss(eps, Metric::Euclidean, Some(lists.min(64))),
+                &format!("d={d} lists={lists}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn lss_chunked_output_with_a_tiny_result_buffer() {
+    let d = 3;
+    let x = clusters(500, d, 21);
+    let eps = eps_for(&x, d, Metric::Euclidean, 0.03);
+    for cap in [1usize, 7, 300] {
+        let mut o = lss(eps, Metric::Euclidean, None);
+        o.result_buffer_pairs = Some(cap);
+        let pairs = check_self(&x, d, &o, &format!("chunks of {cap}"));
+        assert!(pairs > 2000);
+        let b: Vec<f64> = x.iter().map(|v| v + 0.01).collect();
+        check_ab(&x[..200 * d], &b, d, &o, &format!("A⋈B chunks of {cap}"));
+    }
+    // One query with more matches than the buffer holds: 150 duplicates, buffer of 7.
+    let x = vec![0.5; 150 * 4];
+    let mut o = lss(0.1, Metric::Chebyshev, Some(2));
+    o.result_buffer_pairs = Some(7);
+    let pairs = check_self(&x, 4, &o, "one query over the buffer");
+    assert_eq!(pairs, 150 * 149 / 2);
+    let ab = engine()
+        .join(
+            &Dataset::from_f64(&x[..4], 4).unwrap(),
+            &Dataset::from_f64(&x, 4).unwrap(),
+            &o,
+        )
+        .unwrap();
+    let all: Vec<Pair> = (0..150).map(|j| [0, j]).collect();
+    assert_eq!(ab.pairs().unwrap(), &all[..]);
+    assert!(ab.report.batches >= 150 / 7, "{:?}", ab.report.notes);
+    assert_no_validation_errors();
+}
+
+#[test]
+fn lss_tiny_inputs_count_and_csr() {
+    let e = engine();
+    let o = lss(0.5, Metric::Euclidean, None);
+    let empty = Dataset::from_f32(&[], 2).unwrap();
+    let one = Dataset::from_f32(&[1.0, 1.0], 2).unwrap();
+    let two = Dataset::from_f32(&[1.0, 1.0, 1.5, 1.0], 2).unwrap();
+    let two_far = Dataset::from_f32(&[1.0, 1.0, 1.5, 1.1], 2).unwrap();
+    let none: &[Pair] = &[];
+    assert_eq!(e.self_join(&empty, &o).unwrap().pairs().unwrap(), none);
+    assert_eq!(e.self_join(&one, &o).unwrap().pairs().unwrap(), none);
+    assert_eq!(e.self_join(&two, &o).unwrap().pairs().unwrap(), &[[0, 1]]);
+    assert_eq!(e.self_join(&two_far, &o).unwrap().pairs().unwrap(), none);
+    assert_eq!(e.join(&empty, &two, &o).unwrap().pairs().unwrap(), none);
+    assert_eq!(e.join(&two, &empty, &o).unwrap().pairs().unwrap(), none);
+    assert_eq!(
+        e.join(&one, &two, &o).unwrap().pairs().unwrap(),
+        &[[0, 0], [0, 1]]
+    );
+    assert_eq!(
+        e.join(&two, &one, &o).unwrap().pairs().unwrap(),
+        &[[0, 0], [1, 0]]
+    );
+    // Count only and CSR.
+    let x = clusters(400, 4, 31);
+    let eps = eps_for(&x, 4, Metric::Manhattan, 0.03);
+    let data = Dataset::from_f64(&x, 4).unwrap();
+    let want = oracle::self_join(&data, Metric::Manhattan, eps);
+    let mut o = lss(eps, Metric::Manhattan, None);
+    o.output = OutputForm::Count;
+    assert_eq!(e.self_join(&data, &o).unwrap().count(), want.len() as u64);
+    o.output = OutputForm::Csr;
+    let csr = e.self_join(&data, &o).unwrap();
+    assert_eq!(csr.csr().unwrap().neighbors.len(), 2 * want.len());
+    let report = &csr.report;
+    assert!(
+        report.notes.iter().any(|n| n.contains("average interval")),
+        "{:?}",
+        report.notes
+    );
+    assert!(report.phases.iter().any(|(p, _)| p.contains("sort")));
+    assert_no_validation_errors();
+}
+
+#[test]
+fn lss_long_walks_resume_past_the_software_loop_limit() {
+    // 1500 duplicates in 4-D: every query walks 1500 candidates (5 loop iterations each),
+    // past a software device's per-dispatch budget; search, count and fill resume.
+    let x = vec![0.25f32; 1500 * 4];
+    let data = Dataset::from_f32(&x, 4).unwrap();
+    let got = engine()
+        .self_join(&data, &lss(0.1, Metric::Chebyshev, Some(3)))
+        .unwrap();
+    assert_eq!(got.count(), 1500 * 1499 / 2);
+    assert_eq!(
+        got.pairs().unwrap(),
+        &oracle::self_join(&data, Metric::Chebyshev, 0.1)[..]
+    );
+    let note = got
+        .report
+        .notes
+        .iter()
+        .find(|n| n.contains("resubmissions"))
+        .unwrap();
+    assert!(!note.contains("(0 resubmissions"), "{note}");
+    assert_no_validation_errors();
+}
+
+// ---------------------------------------------------------------------------------------
+// kNN
+
+fn knn_opts(metric: Metric, algorithm: Algorithm, lists: Option<usize>) -> KnnOptions {
+    KnnOptions {
+        metric,
+        backend: Backend::Gpu,
+        algorithm,
+        lss_lists: lists,
+    }
+}
+
+/// The k nearest of `data` to each query by (accumulator, index), self excluded by index
+/// for a self-kNN; distances sqrt(acc) for Euclidean, in T.
+fn knn_oracle<T: simjoin::metric::Coord + Into<f64>>(
+    data: &[T],
+    queries: Option<&[T]>,
+    d: usize,
+    k: usize,
+    metric: Metric,
+    sqrt: fn(T) -> T,
+) -> (Vec<u32>, Vec<T>) {
+    let q = queries.unwrap_or(data);
+    let (mut idx, mut dist) = (Vec::new(), Vec::new());
+    for (r, qp) in q.chunks_exact(d).enumerate() {
+        let mut c: Vec<(T, u32)> = data
+            .chunks_exact(d)
+            .enumerate()
+            .filter(|&(j, _)| queries.is_some() || j != r)
+            .map(|(j, p)| (distance_acc(metric, qp, p), j as u32))
+            .collect();
+        c.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
+        for &(acc, j) in &c[..k] {
+            idx.push(j);
+            dist.push(if metric == Metric::Euclidean {
+                sqrt(acc)
+            } else {
+                acc
+            });
+        }
+    }
+    (idx, dist)
+}
+
+/// GPU kNN (self when `queries` is None) in f32 and f64 against the oracle, exactly.
+fn check_knn(
+    data: &[f64],
+    queries: Option<&[f64]>,
+    d: usize,
+    k: usize,
+    opts: &KnnOptions,
+    what: &str,
+) -> Vec<simjoin::KnnResult> {
+    let e = engine();
+    let mut out = Vec::new();
+    // f32
+    let (x32, q32) = (f32s(data), queries.map(f32s));
+    let dd = Dataset::from_f32(&x32, d).unwrap();
+    let qd = q32.as_ref().map(|q| Dataset::from_f32(q, d).unwrap());
+    let got = e
+        .knn(&dd, qd.as_ref(), k, opts)
+        .unwrap_or_else(|err| panic!("{what} f32: {err}"));
+    let (idx, dist) = knn_oracle(&x32, q32.as_deref(), d, k, opts.metric, f32::sqrt);
+    assert_eq!(got.k, k);
+    assert_eq!(got.rows, queries.unwrap_or(data).len() / d);
+    assert_eq!(
+        got.indices, idx,
+        "{what} f32 indices ({:?})",
+        got.report.notes
+    );
+    assert_eq!(
+        got.distances,
+        KnnDistances::F32(dist),
+        "{what} f32 distances"
+    );
+    out.push(got);
+    // f64
+    let dd = Dataset::from_f64(data, d).unwrap();
+    let qd = queries.map(|q| Dataset::from_f64(q, d).unwrap());
+    let got = e
+        .knn(&dd, qd.as_ref(), k, opts)
+        .unwrap_or_else(|err| panic!("{what} f64: {err}"));
+    let (idx, dist) = knn_oracle(data, queries, d, k, opts.metric, f64::sqrt);
+    assert_eq!(
+        got.indices, idx,
+        "{what} f64 indices ({:?})",
+        got.report.notes
+    );
+    assert_eq!(
+        got.distances,
+        KnnDistances::F64(dist),
+        "{what} f64 distances"
+    );
+    out.push(got);
+    assert_no_validation_errors();
+    out
+}
+
+#[test]
+fn knn_matches_the_oracle_dims_metrics_algorithms() {
+    for (d, n) in [(1, 300), (2, 400), (3, 400), (8, 300), (16, 250)] {
+        for (m, metric) in METRICS.into_iter().enumerate() {
+            let x = if m == 1 {
+                clusters(n, d, 3 + d as u64)
+            } else {
+                uniform(n, d, 5 + d as u64)
+            };
+            for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+                for k in [1, 7] {
+                    let r = check_knn(
+                        &x,
+                        None,
+                        d,
+                        k,
+                        &knn_opts(metric, algorithm, None),
+                        &format!("d={d} {metric} {algorithm} k={k}"),
+                    );
+                    assert_eq!(r[0].report.algorithm, algorithm);
+                }
+            }
+        }
+    }
+}

@@ -241,7 +241,6 @@ fn check_binding(ctx: &Context, bytes: u64, name: &str) -> Result<()> {
 /// The set of Z-lists over the indexed points, on the device.
 pub(super) struct ZIndex {
     pub n: usize,
-    pub lists: usize,
     pub shift: u32,
     /// Coordinates (T) and quantised rows, by id.
     pub coords: Arc<Buffer>,
@@ -330,7 +329,6 @@ impl ZIndex {
         lss.stream.finish()?;
         Ok(ZIndex {
             n,
-            lists,
             shift,
             coords,
             rows,

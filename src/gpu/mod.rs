@@ -19,6 +19,7 @@ mod device_data;
 pub(crate) mod index;
 pub mod interface;
 mod join;
+mod knn;
 mod lss;
 pub(crate) mod plan;
 mod zorder;
@@ -26,6 +27,7 @@ mod zorder;
 use crate::backend::{Job, JoinBackend};
 use crate::engine::EngineOptions;
 use crate::error::Result;
+use crate::knn::{KnnJob, KnnResult};
 use crate::result::{JoinReport, PairSink};
 use crate::vk::{Context, ContextOptions};
 use std::sync::Arc;
@@ -56,5 +58,9 @@ struct GpuBackend {
 impl JoinBackend for GpuBackend {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
         join::run(&self.ctx, job, sink)
+    }
+
+    fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
+        knn::run(&self.ctx, job)
     }
 }

@@ -20,6 +20,7 @@ use crate::metric::Coord;
 use crate::options::Metric;
 use crate::stats::bounds_and_variance;
 use rayon::prelude::*;
+#[cfg(test)]
 use std::cmp::Ordering;
 
 /// Largest quantised coordinate.
@@ -162,6 +163,7 @@ pub fn auto_lists(dim: usize) -> usize {
 
 /// Z-order (Morton) comparison of two quantised rows shifted by `shift`, by the dimension
 /// of the most significant differing bit; the host reference of the kernels' comparison.
+#[cfg(test)]
 pub fn z_cmp(a: &[u32], b: &[u32], shift: u32) -> Ordering {
     let mut top = 0u32;
     let mut ord = Ordering::Equal;
