@@ -189,17 +189,34 @@ T candidate_acc(uint slot) {
     return T_WORDS == 1u ? T_FROM_BITS(uvec2(results[slot].y, 0u)) : T_FROM_BITS(results[2u * slot + 1u]);
 }
 
+// kNN COUNT tightens the bound: it also counts the candidates under TIGHTER thresholds
+// (the bound times these factors, in distance units 1, 0.9, 0.8, 0.7, 0.55, 0.4) and keeps
+// the smallest threshold that at least k candidates meet (k points within it bound the
+// k-th accumulator just as well). Factors for accumulators: squared for Euclidean.
+const uint TIGHTER = 5u;
+// `precise`: the COUNT pass compares with these values and then stores the chosen one for
+// FILL, so both must be the same bits.
+T tighter(T bound, uint i) {
+    const float f[5] = float[5](0.9, 0.8, 0.7, 0.55, 0.4);
+    T x = T(f[i]);
+    precise T t = METRIC == 0u ? bound * (x * x) : bound * x;
+    return t;
+}
+
 // COUNT / FILL: walk the query's interval with the exact match test (join_common.glsl's
 // distance, metric.rs's arithmetic). Self-join: only partners with a larger id (each
 // unordered pair once, whatever list either point chose); self-kNN: all but the query.
 // FILL writes the matches whose output rank (cell_keys[pos] + match number) lies in
 // [rank, rank + capacity) at rank - rank_lo and pauses at the first one past the chunk.
-// State: (DONE or 0, next offset in the interval, matches so far, 0).
+// State: (DONE or 0, next offset in the interval, matches so far, counts under the
+// tighter thresholds (kNN COUNT) in the rest).
 void lss_walk(uint pos, bool fill) {
     uvec4 s0 = states[2u * pos];
     if (s0.x == DONE) {
         return;
     }
+    uvec4 s1 = states[2u * pos + 1u];
+    uint tight[TIGHTER] = uint[TIGHTER](s0.w, s1.x, s1.y, s1.z, s1.w);
     uint q_id = query_id(pos);
     load_query(q_id);
     used = DIM;
@@ -232,6 +249,14 @@ void lss_walk(uint pos, bool fill) {
         }
         T acc = partial_distance(id, false, limit, true);
         if (acc <= limit) {
+            if (knn && !fill) {
+                if (!charge(TIGHTER)) {
+                    break;
+                }
+                for (uint i = 0u; i < TIGHTER; i++) {
+                    tight[i] += acc <= tighter(limit, i) ? 1u : 0u;
+                }
+            }
             if (fill) {
                 uint64_t rank = first + uint64_t(matches);
                 if (rank >= chunk_hi) {
@@ -251,13 +276,25 @@ void lss_walk(uint pos, bool fill) {
         }
     }
     if (stopped || paused) {
-        save(pos, uvec4(0u, p - iv.x, matches, 0u), uvec4(0u));
+        save(pos, uvec4(0u, p - iv.x, matches, tight[0]),
+             uvec4(tight[1], tight[2], tight[3], tight[4]));
         if (stopped) {
             counters[1] = 1u;
         }
         return;
     }
     if (!fill) {
+        if (knn) {
+            // The tightest threshold with >= k candidates (the bound itself has >= k).
+            T best = limit;
+            for (uint i = 0u; i < TIGHTER; i++) {
+                if (tight[i] >= pc.k) {
+                    best = tighter(limit, i);
+                    matches = tight[i];
+                }
+            }
+            q_limits[pos] = best;
+        }
         cell_keys[pos] = uint64_t(matches);
     }
     finish(pos);

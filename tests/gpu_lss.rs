@@ -446,3 +446,185 @@ fn knn_matches_the_oracle_dims_metrics_algorithms() {
         }
     }
 }
+
+/// Integer lattice points (every point `copies` times): many exactly equal distances.
+fn lattice(side: usize, d: usize, copies: usize) -> Vec<f64> {
+    let mut x = Vec::new();
+    for _ in 0..copies {
+        for i in 0..side.pow(d as u32) {
+            let mut rest = i;
+            for _ in 0..d {
+                x.push((rest % side) as f64);
+                rest /= side;
+            }
+        }
+    }
+    x
+}
+
+#[test]
+fn knn_ties_duplicates_and_extreme_k() {
+    // Lattice with duplicates: ties at the k-th place everywhere, picked by smaller index.
+    for (d, side) in [(1usize, 80usize), (2, 12), (3, 5)] {
+        let x = lattice(side, d, 2);
+        let n = x.len() / d;
+        for metric in METRICS {
+            for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+                for k in [1, 2, 5, 13] {
+                    check_knn(
+                        &x,
+                        None,
+                        d,
+                        k,
+                        &knn_opts(metric, algorithm, None),
+                        &format!("lattice d={d} {metric} {algorithm} k={k}"),
+                    );
+                }
+            }
+        }
+        // k = n - 1: every other point.
+        for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+            check_knn(
+                &x,
+                None,
+                d,
+                n - 1,
+                &knn_opts(Metric::Euclidean, algorithm, Some(2)),
+                &format!("lattice d={d} {algorithm} k=n-1"),
+            );
+        }
+    }
+    // All points identical: every candidate ties at 0.
+    let x = vec![0.5; 60 * 3];
+    for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+        for k in [1, 10, 59] {
+            check_knn(
+                &x,
+                None,
+                3,
+                k,
+                &knn_opts(Metric::Manhattan, algorithm, None),
+                &format!("identical {algorithm} k={k}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn knn_large_k_and_a_to_b() {
+    // k = 2000 on 3000 points (the bound's windows then span most lists).
+    let d = 4;
+    let x = clusters(3000, d, 77);
+    for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+        let mut o = knn_opts(Metric::Euclidean, algorithm, Some(3));
+        // Queries: 40 points of another set (A-to-B), partly outside the data's bounds.
+        let q: Vec<f64> = uniform(40, d, 8).iter().map(|v| v * 14.0 - 2.0).collect();
+        check_knn(
+            &x,
+            Some(&q),
+            d,
+            2000,
+            &o,
+            &format!("A-to-B k=2000 {algorithm}"),
+        );
+        o.metric = Metric::Chebyshev;
+        check_knn(
+            &x[..600 * d],
+            None,
+            d,
+            550,
+            &o,
+            &format!("self k=550 {algorithm}"),
+        );
+    }
+    // A-to-B in every metric, queries with exact duplicates of data points.
+    for metric in METRICS {
+        for d in [2, 6] {
+            let data = uniform(500, d, 10 + d as u64);
+            let mut q: Vec<f64> = uniform(120, d, 20 + d as u64)
+                .iter()
+                .map(|v| v * 1.2 - 0.1)
+                .collect();
+            q.extend_from_slice(&data[..10 * d]);
+            for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+                check_knn(
+                    &data,
+                    Some(&q),
+                    d,
+                    9,
+                    &knn_opts(metric, algorithm, None),
+                    &format!("A-to-B {metric} d={d} {algorithm}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn knn_errors_and_edge_cases() {
+    let e = engine();
+    let x = vec![0.0f32, 1.0, 2.0, 3.0];
+    let data = Dataset::from_f32(&x, 1).unwrap();
+    for algorithm in [Algorithm::Lss, Algorithm::Brute, Algorithm::Auto] {
+        let o = knn_opts(Metric::Euclidean, algorithm, None);
+        // k > candidates (self-kNN excludes the point itself): an error.
+        let err = e.knn(&data, None, 4, &o).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert_eq!(
+            e.knn(&data, None, 0, &o).unwrap_err().kind(),
+            ErrorKind::InvalidArgument
+        );
+        let all = e.knn(&data, Some(&data), 4, &o).unwrap();
+        assert_eq!(all.row(0), &[0, 1, 2, 3]);
+        assert_eq!(all.row(3), &[3, 2, 1, 0]);
+        // Ties by smaller index: from 1.5 the points 1 and 2 are equally far.
+        let q = Dataset::from_f32(&[1.5], 1).unwrap();
+        let r = e.knn(&data, Some(&q), 3, &o).unwrap();
+        assert_eq!(r.row(0), &[1, 2, 0]);
+        assert_eq!(r.distance(0, 0), 0.5);
+        // No queries: an empty answer.
+        let none = Dataset::from_f32(&[], 1).unwrap();
+        let r = e.knn(&data, Some(&none), 2, &o).unwrap();
+        assert_eq!((r.rows, r.indices.len()), (0, 0));
+        // One point against one.
+        let one = Dataset::from_f32(&[7.0], 1).unwrap();
+        let r = e.knn(&one, Some(&q), 1, &o).unwrap();
+        assert_eq!(r.row(0), &[0]);
+        assert_eq!(r.distance(0, 0), 5.5);
+    }
+    // Algorithms the GPU has not: unsupported.
+    let o = knn_opts(Metric::Euclidean, Algorithm::KdTree, None);
+    assert_eq!(
+        e.knn(&data, None, 1, &o).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+    assert_no_validation_errors();
+}
+
+#[test]
+fn knn_chunked_output_and_heaps() {
+    // Tiny result buffers (the SIMJOIN_GPU_KNN_ENTRIES knob): a query's candidates split
+    // across chunks; brute-force heaps one query per chunk.
+    if std::env::var_os(common::CHILD_ENV).is_none() {
+        common::run_in_child(
+            "knn_chunked_output_and_heaps",
+            &[("SIMJOIN_GPU_KNN_ENTRIES", "37")],
+        );
+        return;
+    }
+    let d = 3;
+    let x = clusters(400, d, 91);
+    for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+        for k in [1, 20, 30] {
+            let r = check_knn(
+                &x,
+                None,
+                d,
+                k,
+                &knn_opts(Metric::Euclidean, algorithm, None),
+                &format!("chunked {algorithm} k={k}"),
+            );
+            assert!(r[0].report.batches > 10, "{:?}", r[0].report.notes);
+        }
+    }
+}

@@ -47,9 +47,11 @@ pub(super) fn run(ctx: &Arc<Context>, job: &KnnJob) -> Result<KnnResult> {
     let algorithm = match job.opts.algorithm {
         Algorithm::Auto | Algorithm::Lss => Algorithm::Lss,
         Algorithm::Brute => Algorithm::Brute,
-        other => return Err(Error::unsupported(format!(
+        other => {
+            return Err(Error::unsupported(format!(
             "the GPU backend has no '{other}' kNN algorithm (use lss or brute, or the CPU backend)"
-        ))),
+        )))
+        }
     };
     match job.precision() {
         Precision::F32 => run_typed::<f32>(ctx, job, algorithm),
