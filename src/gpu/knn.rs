@@ -69,6 +69,8 @@ pub(super) fn run(ctx: &Arc<Context>, job: &KnnJob) -> Result<KnnResult> {
 
 /// One query's neighbours: (accumulator, index), best first.
 type Row<T> = Vec<(T, u32)>;
+/// Receives a row's neighbours: (row, best first).
+type Put<'a, T> = &'a mut dyn FnMut(usize, &[(T, u32)]);
 
 fn run_typed<T: Coord + Sqrt>(
     ctx: &Arc<Context>,
@@ -189,7 +191,7 @@ fn lss_knn<T: Coord>(
     ctx: &Arc<Context>,
     job: &KnnJob,
     report: &mut JoinReport,
-    put: &mut dyn FnMut(usize, &[(T, u32)]),
+    put: Put<T>,
 ) -> Result<()>
 where
     JoinParams<T>: bytemuck::Pod,
@@ -373,7 +375,7 @@ fn brute<T: Coord>(
     ctx: &Arc<Context>,
     job: &KnnJob,
     report: &mut JoinReport,
-    put: &mut dyn FnMut(usize, &[(T, u32)]),
+    put: Put<T>,
 ) -> Result<()>
 where
     JoinParams<T>: bytemuck::Pod,

@@ -147,7 +147,11 @@ pub fn auto_lists(dim: usize) -> usize {
     if dim <= 1 {
         return 1;
     }
-    let full = if dim % 2 == 0 { dim + 1 } else { dim + 2 };
+    let full = if dim.is_multiple_of(2) {
+        dim + 1
+    } else {
+        dim + 2
+    };
     let l = (dim as f64).log2();
     let table = if l <= 4.0 {
         9.0
