@@ -110,13 +110,18 @@ void finish(uint pos) {
 // SEARCH. State: (list + 1, phase, lo, hi) (list + 1 == 0: fresh; phase 0: the low
 // corner's lower bound, 1: the high corner's upper bound), (lower bound, best list, best
 // begin, best length + 1 (0: none yet)).
+// Self-join: indexed ids are list-0 positions (lss_permute.comp), so in list 0 the
+// partners with larger ids are the interval's part after the query's own position: that
+// part is list 0's cost and interval.
 void lss_search(uint pos) {
     uvec4 s0 = states[2u * pos];
     uvec4 s1 = states[2u * pos + 1u];
     if (s0.x == DONE) {
         return;
     }
-    load_qrow(query_id(pos));
+    uint q_id = query_id(pos);
+    bool self_pairs = (pc.flags & (FLAG_SELF | FLAG_KNN)) == FLAG_SELF;
+    load_qrow(q_id);
     used = DIM;
     stopped = false;
     uint n = pc.n_cells;
@@ -144,11 +149,12 @@ void lss_search(uint pos) {
             phase = 1u;
             hi = n;
         } else {
-            uint len = lo - lb;
+            uint from = self_pairs && list == 0u ? min(max(lb, q_id + 1u), lo) : lb;
+            uint len = lo - from;
             if (best_len1 == 0u || len + 1u < best_len1) {
                 best_len1 = len + 1u;
                 best_list = list;
-                best_begin = lb;
+                best_begin = from;
             }
             list++;
             phase = 0u;

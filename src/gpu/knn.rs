@@ -239,7 +239,7 @@ where
         let len = end - start;
         // Rows of this block's query positions.
         let row_of: Vec<u32> = if self_knn {
-            ctx.download(&index.ids, start, len)?
+            index.orig[start..end].to_vec()
         } else {
             (start as u32..end as u32).collect()
         };
@@ -308,7 +308,11 @@ where
             };
             lss.run(MODE_FILL, chunk.queries.len(), &b, &fill)?;
             let raw: Vec<[u32; 2]> = ctx.download(&buffer, 0, (chunk.len * words) as usize)?;
-            let cands = decode::<T>(&raw);
+            // Internal ids back to the caller's before selection (ties go by those).
+            let cands: Vec<(T, u32)> = decode::<T>(&raw)
+                .into_iter()
+                .map(|(acc, id)| (acc, index.orig[id as usize]))
+                .collect();
             n_chunks += 1;
             let t_sel = Instant::now();
             let chunk_end = chunk.first + chunk.len;

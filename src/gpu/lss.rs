@@ -238,15 +238,69 @@ fn check_binding(ctx: &Context, bytes: u64, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// The set of Z-lists over the indexed points, on the device.
+/// The set of Z-lists over the indexed points, on the device. The points are renumbered by
+/// their position in list 0 (internal ids): list 0 is the identity, a list-0 interval is a
+/// run of consecutive points, and `orig` maps internal ids back to the caller's.
 pub(super) struct ZIndex {
     pub n: usize,
     pub shift: u32,
-    /// Coordinates (T) and quantised rows, by id.
+    /// Coordinates (T) and quantised rows, by internal id.
     pub coords: Arc<Buffer>,
     pub rows: Arc<Buffer>,
-    /// The lists: list l at [l*n, (l+1)*n).
+    /// The lists of internal ids: list l at [l*n, (l+1)*n).
     pub ids: Arc<Buffer>,
+    /// Internal id -> the caller's id.
+    pub orig: Vec<u32>,
+}
+
+const PERMUTE_INVERT: u32 = 0;
+const PERMUTE_GATHER: u32 = 1;
+const PERMUTE_MAP: u32 = 2;
+
+/// Matches `Params` in glsl/lss_permute.comp.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct PermuteParams {
+    src: u64,
+    dst: u64,
+    perm: u64,
+    count: u32,
+    width: u32,
+}
+
+/// Records one glsl/lss_permute.comp pass over `count` elements.
+fn permute(
+    lss: &mut Lss,
+    mode: u32,
+    src: &Arc<Buffer>,
+    dst: &Arc<Buffer>,
+    perm: &Arc<Buffer>,
+    count: u64,
+    width: u32,
+) -> Result<()> {
+    let kernel = lss.ctx.kernel(
+        "lss_permute",
+        shaders::LSS_PERMUTE,
+        &KernelSpec::new(lss.workgroup.max(64))
+            .constant(1, mode)
+            .push_bytes(size_of::<PermuteParams>() as u32),
+    )?;
+    let p = PermuteParams {
+        src: src.device_address(),
+        dst: dst.device_address(),
+        perm: perm.device_address(),
+        count: count as u32,
+        width,
+    };
+    lss.stream.barrier()?;
+    lss.stream
+        .dispatch_threads(&kernel, count, &[], bytemuck::bytes_of(&p))?;
+    lss.stream.barrier()?;
+    // The kernel addresses the buffers through device addresses only.
+    for b in [src, dst, perm] {
+        lss.stream.keep_alive(b.clone())?;
+    }
+    Ok(())
 }
 
 /// Row-major coordinates of `data` as `T` (the precision was checked by the caller).
@@ -297,7 +351,8 @@ impl ZIndex {
     {
         let (n, dim) = (data.len(), data.dim());
         let lists_n = lists as u64 * n as u64;
-        if lists_n >= u32::MAX as u64 || n as u64 * dim as u64 >= u32::MAX as u64 {
+        let words = (size_of::<T>() / 4) as u64;
+        if lists_n >= u32::MAX as u64 || n as u64 * dim as u64 * words >= u32::MAX as u64 {
             return Err(Error::unsupported(format!(
                 "LSS: {lists} lists of {n} points in {dim} dimensions exceed 32-bit positions"
             )));
@@ -326,13 +381,44 @@ impl ZIndex {
             shift,
             sort::SortStages::Auto,
         )?;
+        // Renumber by list-0 position: orig = list 0, inv = its inverse; gather the points
+        // in that order and map every list through inv (list 0 becomes the identity).
+        let orig = lss.buffer(n as u64 * 4, "original ids")?;
+        lss.stream.copy(&ids, 0, &orig, 0, n as u64 * 4)?;
+        let inv = lss.buffer(n as u64 * 4, "list-0 positions")?;
+        permute(lss, PERMUTE_INVERT, &orig, &inv, &orig, n as u64, 1)?;
+        let sorted_coords = lss.buffer(coords.size(), "indexed points (list-0 order)")?;
+        let w = (dim as u64 * words) as u32;
+        permute(
+            lss,
+            PERMUTE_GATHER,
+            &coords,
+            &sorted_coords,
+            &orig,
+            n as u64 * w as u64,
+            w,
+        )?;
+        let sorted_rows = lss.buffer(rows.size(), "quantised rows (list-0 order)")?;
+        let w = dim as u32;
+        permute(
+            lss,
+            PERMUTE_GATHER,
+            &rows,
+            &sorted_rows,
+            &orig,
+            n as u64 * w as u64,
+            w,
+        )?;
+        permute(lss, PERMUTE_MAP, &ids, &ids, &inv, lists_n, 1)?;
         lss.stream.finish()?;
+        let orig = lss.ctx.download(&orig, 0, n)?;
         Ok(ZIndex {
             n,
             shift,
-            coords,
-            rows,
+            coords: sorted_coords,
+            rows: sorted_rows,
             ids,
+            orig,
         })
     }
 }
@@ -371,7 +457,7 @@ pub(super) struct QuerySide {
 
 impl QuerySide {
     /// Queries of the indexed set itself, in the order of its first Z-list (neighbouring
-    /// threads then walk neighbouring intervals).
+    /// threads then walk neighbouring intervals): positions are internal ids.
     pub fn of_index(index: &ZIndex) -> QuerySide {
         QuerySide {
             n: index.n,
@@ -495,6 +581,22 @@ pub(super) fn result_buffer(lss: &Lss, entries: u64, words: u64) -> Result<(Arc<
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Maps pairs of internal ids (the indexed side) back to the caller's: self-join both
+/// members, ordered i < j; A ⋈ B the indexed member (first with `swap`, else second).
+fn to_caller_ids(pairs: &mut [Pair], orig: &[u32], self_join: bool, swap: bool) {
+    use rayon::prelude::*;
+    pairs.par_iter_mut().for_each(|p| {
+        if self_join {
+            let (a, b) = (orig[p[0] as usize], orig[p[1] as usize]);
+            *p = [a.min(b), a.max(b)];
+        } else if swap {
+            p[0] = orig[p[0] as usize];
+        } else {
+            p[1] = orig[p[1] as usize];
+        }
+    });
 }
 
 /// Seconds of each phase, for the report.
@@ -644,7 +746,8 @@ where
             lss.run(MODE_FILL, chunk.queries.len(), &b, &fill)?;
             ph.fill += t.elapsed().as_secs_f64();
             let t = Instant::now();
-            let pairs: Vec<Pair> = ctx.download(&buffer, 0, chunk.len as usize)?;
+            let mut pairs: Vec<Pair> = ctx.download(&buffer, 0, chunk.len as usize)?;
+            to_caller_ids(&mut pairs, &index.orig, self_join, swap);
             if let Some(s) = sink.as_deref_mut() {
                 s.push(&pairs).map_err(sink_error)?;
             }
