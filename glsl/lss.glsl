@@ -11,6 +11,9 @@
 //   r_ids     the Z-lists: list l is r_ids[l*n .. (l+1)*n] (n = pc.n_cells), sorted in
 //             Z-order of the rows shifted by l * pc.shift (glsl/bitonic_zorder.comp)
 //   q_ids     query position -> query id (with FLAG_Q_IDS; else the position is the id)
+// Indexed ids are internal: positions in list 0 (glsl/lss_permute.comp renumbers the set
+// after the sort, so list 0 is the identity); the host maps them back. A self-join's or
+// self-kNN's queries are the indexed points in list-0 order: query id = position.
 //   cell_ranges  per query position: its interval [begin, end) in r_ids (global positions)
 //   cell_keys    per query position (u64): its matches (COUNT), then, once scanned on the
 //                host's stream, its first output rank; [count] = total
