@@ -18,8 +18,8 @@
 //   cell_keys    per query position (u64): its matches (COUNT), then, once scanned on the
 //                host's stream, its first output rank; [count] = total
 //   states    two uvec4 per query position: where a query stopped (continuations)
-//   counters  [1] set when some query stopped early (out of loop budget); [2], [3] sum of
-//             the chosen intervals' lengths (low, high word)
+//   counters  [0] result slots taken (eps-join COUNT), [1] set when some query stopped
+//             early (out of loop budget); [2], [3] sum of the chosen intervals' lengths
 //   q_limits  kNN: per query position, the accumulator bound; q_radii: its box radius
 //   results   pairs (eps-join), (id, accumulator) candidates (kNN), or kNN heaps
 // A query position is pc.q_begin + thread for thread < pc.q_count.
@@ -217,6 +217,9 @@ T tighter(T bound, uint i) {
 // unordered pair once, whatever list either point chose); self-kNN: all but the query.
 // FILL writes the matches whose output rank (cell_keys[pos] + match number) lies in
 // [rank, rank + capacity) at rank - rank_lo and pauses at the first one past the chunk.
+// eps-join COUNT with capacity > 0 also writes each match at a slot taken from
+// counters[0] while slots last: when the total fits, that is the whole output and the
+// host skips the fill pass.
 // State: (DONE or 0, next offset in the interval, matches so far, counts under the
 // tighter thresholds (kNN COUNT) in the rest).
 void lss_walk(uint pos, bool fill) {
@@ -264,6 +267,12 @@ void lss_walk(uint pos, bool fill) {
                 }
                 for (uint i = 0u; i < TIGHTER; i++) {
                     tight[i] += acc <= tighter(limit, i) ? 1u : 0u;
+                }
+            }
+            if (!fill && !knn && pc.capacity != 0u) {
+                uint slot = atomicAdd(counters[0], 1u);
+                if (slot < pc.capacity) {
+                    results[slot] = swap ? uvec2(id, q_id) : uvec2(q_id, id);
                 }
             }
             if (fill) {

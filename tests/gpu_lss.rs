@@ -689,3 +689,36 @@ fn zorder_sort_matches_a_host_morton_sort() {
     }
     assert_no_validation_errors();
 }
+
+#[test]
+fn query_blocks_of_64_positions() {
+    // Queries processed in blocks (the SIMJOIN_GPU_LSS_BLOCK knob; 4M positions by
+    // default): per-block slices of the query order, offsets and states.
+    if std::env::var_os(common::CHILD_ENV).is_none() {
+        common::run_in_child(
+            "query_blocks_of_64_positions",
+            &[("SIMJOIN_GPU_LSS_BLOCK", "64")],
+        );
+        return;
+    }
+    let d = 3;
+    let x = clusters(300, d, 5);
+    let eps = eps_for(&x, d, Metric::Euclidean, 0.03);
+    let mut o = lss(eps, Metric::Euclidean, None);
+    o.result_buffer_pairs = Some(100);
+    check_self(&x, d, &o, "blocks self");
+    check_ab(&x[..100 * d], &x, d, &o, "blocks A⋈B");
+    check_ab(&x, &x[..150 * d], d, &o, "blocks B⋈A");
+    for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+        let ko = knn_opts(Metric::Manhattan, algorithm, None);
+        check_knn(&x, None, d, 6, &ko, &format!("blocks self-kNN {algorithm}"));
+        check_knn(
+            &x,
+            Some(&x[..130 * d]),
+            d,
+            6,
+            &ko,
+            &format!("blocks kNN {algorithm}"),
+        );
+    }
+}
