@@ -537,6 +537,20 @@ fn knn_large_k_and_a_to_b() {
             &format!("self k=550 {algorithm}"),
         );
     }
+    // k = 10000: 20 queries against 10,500 points (with duplicates: ties at the k-th place).
+    let mut big = uniform(7000, 2, 12);
+    big.extend_from_slice(&big[..3500 * 2].to_vec());
+    let q = uniform(20, 2, 13);
+    for algorithm in [Algorithm::Lss, Algorithm::Brute] {
+        check_knn(
+            &big,
+            Some(&q),
+            2,
+            10_000,
+            &knn_opts(Metric::Euclidean, algorithm, None),
+            &format!("k=10000 {algorithm}"),
+        );
+    }
     // A-to-B in every metric, queries with exact duplicates of data points.
     for metric in METRICS {
         for d in [2, 6] {

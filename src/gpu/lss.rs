@@ -118,7 +118,8 @@ impl<'c> Lss<'c> {
         let d = self.dim as u32;
         let least = match mode {
             MODE_SEARCH => 3 * d + 1,
-            MODE_COUNT | MODE_FILL => 2 * d + 1,
+            // The query, one candidate, and kNN's tighter thresholds.
+            MODE_COUNT | MODE_FILL => 2 * d + 6,
             MODE_KNN_BOUND => 4 * d + 1,
             _ => 2 * d + 2 + log_k,
         };
