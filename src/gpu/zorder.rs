@@ -141,8 +141,8 @@ pub fn shift_for(lists: usize) -> u32 {
 /// The number of lists when the caller gives none. One in 1-D (a Z-list is then sorted
 /// order and the box interval holds exactly the box). Else the paper's findings (its
 /// Fig. 8): the best SZL sizes were 9, 6 and 5 lists for d = 16, 64 and 256 (interpolated
-/// in log d, 5 beyond), never more than the full set (d + 1, or d + 2 for odd d). Measured
-/// here on lavapipe (src/gpu/lss.rs notes): see BENCHMARKS.md.
+/// in log d, 5 beyond), never more than the full set (d + 1, or d + 2 for odd d). On a
+/// software device `lss::choose_lists` caps this (measured there: BENCHMARKS.md).
 pub fn auto_lists(dim: usize) -> usize {
     if dim <= 1 {
         return 1;
