@@ -539,7 +539,7 @@ fn knn_large_k_and_a_to_b() {
     }
     // k = 10000: 20 queries against 10,500 points (with duplicates: ties at the k-th place).
     let mut big = uniform(7000, 2, 12);
-    big.extend_from_slice(&big[..3500 * 2].to_vec());
+    big.extend_from_within(..3500 * 2);
     let q = uniform(20, 2, 13);
     for algorithm in [Algorithm::Lss, Algorithm::Brute] {
         check_knn(
