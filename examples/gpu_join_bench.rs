@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run --release --example gpu_join_bench -- --n 20000 --d 3 --eps 0.01 --repeat 3
 //! cargo run --release --example gpu_join_bench -- --n 5000 --d 64 --selectivity 20 --algorithm brute
+//! cargo run --release --example gpu_join_bench -- --n 20000 --d 16 --algorithm lss --lists 9
 //! ```
 //! On lavapipe set `VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json`: it checks
 //! correctness paths, its times say nothing about a real GPU.
@@ -27,7 +28,7 @@ struct Args {
     /// Wanted average neighbours per point (sets eps from a sample of distances).
     #[arg(long, default_value_t = 10.0)]
     selectivity: f64,
-    /// grid | brute | auto
+    /// grid | lss | brute | auto
     #[arg(long, default_value = "grid")]
     algorithm: Algorithm,
     /// euclidean | manhattan | chebyshev
@@ -52,6 +53,9 @@ struct Args {
     /// Queries per batch.
     #[arg(long)]
     batch_points: Option<usize>,
+    /// LSS: number of Z-order lists.
+    #[arg(long)]
+    lists: Option<usize>,
     #[arg(long, default_value_t = 3)]
     repeat: usize,
     /// Also time the CPU backend on the same data.
@@ -140,6 +144,7 @@ fn main() -> simjoin::Result<()> {
     opts.indexed_dims = args.k;
     opts.result_buffer_pairs = args.result_pairs;
     opts.batch_points = args.batch_points;
+    opts.lss_lists = args.lists;
     println!(
         "workload: {} n={} d={} eps={eps:.6} metric={} {} {}",
         args.data,

@@ -1,5 +1,5 @@
 #version 460
-// Bitonic sort stage for u32 keys with u32 values (see bitonic.glsl).
+// Bitonic sort stage for u32 keys with u32 values (see bitonic_pairs.glsl, bitonic.glsl).
 #define KEY_T uint
 #define KEY_MAX 0xffffffffu
-#include "bitonic.glsl"
+#include "bitonic_pairs.glsl"

@@ -18,5 +18,8 @@ void main() {
     states[7] = uvec4(uint(cell_keys[0]), uint(cell_keys[0] >> 32), cell_ranges[0]);
     states[8] = uvec4(r_ids[0], q_ids[0], q_cells[0], meta[0]);
     states[9] = uvec4(counters[0], counters[1], 0u, 0u);
+    states[10] = uvec4(pc.lists, pc.shift, pc.radius, pc.rank_lo);
+    states[11] = uvec4(pc.rank_hi, pc.k, FLAG_KNN, FLAG_Q_IDS);
+    states[12] = uvec4(TBITS(q_limits[0]), q_radii[0], 0u);
     results[0] = uvec2(0x5EE0u, 0x5EE1u);
 }

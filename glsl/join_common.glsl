@@ -28,9 +28,14 @@ const uint DONE = 0xFFFFFFFFu;
 
 layout(std430, set = 0, binding = BINDING_R_COORDS) readonly buffer IndexedCoords { T r_coords[]; };
 layout(std430, set = 0, binding = BINDING_Q_COORDS) readonly buffer QueryCoords { T q_coords[]; };
-layout(std430, set = 0, binding = BINDING_CELL_KEYS) readonly buffer CellKeys { uint64_t cell_keys[]; };
-layout(std430, set = 0, binding = BINDING_CELL_RANGES) readonly buffer CellRanges { uvec2 cell_ranges[]; };
-layout(std430, set = 0, binding = BINDING_R_IDS) readonly buffer IndexedIds { uint r_ids[]; };
+// The index arrays the LSS kernels write (glsl/lss.glsl defines JOIN_INDEX_ACCESS empty);
+// read-only for the grid and brute-force kernels.
+#ifndef JOIN_INDEX_ACCESS
+#define JOIN_INDEX_ACCESS readonly
+#endif
+layout(std430, set = 0, binding = BINDING_CELL_KEYS) JOIN_INDEX_ACCESS buffer CellKeys { uint64_t cell_keys[]; };
+layout(std430, set = 0, binding = BINDING_CELL_RANGES) JOIN_INDEX_ACCESS buffer CellRanges { uvec2 cell_ranges[]; };
+layout(std430, set = 0, binding = BINDING_R_IDS) JOIN_INDEX_ACCESS buffer IndexedIds { uint r_ids[]; };
 layout(std430, set = 0, binding = BINDING_Q_IDS) readonly buffer QueryIds { uint q_ids[]; };
 layout(std430, set = 0, binding = BINDING_Q_CELLS) readonly buffer QueryCells { uint q_cells[]; };
 // cells per dimension [K], mask offsets [K+1] (relative to 2K+1+DIM), dimensions by
@@ -42,6 +47,9 @@ layout(std430, set = 0, binding = BINDING_COUNTERS) buffer Counters { uint count
 // Per thread of the batch: (phase, combination, position + 1, matches so far); phase DONE
 // when finished. Zeroed by the host before a batch's first dispatch.
 layout(std430, set = 0, binding = BINDING_STATES) buffer States { uvec4 states[]; };
+// LSS kNN (glsl/lss.glsl): per query position, the accumulator limit and the box radius.
+layout(std430, set = 0, binding = BINDING_Q_LIMITS) buffer QueryLimits { T q_limits[]; };
+layout(std430, set = 0, binding = BINDING_Q_RADII) readonly buffer QueryRadii { uint q_radii[]; };
 
 JOIN_PARAMS_BLOCK
 
@@ -62,9 +70,12 @@ bool charge(uint cost) {
     return true;
 }
 
-// The distance test against `limit`, over the dimensions in dataset order (the canonical
-// order of src/metric.rs) or, when `reordered`, in REORDER's order (meta[2K+1 ..]).
-bool distance_within(uint rpos, bool reordered, T limit) {
+// The accumulated distance (metric::distance_acc) between the query and indexed point
+// `rpos`, over the dimensions in dataset order (the canonical order of src/metric.rs) or,
+// when `reordered`, in REORDER's order (meta[2K+1 ..]). With `early`, it stops once the
+// partial sum exceeds `limit` (checked every 4 dimensions) and returns that partial sum,
+// which is > limit; without, it is the exact accumulator.
+T partial_distance(uint rpos, bool reordered, T limit, bool early) {
     precise T acc = T(0);
     uint base = rpos * DIM;
     bool alive = true;
@@ -78,9 +89,14 @@ bool distance_within(uint rpos, bool reordered, T limit) {
         } else {
             acc = max(acc, abs(d));
         }
-        alive = (t & 3u) != 3u || acc <= limit;
+        alive = !early || (t & 3u) != 3u || acc <= limit;
     }
-    return alive && acc <= limit;
+    return acc;
+}
+
+// The distance test against `limit` (see partial_distance).
+bool distance_within(uint rpos, bool reordered, T limit) {
+    return partial_distance(rpos, reordered, limit, true) <= limit;
 }
 
 // REORDER: the partial distance in variance order rejects most non-matches after a few

@@ -456,12 +456,18 @@ fn auto_is_grid_and_unsupported_algorithms_fail_cleanly() {
         "{:?}",
         got.report.notes
     );
-    for algorithm in [Algorithm::Ego, Algorithm::Lss] {
+    for algorithm in [Algorithm::Ego, Algorithm::KdTree] {
         let e = engine
             .self_join(&data, &gpu(0.05, Metric::Euclidean, algorithm))
             .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
     }
+    // LSS runs on the GPU (tests/gpu_lss.rs checks it).
+    let lss = engine
+        .self_join(&data, &gpu(0.05, Metric::Euclidean, Algorithm::Lss))
+        .unwrap();
+    assert_eq!(lss.report.algorithm, Algorithm::Lss);
+    assert_eq!(lss.pairs(), got.pairs());
     assert_no_validation_errors();
 }
 

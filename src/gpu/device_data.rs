@@ -57,6 +57,9 @@ impl DeviceData {
             (binding::RESULTS, results.all()),
             (binding::COUNTERS, counters.all()),
             (binding::STATES, states.all()),
+            // LSS kNN only (glsl/lss.glsl): stand-ins.
+            (binding::Q_LIMITS, self.meta.all()),
+            (binding::Q_RADII, self.meta.all()),
         ];
         b.sort_by_key(|(i, _)| *i);
         debug_assert!(b.iter().enumerate().all(|(i, (n, _))| i as u32 == *n));

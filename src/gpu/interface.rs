@@ -68,6 +68,8 @@ join_interface! {
         FLAG_SWAP = 4, "Write pairs as (indexed id, query id).";
         FLAG_SORTIDU = 8, "Cells are sorted on SORT_DIM: search a window.";
         FLAG_REORDER = 16, "Grid: reject in variance order first (REORDER).";
+        FLAG_KNN = 32, "LSS kNN: per-query limits (q_limits) and box radii (q_radii); candidates written as (index, accumulator); with FLAG_SELF only the query itself is excluded.";
+        FLAG_Q_IDS = 64, "LSS: query position -> query id through q_ids (else the position is the id).";
     }
     bindings {
         R_COORDS = 0;
@@ -81,6 +83,8 @@ join_interface! {
         RESULTS = 8;
         COUNTERS = 9;
         STATES = 10;
+        Q_LIMITS = 11;
+        Q_RADII = 12;
     }
     params {
         q_begin: u32, "First query position of the batch.";
@@ -91,6 +95,12 @@ join_interface! {
         n_cells: u32, "Non-empty cells (grid) or indexed points (brute force).";
         budget: u32, "Loop iterations a thread may run per dispatch (0 = unlimited).";
         log_cells: u32, "Bound on the iterations of one binary search.";
+        lists: u32, "LSS: Z-order lists in the set (each `n_cells` long in r_ids).";
+        shift: u32, "LSS: shift of list l = l * shift, in quantised units, every dimension.";
+        radius: u32, "LSS eps-join: half-width of the query box in quantised units.";
+        rank_lo: u32, "LSS fill: first output rank of this chunk, low word.";
+        rank_hi: u32, "LSS fill: first output rank of this chunk, high word.";
+        k: u32, "kNN: neighbours per query.";
     } then {
         thr: T, "metric::threshold(metric, eps).";
         window: T, "SORTIDU half-window: > any |q_u - r_u| of a matching pair.";

@@ -56,23 +56,25 @@ pub(crate) fn run(
     }
 }
 
-/// The GPU algorithm for `job`: grid, or brute force for tiny inputs under `auto`.
+/// The GPU algorithm for `job`: grid, or brute force for tiny inputs under `auto`; LSS
+/// (`lss.rs`) when asked for.
 fn choose_algorithm(job: &Job) -> Result<Algorithm> {
     let (na, nb) = (job.a.len(), job.b.map_or(job.a.len(), |b| b.len()));
     Ok(match job.opts.algorithm {
         Algorithm::Auto if (na as u64) * (nb as u64) <= TINY_PAIRS => Algorithm::Brute,
         Algorithm::Auto | Algorithm::Grid => Algorithm::Grid,
         Algorithm::Brute => Algorithm::Brute,
+        Algorithm::Lss => Algorithm::Lss,
         other => {
             return Err(Error::unsupported(format!(
-                "the GPU backend has no '{other}' algorithm (use grid or brute, or the CPU backend)"
+                "the GPU backend has no '{other}' algorithm (use grid, lss or brute, or the CPU backend)"
             )))
         }
     })
 }
 
 /// Software devices: one subgroup per workgroup and a loop budget per thread (0: none).
-fn workgroup_and_budget(ctx: &Context) -> (u32, u32) {
+pub(super) fn workgroup_and_budget(ctx: &Context) -> (u32, u32) {
     if ctx.is_software() {
         let wg = ctx.limits().subgroup_size.clamp(1, 64);
         (wg, LOOP_BUDGET / wg)
@@ -118,6 +120,9 @@ where
     let self_join = job.b.is_none();
     let (na, nb) = (job.a.len(), job.b.map_or(job.a.len(), |b| b.len()));
     let algorithm = choose_algorithm(job)?;
+    if algorithm == Algorithm::Lss {
+        return super::lss::run::<T>(ctx, job, sink);
+    }
     let mut report = JoinReport {
         backend: "vulkan".into(),
         device: ctx.device_name().to_string(),
@@ -197,6 +202,12 @@ where
             thr,
             window: T::from_f64(T::from_f64(opts.eps).to_f64() * (1.0 + WINDOW_WIDEN)),
             thr_reject: reject_threshold(thr, dim),
+            lists: 0,
+            shift: 0,
+            radius: 0,
+            rank_lo: 0,
+            rank_hi: 0,
+            k: 0,
         },
     };
     let mut counts = Counts::default();

@@ -9,19 +9,25 @@
 //! - `join`: the driver: uploads, estimation, three slots (stream + result buffer + pinned
 //!   read-back) in flight, continuations when a result buffer fills up or a software
 //!   device's loop budget runs out, the report.
-//! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp` (f32/f64) with `join_*.glsl`: the
-//!   kernels; the match test is `metric.rs`'s, bit for bit.
+//! - `lss`, `zorder`: LSS (sort and search over a set of Z-order lists): the eps-join,
+//!   and with `knn` the exact k-nearest-neighbour join (LSS or brute force).
+//! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp`, `glsl/lss_*.comp` (f32/f64) with
+//!   `join_*.glsl`, `lss.glsl`: the kernels; the match test is `metric.rs`'s, bit for bit.
 
 mod batch;
 mod device_data;
 pub(crate) mod index;
 pub mod interface;
 mod join;
+mod knn;
+mod lss;
 pub(crate) mod plan;
+mod zorder;
 
 use crate::backend::{Job, JoinBackend};
 use crate::engine::EngineOptions;
 use crate::error::Result;
+use crate::knn::{KnnJob, KnnResult};
 use crate::result::{JoinReport, PairSink};
 use crate::vk::{Context, ContextOptions};
 use std::sync::Arc;
@@ -52,5 +58,9 @@ struct GpuBackend {
 impl JoinBackend for GpuBackend {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
         join::run(&self.ctx, job, sink)
+    }
+
+    fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
+        knn::run(&self.ctx, job)
     }
 }

@@ -1,5 +1,6 @@
-//! Exclusive prefix sum of u32 counts into u64 offsets on the device, any length, by
-//! multi-level reduce-then-scan (no inter-workgroup communication within a dispatch).
+//! Exclusive prefix sum of u32 counts into u64 offsets (or of u64 values in place) on the
+//! device, any length, by multi-level reduce-then-scan (no inter-workgroup communication
+//! within a dispatch).
 
 use super::{shaders, Buffer, Context, KernelSpec, Memory, Stream};
 use crate::error::{Error, Result};
@@ -45,6 +46,28 @@ pub fn exclusive_scan_u32_to_u64(
     offsets: &Arc<Buffer>,
     n: usize,
 ) -> Result<()> {
+    scan(stream, counts, false, offsets, n)
+}
+
+/// Records `values[i] = values[0] + ... + values[i-1]` (the old values) for `i` in
+/// `0..=n`, in place: `values` holds `n` u64 and room for the total at `[n]`. The same
+/// kernel as [`exclusive_scan_u32_to_u64`], reading u64 input (every invocation reads its
+/// elements before writing them).
+pub fn exclusive_scan_u64_in_place(
+    stream: &mut Stream,
+    values: &Arc<Buffer>,
+    n: usize,
+) -> Result<()> {
+    scan(stream, values, true, values, n)
+}
+
+fn scan(
+    stream: &mut Stream,
+    counts: &Arc<Buffer>,
+    input_u64: bool,
+    offsets: &Arc<Buffer>,
+    n: usize,
+) -> Result<()> {
     let ctx: Arc<Context> = stream.context().clone();
     let wg = workgroup_size(&ctx);
     let tile = wg as usize * ITEMS;
@@ -53,10 +76,11 @@ pub fn exclusive_scan_u32_to_u64(
             "scan: {n} elements exceed the 2^32 - {tile} limit"
         )));
     }
-    if counts.size() < n as u64 * 4 || offsets.size() < (n as u64 + 1) * 8 {
+    let input_bytes = n as u64 * if input_u64 { 8 } else { 4 };
+    if counts.size() < input_bytes || offsets.size() < (n as u64 + 1) * 8 {
         return Err(Error::invalid(format!(
             "scan: {n} counts need {} input bytes and {} output bytes; the buffers have {} and {}",
-            n as u64 * 4,
+            input_bytes,
             (n as u64 + 1) * 8,
             counts.size(),
             offsets.size()
@@ -119,7 +143,7 @@ pub fn exclusive_scan_u32_to_u64(
 
     // Up: tile sums of each level into the next.
     for l in 0..top {
-        let reduce = kernel(MODE_REDUCE, l > 0)?;
+        let reduce = kernel(MODE_REDUCE, l > 0 || input_u64)?;
         let p = Params {
             input: input_of(l),
             output: level_addr[l + 1],
@@ -132,7 +156,7 @@ pub fn exclusive_scan_u32_to_u64(
     }
     // Down: scan each level within tiles, offset by the scanned level above.
     for l in (0..=top).rev() {
-        let scan = kernel(MODE_SCAN, l > 0)?;
+        let scan = kernel(MODE_SCAN, l > 0 || input_u64)?;
         let bases = if l == top { 0 } else { level_addr[l + 1] };
         let p = Params {
             input: input_of(l),

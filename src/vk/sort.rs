@@ -1,7 +1,9 @@
-//! Bitonic sort of (key, value) pairs on the device: u32 or u64 keys, u32 values, any
-//! length. Pairs end up ordered by key, then value, so the result is unique (and equals a
-//! CPU sort of the pairs). Shared-memory stages sort and merge tiles of `2 * workgroup`
-//! elements; global stages merge across tiles.
+//! Bitonic sort on the device, any length: (key, value) pairs with u32 or u64 keys and u32
+//! values, ordered by key, then value, so the result is unique (and equals a CPU sort of
+//! the pairs); and point ids in Z-order of their quantised coordinate rows (LSS's lists,
+//! [`sort_zorder`]), several lists in the same dispatches. Shared-memory stages sort and
+//! merge tiles of `2 * workgroup` elements; global stages merge across tiles. The network
+//! is one (glsl/bitonic.glsl) for both element kinds.
 
 use super::{shaders, Buffer, Context, KernelSpec, Stream};
 use crate::error::{Error, Result};
@@ -12,7 +14,8 @@ const MODE_LOCAL_SORT: u32 = 0;
 const MODE_LOCAL_MERGE: u32 = 1;
 const MODE_GLOBAL_STEP: u32 = 2;
 
-/// Matches `Params` in glsl/bitonic.glsl.
+/// Matches `Params` in glsl/bitonic_pairs.glsl and glsl/bitonic_zorder.comp (`values`:
+/// the rows there; `shift`: 0 and unused for pairs).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
@@ -21,17 +24,19 @@ struct Params {
     n: u32,
     half_span: u32,
     flip: u32,
+    segments: u32,
+    shift: u32,
     unused: u32,
 }
 
 /// Largest power-of-two workgroup (at most 256) whose tile fits the device's limits.
-fn workgroup_size(ctx: &Context, key_bytes: u32) -> u32 {
+fn workgroup_size(ctx: &Context, element_bytes: u32) -> u32 {
     let l = ctx.limits();
     let mut wg = 256u32;
     while wg > 1
         && (wg > l.max_compute_work_group_size[0]
             || wg > l.max_compute_work_group_invocations
-            || 2 * wg * (key_bytes + 4) > l.max_compute_shared_memory_size)
+            || 2 * wg * element_bytes > l.max_compute_shared_memory_size)
     {
         wg /= 2;
     }
@@ -95,90 +100,183 @@ pub fn sort_pairs_with(
             values.size()
         )));
     }
-    if n <= 1 {
-        return Ok(());
-    }
-    let ctx: Arc<Context> = stream.context().clone();
-    let wg = workgroup_size(&ctx, key_bytes);
-    let use_tiles = match stages {
-        SortStages::Auto => !ctx.is_software(),
-        SortStages::Tiles => true,
-        SortStages::GlobalOnly => false,
-    };
-    // Without tiles every stage is global: as if tiles held one element.
-    let tile = if use_tiles { 2 * wg as usize } else { 1 };
     let (name, spirv) = if key64 {
         ("bitonic_u64", shaders::BITONIC_U64)
     } else {
         ("bitonic_u32", shaders::BITONIC_U32)
     };
-    let kernel = |mode| {
-        ctx.kernel(
-            name,
-            spirv,
-            &KernelSpec::new(wg)
-                .constant(1, mode)
-                .push_bytes(size_of::<Params>() as u32),
-        )
-    };
-    let local_sort = kernel(MODE_LOCAL_SORT)?;
-    let local_merge = kernel(MODE_LOCAL_MERGE)?;
-    let global_step = kernel(MODE_GLOBAL_STEP)?;
-    let params = |half_span: usize, flip: bool| Params {
+    let network = Network {
+        name,
+        spirv,
+        element_bytes: key_bytes + 4,
+        constants: Vec::new(),
         keys: keys.device_address(),
         values: values.device_address(),
-        n: n as u32,
-        half_span: half_span as u32,
-        flip: flip as u32,
-        unused: 0,
+        n,
+        segments: 1,
+        shift: 0,
     };
-    let tiles = n.div_ceil(tile) as u64;
-    let local_threads = tiles * wg as u64;
-    let padded = n.next_power_of_two();
+    network.record(stream, stages)
+}
 
-    stream.barrier()?;
-    if use_tiles {
-        stream.dispatch_threads(
-            &local_sort,
-            local_threads,
-            &[],
-            bytemuck::bytes_of(&params(0, false)),
-        )?;
-        stream.barrier()?;
+/// Records a sort of `segments` lists of point ids in Z-order (Morton order), in place:
+/// list s is `ids[s*n .. (s+1)*n]` (any permutation of 0..n, e.g. from an init kernel),
+/// ordered by the rows `rows[id*dim .. (id+1)*dim]` (u32 coordinates < 2^31) shifted by
+/// `s * shift` in every dimension, equal rows by id. The comparison finds the dimension
+/// of the most significant differing bit (glsl/bitonic_zorder.comp), so no interleaved key
+/// is built and any `dim` works. Barriers before and after, as for the pair sort.
+#[allow(clippy::too_many_arguments)]
+pub fn sort_zorder(
+    stream: &mut Stream,
+    ids: &Arc<Buffer>,
+    rows: &Arc<Buffer>,
+    n: usize,
+    segments: usize,
+    dim: usize,
+    shift: u32,
+    stages: SortStages,
+) -> Result<()> {
+    let elements = n as u64 * segments as u64;
+    if n > 1 << 31 || elements >= u32::MAX as u64 || n as u64 * dim as u64 >= u32::MAX as u64 {
+        return Err(Error::invalid(format!(
+            "Z-order sort: {segments} lists of {n} points in {dim} dimensions exceed the 2^32 index range"
+        )));
     }
-    let mut block = 2 * tile;
-    while block <= padded {
-        // First stage of the merge: compare mirror images across the block halves.
-        let global_threads = (padded / 2) as u64;
-        stream.dispatch_threads(
-            &global_step,
-            global_threads,
-            &[],
-            bytemuck::bytes_of(&params(block / 2, true)),
-        )?;
-        stream.barrier()?;
-        let mut stride = block / 4;
-        while stride >= tile {
-            stream.dispatch_threads(
-                &global_step,
-                global_threads,
-                &[],
-                bytemuck::bytes_of(&params(stride, false)),
-            )?;
-            stream.barrier()?;
-            stride /= 2;
+    if dim == 0 || dim > u32::MAX as usize {
+        return Err(Error::invalid("Z-order sort: dim must be >= 1"));
+    }
+    if (shift as u64) * (segments.saturating_sub(1) as u64) >= 1 << 31 {
+        return Err(Error::invalid(format!(
+            "Z-order sort: {segments} lists shifted by {shift} leave the 2^32 coordinate range"
+        )));
+    }
+    if ids.size() < elements * 4 || rows.size() < n as u64 * dim as u64 * 4 {
+        return Err(Error::invalid(format!(
+            "Z-order sort: {segments} lists of {n} ids need {} bytes and {n} rows {} bytes; the buffers have {} and {}",
+            elements * 4,
+            n as u64 * dim as u64 * 4,
+            ids.size(),
+            rows.size()
+        )));
+    }
+    let network = Network {
+        name: "bitonic_zorder",
+        spirv: shaders::BITONIC_ZORDER,
+        element_bytes: 4,
+        constants: vec![(2, dim as u32)],
+        keys: ids.device_address(),
+        values: rows.device_address(),
+        n,
+        segments,
+        shift,
+    };
+    network.record(stream, stages)?;
+    // The kernels address the buffers through device addresses only.
+    stream.keep_alive(ids.clone())?;
+    stream.keep_alive(rows.clone())
+}
+
+/// One sort: a kernel of the network (glsl/bitonic.glsl) and what it sorts.
+struct Network {
+    name: &'static str,
+    spirv: &'static [u8],
+    /// Shared-memory bytes per element of a tile.
+    element_bytes: u32,
+    /// Specialization constants beyond the workgroup size and MODE.
+    constants: Vec<(u32, u32)>,
+    keys: u64,
+    values: u64,
+    n: usize,
+    segments: usize,
+    shift: u32,
+}
+
+impl Network {
+    fn record(&self, stream: &mut Stream, stages: SortStages) -> Result<()> {
+        let n = self.n;
+        if n <= 1 || self.segments == 0 {
+            return Ok(());
         }
+        let ctx: Arc<Context> = stream.context().clone();
+        let wg = workgroup_size(&ctx, self.element_bytes);
+        let use_tiles = match stages {
+            SortStages::Auto => !ctx.is_software(),
+            SortStages::Tiles => true,
+            SortStages::GlobalOnly => false,
+        };
+        // Without tiles every stage is global: as if tiles held one element.
+        let tile = if use_tiles { 2 * wg as usize } else { 1 };
+        let kernel = |mode| {
+            let mut spec = KernelSpec::new(wg)
+                .constant(1, mode)
+                .push_bytes(size_of::<Params>() as u32);
+            for &(id, v) in &self.constants {
+                spec = spec.constant(id, v);
+            }
+            ctx.kernel(self.name, self.spirv, &spec)
+        };
+        let local_sort = kernel(MODE_LOCAL_SORT)?;
+        let local_merge = kernel(MODE_LOCAL_MERGE)?;
+        let global_step = kernel(MODE_GLOBAL_STEP)?;
+        let params = |half_span: usize, flip: bool| Params {
+            keys: self.keys,
+            values: self.values,
+            n: n as u32,
+            half_span: half_span as u32,
+            flip: flip as u32,
+            segments: self.segments as u32,
+            shift: self.shift,
+            unused: 0,
+        };
+        let segments = self.segments as u64;
+        let tiles = n.div_ceil(tile) as u64;
+        let local_threads = segments * tiles * wg as u64;
+        let padded = n.next_power_of_two();
+
+        stream.barrier()?;
         if use_tiles {
-            // Strides below the tile size stay inside one tile: finish in shared memory.
             stream.dispatch_threads(
-                &local_merge,
+                &local_sort,
                 local_threads,
                 &[],
                 bytemuck::bytes_of(&params(0, false)),
             )?;
             stream.barrier()?;
         }
-        block *= 2;
+        let mut block = 2 * tile;
+        while block <= padded {
+            // First stage of the merge: compare mirror images across the block halves.
+            let global_threads = segments * (padded / 2) as u64;
+            stream.dispatch_threads(
+                &global_step,
+                global_threads,
+                &[],
+                bytemuck::bytes_of(&params(block / 2, true)),
+            )?;
+            stream.barrier()?;
+            let mut stride = block / 4;
+            while stride >= tile {
+                stream.dispatch_threads(
+                    &global_step,
+                    global_threads,
+                    &[],
+                    bytemuck::bytes_of(&params(stride, false)),
+                )?;
+                stream.barrier()?;
+                stride /= 2;
+            }
+            if use_tiles {
+                // Strides below the tile size stay inside one tile: finish in shared memory.
+                stream.dispatch_threads(
+                    &local_merge,
+                    local_threads,
+                    &[],
+                    bytemuck::bytes_of(&params(0, false)),
+                )?;
+                stream.barrier()?;
+            }
+            block *= 2;
+        }
+        Ok(())
     }
-    Ok(())
 }
