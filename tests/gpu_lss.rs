@@ -10,7 +10,7 @@ mod common;
 use common::{assert_no_validation_errors, Rng};
 use simjoin::metric::distance_acc;
 use simjoin::{
-    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, KnnDistances, KnnOptions,
+    oracle, Algorithm, Backend, Dataset, Distances, Engine, ErrorKind, JoinOptions, KnnOptions,
     Metric, OutputForm, Pair,
 };
 use std::sync::OnceLock;
@@ -393,11 +393,7 @@ fn check_knn(
         "{what} f32 indices ({:?})",
         got.report.notes
     );
-    assert_eq!(
-        got.distances,
-        KnnDistances::F32(dist),
-        "{what} f32 distances"
-    );
+    assert_eq!(got.distances, Distances::F32(dist), "{what} f32 distances");
     out.push(got);
     // f64
     let dd = Dataset::from_f64(data, d).unwrap();
@@ -411,11 +407,7 @@ fn check_knn(
         "{what} f64 indices ({:?})",
         got.report.notes
     );
-    assert_eq!(
-        got.distances,
-        KnnDistances::F64(dist),
-        "{what} f64 distances"
-    );
+    assert_eq!(got.distances, Distances::F64(dist), "{what} f64 distances");
     out.push(got);
     assert_no_validation_errors();
     out

@@ -30,9 +30,10 @@ use super::lss::{
 use super::zorder::Quantizer;
 use crate::dataset::Precision;
 use crate::error::{Error, Result};
-use crate::knn::{alloc, finish_distances, key_less, KnnDistances, KnnJob, KnnResult, Sqrt};
+use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
 use crate::metric::Coord;
 use crate::options::Algorithm;
+use crate::result::Distances;
 use crate::result::JoinReport;
 use crate::vk::{Buffer, Context};
 use rayon::prelude::*;
@@ -53,7 +54,7 @@ pub(super) fn run(ctx: &Arc<Context>, job: &KnnJob) -> Result<KnnResult> {
         )))
         }
     };
-    match job.precision() {
+    match job.data.precision() {
         Precision::F32 => run_typed::<f32>(ctx, job, algorithm),
         Precision::F64 => {
             if !ctx.features().shader_float64 {
@@ -105,9 +106,9 @@ where
     }
     finish_distances(job.opts.metric, &mut accs);
     let distances = if size_of::<T>() == 4 {
-        KnnDistances::F32(accs.iter().map(|a| a.to_f64() as f32).collect())
+        Distances::F32(accs.iter().map(|a| a.to_f64() as f32).collect())
     } else {
-        KnnDistances::F64(accs.iter().map(|a| a.to_f64()).collect())
+        Distances::F64(accs.iter().map(|a| a.to_f64()).collect())
     };
     Ok(KnnResult {
         rows,
@@ -197,7 +198,7 @@ where
     JoinParams<T>: bytemuck::Pod,
 {
     let (data, k, metric) = (job.data, job.k, job.opts.metric);
-    let self_knn = job.is_self();
+    let self_knn = job.query.is_none();
     let words = (size_of::<T>() / 4) as u64;
     let mut lss = Lss::new(ctx, data.dim(), metric)?;
     for mode in [MODE_KNN_BOUND, MODE_SEARCH, MODE_COUNT] {
@@ -405,7 +406,12 @@ where
     let capacity = capacity_limit(ctx, entries_override(), words).max(k as u64);
     let per_chunk = (capacity / k as u64).max(1) as usize;
     let base = JoinParams::<T> {
-        flags: flags::FLAG_Q_IDS | if job.is_self() { flags::FLAG_SELF } else { 0 },
+        flags: flags::FLAG_Q_IDS
+            | if job.query.is_none() {
+                flags::FLAG_SELF
+            } else {
+                0
+            },
         n_cells: data.len() as u32,
         budget: lss.budget,
         log_cells: log_k,
