@@ -116,8 +116,8 @@ int main(void) {
   o.backend = 9;
   expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown backend value 9");
   o = opts;
-  o.algorithm = 5;
-  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown algorithm value 5");
+  o.algorithm = 99;
+  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown algorithm value 99");
   o = opts;
   o.output = 3;
   expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown output value 3");
