@@ -17,6 +17,7 @@
 
 mod backend;
 pub mod dataset;
+pub mod dbscan;
 mod device;
 pub mod engine;
 pub mod error;
@@ -45,6 +46,7 @@ pub mod kernel_interface {
 }
 
 pub use dataset::{Coords, Dataset, Precision};
+pub use dbscan::{dbscan, DbscanOptions, DbscanResult};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};

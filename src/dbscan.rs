@@ -1,0 +1,347 @@
+//! DBSCAN on the eps-join, in O(n) memory beyond the input, on any backend.
+//!
+//! The answer (deterministic, the same on every backend, bit for bit):
+//! - a point is a *core* point when at least `min_samples` points lie within eps of it,
+//!   the point itself included (scikit-learn's count); "within eps" is the join's match
+//!   test (`metric.rs`: input precision, canonical order, `<=`);
+//! - core points within eps of each other are in the same cluster (the connected
+//!   components of the core-core pairs);
+//! - a non-core point with a core point within eps is a *border* point: it goes to the
+//!   cluster of its nearest core neighbour by `metric::distance_acc` in the input
+//!   precision, equal distances to the smaller index;
+//! - every other point is noise (label -1);
+//! - clusters are numbered 0, 1, ... in the order of their smallest member index (core or
+//!   border): the cluster holding the smallest clustered point index is 0, and so on.
+//!
+//! How: two streamed passes over the self-join (`Engine::self_join_stream`), whose pairs
+//! are consumed chunk by chunk as the backend produces them and never collected. Pass 1
+//! counts each point's neighbours; pass 2 links core-core pairs in a union-find (path
+//! halving, the smaller root index wins) and keeps, for each non-core point, its nearest
+//! core neighbour so far. Memory beyond the input and the labels: about 9 bytes per point
+//! plus one coordinate (the degree array becomes the union-find's parents, a core flag, the
+//! nearest core's index and its distance), whatever the number of pairs.
+//!
+//! A free function rather than an `Engine` method: DBSCAN is a client of the engine's public
+//! streaming interface and needs nothing inside it, so the engine stays as it is.
+
+use crate::dataset::{Coords, Dataset};
+use crate::engine::Engine;
+use crate::error::{Error, ErrorKind, Result};
+use crate::metric::{distance_acc, Coord};
+use crate::options::{Backend, JoinOptions, Metric};
+use crate::result::{JoinReport, Pair, PairSink};
+use std::time::Instant;
+
+/// How to run DBSCAN.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DbscanOptions {
+    /// Neighbourhood radius: finite and > 0 (a point within eps is a neighbour, `<=`).
+    pub eps: f64,
+    /// Neighbours (the point itself included) that make a point a core point: >= 1.
+    pub min_samples: usize,
+    pub metric: Metric,
+    pub backend: Backend,
+}
+
+impl DbscanOptions {
+    /// `eps` and `min_samples` with the defaults for the rest (Euclidean, automatic
+    /// backend).
+    pub fn new(eps: f64, min_samples: usize) -> Self {
+        DbscanOptions {
+            eps,
+            min_samples,
+            metric: Metric::default(),
+            backend: Backend::default(),
+        }
+    }
+
+    /// Checks what can be checked without the data.
+    pub fn validate(&self) -> Result<()> {
+        if !self.eps.is_finite() || self.eps <= 0.0 {
+            return Err(Error::invalid(format!(
+                "eps must be a finite number > 0 (got {})",
+                self.eps
+            )));
+        }
+        if self.min_samples < 1 {
+            return Err(Error::invalid(format!(
+                "min_samples must be >= 1 (got {})",
+                self.min_samples
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The clustering.
+#[derive(Clone, Debug)]
+pub struct DbscanResult {
+    /// Each point's cluster (0, 1, ...) or -1 for noise.
+    pub labels: Vec<i64>,
+    /// Whether each point is a core point.
+    pub core: Vec<bool>,
+    /// Number of clusters.
+    pub clusters: usize,
+    /// Number of noise points (label -1).
+    pub noise: usize,
+    /// Number of core points.
+    pub core_points: usize,
+    /// What ran: `pairs` is the number of unique pairs of the eps-join, `seconds` the whole
+    /// clustering, `phases` its passes; backend, device and algorithm those of the join.
+    pub report: JoinReport,
+}
+
+impl DbscanResult {
+    /// The core points' indices, ascending (scikit-learn's `core_sample_indices_`).
+    pub fn core_indices(&self) -> Vec<usize> {
+        (0..self.core.len()).filter(|&i| self.core[i]).collect()
+    }
+}
+
+/// DBSCAN of `data` (see the module documentation for the exact answer).
+pub fn dbscan(engine: &Engine, data: &Dataset, opts: &DbscanOptions) -> Result<DbscanResult> {
+    opts.validate()?;
+    match data.coords() {
+        Coords::F32(x) => run::<f32>(engine, data, x, opts),
+        Coords::F64(x) => run::<f64>(engine, data, x, opts),
+    }
+}
+
+fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            ErrorKind::OutOfHostMemory,
+            format!("cannot allocate the DBSCAN {what} ({len} entries)"),
+        )
+    })?;
+    v.resize(len, fill);
+    Ok(v)
+}
+
+/// Pass 1: every pair adds a neighbour to both of its points.
+struct DegreeSink<'a> {
+    degree: &'a mut [u32],
+}
+
+impl PairSink for DegreeSink<'_> {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        let degree = &mut *self.degree;
+        for &[i, j] in chunk {
+            // No overflow: a degree is at most n < 2^32 (the self count included).
+            degree[i as usize] += 1;
+            degree[j as usize] += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Union-find root of `x`, halving the path on the way.
+#[inline]
+fn find(parent: &mut [u32], mut x: u32) -> u32 {
+    loop {
+        let p = parent[x as usize];
+        if p == x {
+            return x;
+        }
+        let grand = parent[p as usize];
+        parent[x as usize] = grand;
+        x = grand;
+    }
+}
+
+/// Pass 2: core-core pairs are linked, a core neighbour of a non-core point is offered
+/// to it as its nearest core point.
+struct LinkSink<'a, T: Coord> {
+    x: &'a [T],
+    dim: usize,
+    metric: Metric,
+    core: &'a [bool],
+    parent: &'a mut [u32],
+    /// For a non-core point: its nearest core neighbour so far (`u32::MAX`: none) and the
+    /// accumulated distance to it.
+    nearest: &'a mut [u32],
+    nearest_acc: &'a mut [T],
+}
+
+impl<T: Coord> LinkSink<'_, T> {
+    #[inline]
+    fn offer(&mut self, p: u32, c: u32) {
+        let (p, dim) = (p as usize, self.dim);
+        let acc = distance_acc(
+            self.metric,
+            &self.x[p * dim..(p + 1) * dim],
+            &self.x[c as usize * dim..(c as usize + 1) * dim],
+        );
+        let best = self.nearest[p];
+        if best == u32::MAX || acc < self.nearest_acc[p] || (acc == self.nearest_acc[p] && c < best)
+        {
+            self.nearest[p] = c;
+            self.nearest_acc[p] = acc;
+        }
+    }
+}
+
+impl<T: Coord> PairSink for LinkSink<'_, T> {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        for &[i, j] in chunk {
+            match (self.core[i as usize], self.core[j as usize]) {
+                (true, true) => {
+                    let a = find(self.parent, i);
+                    let b = find(self.parent, j);
+                    // Union by index: the smaller root stays a root.
+                    if a < b {
+                        self.parent[b as usize] = a;
+                    } else if b < a {
+                        self.parent[a as usize] = b;
+                    }
+                }
+                (true, false) => self.offer(j, i),
+                (false, true) => self.offer(i, j),
+                (false, false) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run<T: Coord>(
+    engine: &Engine,
+    data: &Dataset,
+    x: &[T],
+    opts: &DbscanOptions,
+) -> Result<DbscanResult> {
+    let start = Instant::now();
+    let n = data.len();
+    let mut join = JoinOptions::new(opts.eps);
+    join.metric = opts.metric;
+    join.backend = opts.backend;
+    let mut report = JoinReport::default();
+    let mut phases = Vec::new();
+
+    // Pass 1: neighbour counts (the point itself included), unless every point is a core
+    // point anyway (min_samples = 1) or there is nothing to count.
+    let mut degree: Vec<u32> = alloc(n, 1u32, "neighbour counts")?;
+    let threshold = u32::try_from(opts.min_samples).unwrap_or(u32::MAX);
+    if opts.min_samples > 1 && n > 1 {
+        let t = Instant::now();
+        let mut sink = DegreeSink {
+            degree: &mut degree,
+        };
+        report = engine.self_join_stream(data, &join, &mut sink)?;
+        phases.push((
+            "count neighbours (join 1)".to_string(),
+            t.elapsed().as_secs_f64(),
+        ));
+    }
+    let mut core: Vec<bool> = alloc(n, false, "core flags")?;
+    let mut core_points = 0usize;
+    for (c, &d) in core.iter_mut().zip(&degree) {
+        *c = d >= threshold;
+        core_points += usize::from(*c);
+    }
+
+    // Pass 2: link the core points and find each border point's nearest core point. With
+    // no core point every point is noise, and a single point has no pair.
+    let mut parent = degree;
+    for (i, p) in parent.iter_mut().enumerate() {
+        *p = i as u32;
+    }
+    let mut nearest: Vec<u32> = alloc(n, u32::MAX, "nearest core points")?;
+    if core_points > 0 && n > 1 {
+        let mut nearest_acc: Vec<T> = alloc(n, T::ZERO, "nearest core distances")?;
+        let t = Instant::now();
+        let mut sink = LinkSink {
+            x,
+            dim: data.dim(),
+            metric: opts.metric,
+            core: &core,
+            parent: &mut parent,
+            nearest: &mut nearest,
+            nearest_acc: &mut nearest_acc,
+        };
+        let second = engine.self_join_stream(data, &join, &mut sink)?;
+        phases.push((
+            "link core points (join 2)".to_string(),
+            t.elapsed().as_secs_f64(),
+        ));
+        if report.backend.is_empty() {
+            report = second;
+        } else {
+            report.batches += second.batches;
+            report.notes.extend(second.notes);
+        }
+    }
+
+    // Labels: clusters numbered in the order of their smallest member index. `number`
+    // maps a root to its cluster (u32::MAX: not numbered yet).
+    let t = Instant::now();
+    let mut labels: Vec<i64> = alloc(n, -1i64, "labels")?;
+    let mut number: Vec<u32> = alloc(n, u32::MAX, "cluster numbers")?;
+    let mut clusters = 0u32;
+    let mut noise = 0usize;
+    for i in 0..n {
+        let anchor = if core[i] {
+            i as u32
+        } else if nearest[i] != u32::MAX {
+            nearest[i]
+        } else {
+            noise += 1;
+            continue;
+        };
+        let root = find(&mut parent, anchor) as usize;
+        if number[root] == u32::MAX {
+            number[root] = clusters;
+            clusters += 1;
+        }
+        labels[i] = number[root] as i64;
+    }
+    phases.push(("label".to_string(), t.elapsed().as_secs_f64()));
+
+    if report.backend.is_empty() {
+        // No join ran (fewer than two points): no backend was asked anything.
+        report.backend = match opts.backend {
+            Backend::Gpu => "vulkan".into(),
+            _ => "cpu".into(),
+        };
+        report.notes.push("no join was needed".into());
+    }
+    report.phases = phases;
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(DbscanResult {
+        labels,
+        core,
+        clusters: clusters as usize,
+        noise,
+        core_points,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_halves_paths() {
+        let mut parent = vec![0u32, 0, 1, 2, 3];
+        assert_eq!(find(&mut parent, 4), 0);
+        assert_eq!(find(&mut parent, 3), 0);
+        assert!(parent[4] <= 2);
+    }
+
+    #[test]
+    fn options_are_checked() {
+        assert!(DbscanOptions::new(0.5, 5).validate().is_ok());
+        for (eps, m) in [
+            (0.0, 5),
+            (-1.0, 5),
+            (f64::NAN, 5),
+            (f64::INFINITY, 5),
+            (0.5, 0),
+        ] {
+            let e = DbscanOptions::new(eps, m).validate().unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        }
+    }
+}
