@@ -102,8 +102,8 @@ impl DbscanResult {
 pub fn dbscan(engine: &Engine, data: &Dataset, opts: &DbscanOptions) -> Result<DbscanResult> {
     opts.validate()?;
     match data.coords() {
-        Coords::F32(x) => run::<f32>(engine, data, x, opts),
-        Coords::F64(x) => run::<f64>(engine, data, x, opts),
+        Coords::F32(x) => run(engine, data.dim(), x, opts),
+        Coords::F64(x) => run(engine, data.dim(), x, opts),
     }
 }
 
@@ -158,6 +158,8 @@ struct LinkSink<'a, T: Coord> {
     metric: Metric,
     core: &'a [bool],
     parent: &'a mut [u32],
+    /// The original index of each position (ties between core points go to the smaller).
+    orig: &'a [u32],
     /// For a non-core point: its nearest core neighbour so far (`u32::MAX`: none) and the
     /// accumulated distance to it.
     nearest: &'a mut [u32],
@@ -174,7 +176,9 @@ impl<T: Coord> LinkSink<'_, T> {
             &self.x[c as usize * dim..(c as usize + 1) * dim],
         );
         let best = self.nearest[p];
-        if best == u32::MAX || acc < self.nearest_acc[p] || (acc == self.nearest_acc[p] && c < best)
+        if best == u32::MAX
+            || acc < self.nearest_acc[p]
+            || (acc == self.nearest_acc[p] && self.orig[c as usize] < self.orig[best as usize])
         {
             self.nearest[p] = c;
             self.nearest_acc[p] = acc;
@@ -205,19 +209,141 @@ impl<T: Coord> PairSink for LinkSink<'_, T> {
     }
 }
 
-fn run<T: Coord>(
+/// Spreads the low 32 bits of `v` to the even bits of a u64.
+fn spread2(v: u64) -> u64 {
+    let mut x = v & 0xFFFF_FFFF;
+    x = (x | (x << 16)) & 0x0000_FFFF_0000_FFFF;
+    x = (x | (x << 8)) & 0x00FF_00FF_00FF_00FF;
+    x = (x | (x << 4)) & 0x0F0F_0F0F_0F0F_0F0F;
+    x = (x | (x << 2)) & 0x3333_3333_3333_3333;
+    (x | (x << 1)) & 0x5555_5555_5555_5555
+}
+
+/// Spreads the low 21 bits of `v` to every third bit of a u64.
+fn spread3(v: u64) -> u64 {
+    let mut x = v & 0x1F_FFFF;
+    x = (x | (x << 32)) & 0x001F_0000_0000_FFFF;
+    x = (x | (x << 16)) & 0x001F_0000_FF00_00FF;
+    x = (x | (x << 8)) & 0x100F_00F0_0F00_F00F;
+    x = (x | (x << 4)) & 0x10C3_0C30_C30C_30C3;
+    (x | (x << 2)) & 0x1249_2492_4924_9249
+}
+
+/// The points' positions in Z-order over (up to) their three widest dimensions: `order[p]`
+/// is the original index of the point at position p. Neighbours then have nearby
+/// positions, so the per-point arrays the sinks update are touched in cache-friendly order
+/// (the pairs' indices would otherwise be scattered over the whole input). Deterministic:
+/// equal keys are ordered by index.
+fn spatial_order<T: Coord>(
+    x: &[T],
+    n: usize,
+    dim: usize,
+    threads: Option<usize>,
+) -> Result<Vec<u32>> {
+    let mut lo = vec![f64::INFINITY; dim];
+    let mut hi = vec![f64::NEG_INFINITY; dim];
+    for row in x.chunks_exact(dim) {
+        for (k, &v) in row.iter().enumerate() {
+            let v = v.to_f64();
+            lo[k] = lo[k].min(v);
+            hi[k] = hi[k].max(v);
+        }
+    }
+    let mut dims: Vec<usize> = (0..dim).collect();
+    dims.sort_by(|&a, &b| (hi[b] - lo[b]).total_cmp(&(hi[a] - lo[a])).then(a.cmp(&b)));
+    dims.truncate(3);
+    let bits: u32 = match dims.len() {
+        1 => 63,
+        2 => 32,
+        _ => 21,
+    };
+    let top = ((1u64 << bits) - 1) as f64;
+    let scale: Vec<f64> = dims
+        .iter()
+        .map(|&k| {
+            if hi[k] > lo[k] {
+                top / (hi[k] - lo[k])
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut keyed: Vec<(u64, u32)> = Vec::new();
+    keyed.try_reserve_exact(n).map_err(|_| {
+        Error::new(
+            ErrorKind::OutOfHostMemory,
+            format!("cannot allocate the DBSCAN sort keys ({n} entries)"),
+        )
+    })?;
+    for (i, row) in x.chunks_exact(dim).enumerate() {
+        let mut q = [0u64; 3];
+        for (c, &k) in dims.iter().enumerate() {
+            q[c] = (((row[k].to_f64() - lo[k]) * scale[c]) as u64).min(top as u64);
+        }
+        let key = match dims.len() {
+            1 => q[0],
+            2 => spread2(q[0]) | (spread2(q[1]) << 1),
+            _ => spread3(q[0]) | (spread3(q[1]) << 1) | (spread3(q[2]) << 2),
+        };
+        keyed.push((key, i as u32));
+    }
+    if n >= 1 << 16 {
+        use rayon::slice::ParallelSliceMut;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.unwrap_or(0))
+            .build()
+            .map_err(|e| Error::from(anyhow::anyhow!("cannot start sort threads: {e}")))?;
+        pool.install(|| keyed.par_sort_unstable());
+    } else {
+        keyed.sort_unstable();
+    }
+    Ok(keyed.into_iter().map(|(_, i)| i).collect())
+}
+
+/// A coordinate type whose slices make a `Dataset`.
+trait Points: Coord {
+    fn dataset(x: &[Self], dim: usize) -> Result<Dataset<'_>>;
+}
+impl Points for f32 {
+    fn dataset(x: &[Self], dim: usize) -> Result<Dataset<'_>> {
+        Dataset::from_f32(x, dim)
+    }
+}
+impl Points for f64 {
+    fn dataset(x: &[Self], dim: usize) -> Result<Dataset<'_>> {
+        Dataset::from_f64(x, dim)
+    }
+}
+
+fn run<T: Points>(
     engine: &Engine,
-    data: &Dataset,
+    dim: usize,
     x: &[T],
     opts: &DbscanOptions,
 ) -> Result<DbscanResult> {
     let start = Instant::now();
-    let n = data.len();
+    let n = x.len() / dim;
     let mut join = JoinOptions::new(opts.eps);
     join.metric = opts.metric;
     join.backend = opts.backend;
     let mut report = JoinReport::default();
     let mut phases = Vec::new();
+
+    // The points in Z-order (a copy: the input stays as it is); `orig` maps back.
+    let t = Instant::now();
+    let orig = spatial_order(x, n, dim, engine.options().threads)?;
+    let mut sorted: Vec<T> = Vec::new();
+    sorted.try_reserve_exact(x.len()).map_err(|_| {
+        Error::new(
+            ErrorKind::OutOfHostMemory,
+            "cannot allocate the DBSCAN reordered points",
+        )
+    })?;
+    for &i in &orig {
+        sorted.extend_from_slice(&x[i as usize * dim..(i as usize + 1) * dim]);
+    }
+    let data = T::dataset(&sorted, dim)?;
+    phases.push(("spatial order".to_string(), t.elapsed().as_secs_f64()));
 
     // Pass 1: neighbour counts (the point itself included), unless every point is a core
     // point anyway (min_samples = 1) or there is nothing to count.
@@ -228,7 +354,7 @@ fn run<T: Coord>(
         let mut sink = DegreeSink {
             degree: &mut degree,
         };
-        report = engine.self_join_stream(data, &join, &mut sink)?;
+        report = engine.self_join_stream(&data, &join, &mut sink)?;
         phases.push((
             "count neighbours (join 1)".to_string(),
             t.elapsed().as_secs_f64(),
@@ -252,15 +378,16 @@ fn run<T: Coord>(
         let mut nearest_acc: Vec<T> = alloc(n, T::ZERO, "nearest core distances")?;
         let t = Instant::now();
         let mut sink = LinkSink {
-            x,
-            dim: data.dim(),
+            x: &sorted,
+            dim,
             metric: opts.metric,
             core: &core,
+            orig: &orig,
             parent: &mut parent,
             nearest: &mut nearest,
             nearest_acc: &mut nearest_acc,
         };
-        let second = engine.self_join_stream(data, &join, &mut sink)?;
+        let second = engine.self_join_stream(&data, &join, &mut sink)?;
         phases.push((
             "link core points (join 2)".to_string(),
             t.elapsed().as_secs_f64(),
@@ -272,29 +399,47 @@ fn run<T: Coord>(
             report.notes.extend(second.notes);
         }
     }
+    drop(sorted);
 
-    // Labels: clusters numbered in the order of their smallest member index. `number`
-    // maps a root to its cluster (u32::MAX: not numbered yet).
+    // Labels. Each position's cluster root (u32::MAX: noise), kept in `nearest` (a
+    // position reads only its own entry before overwriting it).
     let t = Instant::now();
+    for p in 0..n {
+        let anchor = if core[p] { p as u32 } else { nearest[p] };
+        nearest[p] = if anchor == u32::MAX {
+            u32::MAX
+        } else {
+            find(&mut parent, anchor)
+        };
+    }
+    let root = nearest;
+    // Back to the input's order: `position[i]` is where original point i went (the
+    // union-find's array is free now).
+    let mut position = parent;
+    for (p, &i) in orig.iter().enumerate() {
+        position[i as usize] = p as u32;
+    }
+    drop(orig);
+    // Clusters numbered in the order of their smallest original index; `number` maps a
+    // root to its cluster (u32::MAX: not numbered yet).
     let mut labels: Vec<i64> = alloc(n, -1i64, "labels")?;
+    let mut core_out: Vec<bool> = alloc(n, false, "core flags")?;
     let mut number: Vec<u32> = alloc(n, u32::MAX, "cluster numbers")?;
     let mut clusters = 0u32;
     let mut noise = 0usize;
     for i in 0..n {
-        let anchor = if core[i] {
-            i as u32
-        } else if nearest[i] != u32::MAX {
-            nearest[i]
-        } else {
+        let p = position[i] as usize;
+        core_out[i] = core[p];
+        let r = root[p];
+        if r == u32::MAX {
             noise += 1;
             continue;
-        };
-        let root = find(&mut parent, anchor) as usize;
-        if number[root] == u32::MAX {
-            number[root] = clusters;
+        }
+        if number[r as usize] == u32::MAX {
+            number[r as usize] = clusters;
             clusters += 1;
         }
-        labels[i] = number[root] as i64;
+        labels[i] = number[r as usize] as i64;
     }
     phases.push(("label".to_string(), t.elapsed().as_secs_f64()));
 
@@ -310,7 +455,7 @@ fn run<T: Coord>(
     report.seconds = start.elapsed().as_secs_f64();
     Ok(DbscanResult {
         labels,
-        core,
+        core: core_out,
         clusters: clusters as usize,
         noise,
         core_points,
