@@ -277,6 +277,11 @@ typedef struct simjoin_dbscan_options {
   size_t size;
   simjoin_metric metric;
   simjoin_backend backend;
+  /**
+   * The join's algorithm: AUTO, GRID, EGO, BRUTE or LSS (GPU); the labels are the same
+   * whichever runs.
+   */
+  simjoin_algorithm algorithm;
 } simjoin_dbscan_options;
 
 /**
@@ -553,7 +558,7 @@ simjoin_status simjoin_result_report(const struct simjoin_result *result,
                                      struct simjoin_report *report);
 
 /**
- * Fills `*opts` with the defaults (Euclidean, automatic backend) and
+ * Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
  * `opts->size = sizeof(simjoin_dbscan_options)`.
  */
 simjoin_status simjoin_dbscan_options_init(struct simjoin_dbscan_options *opts);

@@ -28,7 +28,7 @@ use crate::dataset::{Coords, Dataset};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
 use crate::metric::{distance_acc, Coord};
-use crate::options::{Backend, JoinOptions, Metric};
+use crate::options::{Algorithm, Backend, JoinOptions, Metric};
 use crate::result::{JoinReport, Pair, PairSink};
 use std::time::Instant;
 
@@ -41,17 +41,21 @@ pub struct DbscanOptions {
     pub min_samples: usize,
     pub metric: Metric,
     pub backend: Backend,
+    /// The join's algorithm (`JoinOptions::algorithm`): the answer is the same whichever
+    /// runs; `Auto` lets the engine choose.
+    pub algorithm: Algorithm,
 }
 
 impl DbscanOptions {
     /// `eps` and `min_samples` with the defaults for the rest (Euclidean, automatic
-    /// backend).
+    /// backend and algorithm).
     pub fn new(eps: f64, min_samples: usize) -> Self {
         DbscanOptions {
             eps,
             min_samples,
             metric: Metric::default(),
             backend: Backend::default(),
+            algorithm: Algorithm::default(),
         }
     }
 
@@ -62,6 +66,11 @@ impl DbscanOptions {
                 "eps must be a finite number > 0 (got {})",
                 self.eps
             )));
+        }
+        if self.algorithm == Algorithm::KdTree {
+            return Err(Error::invalid(
+                "'kdtree' is a k-nearest-neighbour algorithm; DBSCAN's join uses auto, grid, ego, brute or lss",
+            ));
         }
         if self.min_samples < 1 {
             return Err(Error::invalid(format!(
@@ -326,6 +335,8 @@ fn run<T: Points>(
     let mut join = JoinOptions::new(opts.eps);
     join.metric = opts.metric;
     join.backend = opts.backend;
+    join.algorithm = opts.algorithm;
+    join.validate()?;
     let mut report = JoinReport::default();
     let mut phases = Vec::new();
 

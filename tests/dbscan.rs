@@ -11,7 +11,8 @@ mod common;
 use common::Rng;
 use simjoin::metric::distance_acc;
 use simjoin::{
-    dbscan, Backend, Coords, Dataset, DbscanOptions, DbscanResult, Engine, ErrorKind, Metric,
+    dbscan, Algorithm, Backend, Coords, Dataset, DbscanOptions, DbscanResult, Engine, ErrorKind,
+    Metric,
 };
 
 const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
@@ -27,6 +28,7 @@ fn opts(eps: f64, min_samples: usize, metric: Metric, backend: Backend) -> Dbsca
         min_samples,
         metric,
         backend,
+        algorithm: Algorithm::Auto,
     }
 }
 
@@ -195,6 +197,36 @@ fn every_min_samples_on_clustered_data() {
     }
     // The sweep went from one cluster per point group to mostly noise.
     assert!(seen_clusters.len() > 3, "{seen_clusters:?}");
+}
+
+/// Every CPU join algorithm gives the same clustering (the join is the same pair set).
+#[test]
+fn every_algorithm_agrees() {
+    let mut rng = Rng(21);
+    for &dim in &[2usize, 12] {
+        let x = points(&mut rng, 900, dim, 1, 0.0);
+        let data = Dataset::from_f64(&x, dim).unwrap();
+        let eps = if dim == 2 { 0.02 } else { 0.15 };
+        let want = check(
+            &data,
+            &opts(eps, 6, Metric::Euclidean, Backend::Cpu),
+            "auto",
+        );
+        for algorithm in [Algorithm::Grid, Algorithm::Ego, Algorithm::Brute] {
+            let mut o = opts(eps, 6, Metric::Euclidean, Backend::Cpu);
+            o.algorithm = algorithm;
+            let r = dbscan(engine(), &data, &o).unwrap();
+            assert_eq!(r.report.algorithm, algorithm);
+            assert_eq!(r.labels, want.labels, "{algorithm}");
+            assert_eq!(r.core, want.core, "{algorithm}");
+        }
+        assert!(want.clusters > 1 && want.core_points > 0 && want.noise > 0);
+    }
+    let mut o = opts(0.1, 6, Metric::Euclidean, Backend::Cpu);
+    o.algorithm = Algorithm::KdTree;
+    let data = Dataset::from_f64(&[0.0, 1.0], 1).unwrap();
+    let e = dbscan(engine(), &data, &o).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
 }
 
 #[test]

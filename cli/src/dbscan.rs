@@ -5,7 +5,7 @@
 use crate::input::{read_points, Precision};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use simjoin::{Backend, DbscanOptions, Engine, EngineOptions, Metric};
+use simjoin::{Algorithm, Backend, DbscanOptions, Engine, EngineOptions, Metric};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -26,6 +26,9 @@ pub struct DbscanArgs {
     /// auto, gpu or cpu.
     #[arg(long, default_value = "auto")]
     backend: Backend,
+    /// The join's algorithm: auto, grid, ego, brute or lss (the labels are the same).
+    #[arg(long, default_value = "auto")]
+    algorithm: Algorithm,
     /// Write the labels to FILE: .npy (1-D int64, -1 for noise) or .csv (a header line
     /// `label`, then one label per line, in point order). Without it, a summary line.
     #[arg(long, short)]
@@ -96,6 +99,7 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
         min_samples: usize::try_from(args.min_samples)?,
         metric: args.metric,
         backend: args.backend,
+        algorithm: args.algorithm,
     };
     opts.validate()?;
     if let Some(path) = &args.output {

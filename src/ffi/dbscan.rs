@@ -3,7 +3,10 @@
 
 use super::engine::simjoin_engine;
 use super::matrix::{read_matrix, simjoin_matrix};
-use super::options::{enum_value, read_sized, simjoin_backend, simjoin_metric, BACKENDS, METRICS};
+use super::options::{
+    enum_value, read_sized, simjoin_algorithm, simjoin_backend, simjoin_metric, ALGORITHMS,
+    BACKENDS, METRICS,
+};
 use super::{guard, null_arg, simjoin_status};
 use crate::dbscan::{dbscan, DbscanOptions};
 use crate::error::Error;
@@ -18,6 +21,9 @@ pub struct simjoin_dbscan_options {
     pub size: usize,
     pub metric: simjoin_metric,
     pub backend: simjoin_backend,
+    /// The join's algorithm: AUTO, GRID, EGO, BRUTE or LSS (GPU); the labels are the same
+    /// whichever runs.
+    pub algorithm: simjoin_algorithm,
 }
 
 impl simjoin_dbscan_options {
@@ -27,6 +33,7 @@ impl simjoin_dbscan_options {
             size: std::mem::size_of::<simjoin_dbscan_options>(),
             metric: d.metric as u32,
             backend: d.backend as u32,
+            algorithm: d.algorithm as u32,
         }
     }
 }
@@ -48,7 +55,7 @@ pub struct simjoin_dbscan_report {
     pub backend: *const c_char,
 }
 
-/// Fills `*opts` with the defaults (Euclidean, automatic backend) and
+/// Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
 /// `opts->size = sizeof(simjoin_dbscan_options)`.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_dbscan_options_init(
@@ -114,6 +121,7 @@ pub unsafe extern "C" fn simjoin_dbscan(
             })?,
             metric: enum_value("metric", o.metric, &METRICS)?,
             backend: enum_value("backend", o.backend, &BACKENDS)?,
+            algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
         };
         let r = dbscan(&engine.engine, &data, &options)?;
         let n = r.labels.len();

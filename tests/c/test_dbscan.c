@@ -129,6 +129,17 @@ static void run_case(const simjoin_matrix *m, double eps, size_t min_samples,
   }
   CHECK(report.clusters == clusters && report.noise == noise && report.core_points == cores);
   CHECK(strcmp(report.backend, "cpu") == 0 && report.seconds >= 0);
+  /* Every CPU join algorithm gives the same labels. */
+  {
+    simjoin_algorithm algorithms[3] = {SIMJOIN_ALGORITHM_GRID, SIMJOIN_ALGORITHM_EGO,
+                                       SIMJOIN_ALGORITHM_BRUTE};
+    int a;
+    for (a = 0; a < 3; a++) {
+      opts.algorithm = algorithms[a];
+      CHECK_OK(simjoin_dbscan(engine, m, eps, min_samples, &opts, labels, NULL, NULL));
+      for (i = 0; i < n; i++) CHECK(labels[i] == want[i]);
+    }
+  }
   free(labels);
   free(want);
   free(core);
@@ -204,6 +215,11 @@ int main(void) {
       opts.metric = 99;
       CHECK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
       opts.metric = SIMJOIN_METRIC_EUCLIDEAN;
+      opts.algorithm = SIMJOIN_ALGORITHM_KDTREE; /* a kNN algorithm */
+      CHECK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
+      opts.algorithm = 77;
+      CHECK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
+      opts.algorithm = SIMJOIN_ALGORITHM_AUTO;
       opts.size = 0; /* not initialised */
       CHECK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
     }

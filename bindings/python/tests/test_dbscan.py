@@ -137,7 +137,9 @@ def test_float32_matches_sklearn(metric):
 def test_estimator_interface():
     X = make_data("clustered", 500, 3, seed=11)
     est = simjoin.DBSCAN(eps=0.05, min_samples=4)
-    assert est.get_params() == {"eps": 0.05, "min_samples": 4, "metric": "euclidean", "backend": "auto"}
+    assert est.get_params() == {
+        "eps": 0.05, "min_samples": 4, "metric": "euclidean", "algorithm": "auto", "backend": "auto"
+    }
     assert est.fit(X) is est
     assert est.labels_.dtype == np.int64 and est.labels_.shape == (500,)
     assert est.core_sample_indices_.dtype == np.int64
@@ -161,6 +163,14 @@ def test_estimator_interface():
     np.testing.assert_array_equal(back.labels_, est.labels_)
     for alias, name in [("l2", "euclidean"), ("l1", "manhattan"), ("cityblock", "manhattan"), ("infinity", "chebyshev")]:
         np.testing.assert_array_equal(simjoin.dbscan(X, 0.05, 4, metric=alias), simjoin.dbscan(X, 0.05, 4, metric=name))
+    # Every join algorithm (and scikit-learn's tree names) gives the same labels.
+    for algorithm in ("grid", "ego", "brute", "kd_tree", "ball_tree"):
+        np.testing.assert_array_equal(
+            simjoin.DBSCAN(eps=0.05, min_samples=4, algorithm=algorithm, backend="cpu").fit_predict(X),
+            simjoin.dbscan(X, 0.05, 4),
+        )
+    with pytest.raises(simjoin.InvalidArgumentError, match="algorithm"):
+        simjoin.dbscan(X, 0.05, 4, algorithm="kdtree")
     # Lists work as inputs.
     assert simjoin.dbscan([[0.0], [0.1], [5.0]], 0.5, 2).tolist() == [0, 0, -1]
 

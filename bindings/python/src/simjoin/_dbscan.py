@@ -22,10 +22,14 @@ from ._native import lib
 
 # scikit-learn's names for the engine's metrics, besides the engine's own.
 _METRIC_ALIASES = {"l2": "euclidean", "l1": "manhattan", "cityblock": "manhattan", "infinity": "chebyshev"}
+# scikit-learn's neighbour search structures: they change only how its answer is found, as
+# the join's algorithm does here, so they mean "auto" ("brute" is the same in both).
+_ALGORITHM_ALIASES = {"ball_tree": "auto", "kd_tree": "auto"}
+_JOIN_ALGORITHMS = ("auto", "grid", "ego", "brute", "lss")
 
 
 class _DbscanOptions(ctypes.Structure):
-    _fields_ = [("size", c_size_t), ("metric", c_uint32), ("backend", c_uint32)]
+    _fields_ = [("size", c_size_t), ("metric", c_uint32), ("backend", c_uint32), ("algorithm", c_uint32)]
 
 
 class _DbscanReport(ctypes.Structure):
@@ -60,7 +64,7 @@ def _invalid(message):
     return InvalidArgumentError(_native.INVALID_ARGUMENT, message)
 
 
-def _run(X, eps, min_samples, metric, backend, threads):
+def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto"):
     """(X as the engine read it, labels int64, core mask bool, report dict)."""
     from . import _Engine, _as_points, _check, _lookup, _matrix
 
@@ -76,6 +80,10 @@ def _run(X, eps, min_samples, metric, backend, threads):
     _check(lib.simjoin_dbscan_options_init(ctypes.byref(opts)))
     opts.metric = _lookup(_native.METRICS, "metric", metric_name)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
+    algorithm_name = _ALGORITHM_ALIASES.get(str(algorithm).lower(), algorithm)
+    if str(algorithm_name).lower() not in _JOIN_ALGORITHMS:
+        raise _invalid(f"unknown algorithm {algorithm!r} (expected one of: {', '.join(_JOIN_ALGORITHMS)})")
+    opts.algorithm = _native.ALGORITHMS[str(algorithm_name).lower()]
     n = data.shape[0]
     labels = np.empty(n, dtype=np.int64)
     core = np.empty(n, dtype=np.uint8)
@@ -104,16 +112,18 @@ def _run(X, eps, min_samples, metric, backend, threads):
     return data, labels, core.view(np.bool_), stats
 
 
-def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", threads=None):
+def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorithm="auto", threads=None):
     """DBSCAN of the rows of X: an int64 array of labels, 0, 1, ... per cluster (numbered by
     their smallest row) and -1 for noise. A row with at least `min_samples` rows within
     `eps` (itself included, as scikit-learn counts) is a core sample; a non-core row with a
     core sample within eps joins the cluster of its nearest one. metric: "euclidean",
     "manhattan" or "chebyshev" (or scikit-learn's "l2", "l1", "cityblock", "infinity");
-    backend: "auto", "cpu" or "gpu". float32 inputs are clustered in float32 arithmetic,
+    backend: "auto", "cpu" or "gpu"; algorithm: the join's, "auto", "grid", "ego",
+    "brute" or "lss" (GPU) -- the labels are the same whichever runs (scikit-learn's
+    "kd_tree" and "ball_tree" mean "auto"). float32 inputs are clustered in float32 arithmetic,
     others in float64. Memory beyond X: a few bytes per row, whatever the number of pairs.
     """
-    return _run(X, eps, min_samples, metric, backend, threads)[1]
+    return _run(X, eps, min_samples, metric, backend, threads, algorithm)[1]
 
 
 _estimator = None
@@ -143,7 +153,7 @@ def estimator_class():
 class _PlainEstimator:
     """get_params / set_params / fit_predict / repr without scikit-learn."""
 
-    _PARAMS = ("eps", "min_samples", "metric", "backend")
+    _PARAMS = ("eps", "min_samples", "metric", "algorithm", "backend")
 
     def get_params(self, deep=True):
         return {p: getattr(self, p) for p in self._PARAMS}
@@ -166,10 +176,11 @@ class _PlainEstimator:
 class _Methods:
     """The estimator's own methods (combined with its bases in `estimator_class`)."""
 
-    def __init__(self, eps=0.5, *, min_samples=5, metric="euclidean", backend="auto"):
+    def __init__(self, eps=0.5, *, min_samples=5, metric="euclidean", algorithm="auto", backend="auto"):
         self.eps = eps
         self.min_samples = min_samples
         self.metric = metric
+        self.algorithm = algorithm
         self.backend = backend
 
     def fit(self, X, y=None, sample_weight=None):
@@ -179,7 +190,9 @@ class _Methods:
         backend). Returns self."""
         if sample_weight is not None:
             raise _invalid("sample_weight is not supported by simjoin.DBSCAN")
-        data, labels, core, stats = _run(X, self.eps, self.min_samples, self.metric, self.backend, None)
+        data, labels, core, stats = _run(
+            X, self.eps, self.min_samples, self.metric, self.backend, None, self.algorithm
+        )
         self.labels_ = labels
         self.core_sample_indices_ = np.flatnonzero(core).astype(np.int64)
         self.components_ = data[self.core_sample_indices_].copy()
