@@ -17,9 +17,14 @@
 //! are consumed chunk by chunk as the backend produces them and never collected. Pass 1
 //! counts each point's neighbours; pass 2 links core-core pairs in a union-find (path
 //! halving, the smaller root index wins) and keeps, for each non-core point, its nearest
-//! core neighbour so far. Memory beyond the input and the labels: about 9 bytes per point
-//! plus one coordinate (the degree array becomes the union-find's parents, a core flag, the
-//! nearest core's index and its distance), whatever the number of pairs.
+//! core neighbour so far. From 2^20 points on, both passes run on a copy of the points in
+//! Z-order, so that the per-point arrays are updated in cache order (10M clustered 2-D
+//! points: 6.0 s -> 4.8 s on 2 cores); labels and ties are in the input's indices either
+//! way. Memory beyond the input and the answer (labels, core flags): about 25 bytes per
+//! point plus one coordinate (neighbour counts that become the union-find's parents, core
+//! flags, the nearest core point and its distance, cluster numbers), plus, from 2^20
+//! points, the reordered copy of the input and its order (16 bytes per point while
+//! sorting), whatever the number of pairs.
 //!
 //! A free function rather than an `Engine` method: DBSCAN is a client of the engine's public
 //! streaming interface and needs nothing inside it, so the engine stays as it is.
@@ -109,10 +114,22 @@ impl DbscanResult {
 
 /// DBSCAN of `data` (see the module documentation for the exact answer).
 pub fn dbscan(engine: &Engine, data: &Dataset, opts: &DbscanOptions) -> Result<DbscanResult> {
+    dbscan_reordered(engine, data, opts, data.len() >= REORDER_MIN)
+}
+
+/// [`dbscan`], with the Z-order copy of the points made or not whatever their number (for
+/// the tests: the answer must not depend on it).
+#[doc(hidden)]
+pub fn dbscan_reordered(
+    engine: &Engine,
+    data: &Dataset,
+    opts: &DbscanOptions,
+    reorder: bool,
+) -> Result<DbscanResult> {
     opts.validate()?;
     match data.coords() {
-        Coords::F32(x) => run(engine, data.dim(), x, opts),
-        Coords::F64(x) => run(engine, data.dim(), x, opts),
+        Coords::F32(x) => run(engine, data.dim(), x, opts, reorder),
+        Coords::F64(x) => run(engine, data.dim(), x, opts, reorder),
     }
 }
 
@@ -238,75 +255,116 @@ fn spread3(v: u64) -> u64 {
     (x | (x << 2)) & 0x1249_2492_4924_9249
 }
 
-/// The points' positions in Z-order over (up to) their three widest dimensions: `order[p]`
-/// is the original index of the point at position p. Neighbours then have nearby
-/// positions, so the per-point arrays the sinks update are touched in cache-friendly order
-/// (the pairs' indices would otherwise be scattered over the whole input). Deterministic:
-/// equal keys are ordered by index.
+/// Inputs at least this large are clustered in Z-order (below it the per-point arrays fit
+/// in cache and reordering costs more than it saves: measured at 10^5 and 10^6 points).
+const REORDER_MIN: usize = 1 << 20;
+
+/// The points in Z-order over (up to) their three widest dimensions: `(orig, sorted)` where
+/// `orig[p]` is the original index of the point at position p and `sorted` their
+/// coordinates in that order. Neighbours then have nearby positions, so the per-point
+/// arrays the sinks update are touched in cache-friendly order (the pairs' indices would
+/// otherwise be scattered over the whole input). Deterministic: equal keys are ordered by
+/// index. Runs on `threads` threads (`None`: one per core), like the engine's.
 fn spatial_order<T: Coord>(
     x: &[T],
     n: usize,
     dim: usize,
     threads: Option<usize>,
-) -> Result<Vec<u32>> {
-    let mut lo = vec![f64::INFINITY; dim];
-    let mut hi = vec![f64::NEG_INFINITY; dim];
-    for row in x.chunks_exact(dim) {
-        for (k, &v) in row.iter().enumerate() {
-            let v = v.to_f64();
-            lo[k] = lo[k].min(v);
-            hi[k] = hi[k].max(v);
-        }
-    }
-    let mut dims: Vec<usize> = (0..dim).collect();
-    dims.sort_by(|&a, &b| (hi[b] - lo[b]).total_cmp(&(hi[a] - lo[a])).then(a.cmp(&b)));
-    dims.truncate(3);
-    let bits: u32 = match dims.len() {
-        1 => 63,
-        2 => 32,
-        _ => 21,
-    };
-    let top = ((1u64 << bits) - 1) as f64;
-    let scale: Vec<f64> = dims
-        .iter()
-        .map(|&k| {
-            if hi[k] > lo[k] {
-                top / (hi[k] - lo[k])
-            } else {
-                0.0
-            }
-        })
-        .collect();
-    let mut keyed: Vec<(u64, u32)> = Vec::new();
-    keyed.try_reserve_exact(n).map_err(|_| {
+) -> Result<(Vec<u32>, Vec<T>)> {
+    use rayon::prelude::*;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()
+        .map_err(|e| Error::from(anyhow::anyhow!("cannot start sort threads: {e}")))?;
+    let oom = |what: &str| {
         Error::new(
             ErrorKind::OutOfHostMemory,
-            format!("cannot allocate the DBSCAN sort keys ({n} entries)"),
+            format!("cannot allocate the DBSCAN {what} ({n} points)"),
         )
-    })?;
-    for (i, row) in x.chunks_exact(dim).enumerate() {
-        let mut q = [0u64; 3];
-        for (c, &k) in dims.iter().enumerate() {
-            q[c] = (((row[k].to_f64() - lo[k]) * scale[c]) as u64).min(top as u64);
-        }
-        let key = match dims.len() {
-            1 => q[0],
-            2 => spread2(q[0]) | (spread2(q[1]) << 1),
-            _ => spread3(q[0]) | (spread3(q[1]) << 1) | (spread3(q[2]) << 2),
+    };
+    pool.install(|| {
+        let (lo, hi) = x
+            .par_chunks(dim * 4096)
+            .map(|block| {
+                let mut lo = vec![f64::INFINITY; dim];
+                let mut hi = vec![f64::NEG_INFINITY; dim];
+                for row in block.chunks_exact(dim) {
+                    for (k, &v) in row.iter().enumerate() {
+                        lo[k] = lo[k].min(v.to_f64());
+                        hi[k] = hi[k].max(v.to_f64());
+                    }
+                }
+                (lo, hi)
+            })
+            .reduce(
+                || (vec![f64::INFINITY; dim], vec![f64::NEG_INFINITY; dim]),
+                |(mut lo, mut hi), (l, h)| {
+                    for k in 0..dim {
+                        lo[k] = lo[k].min(l[k]);
+                        hi[k] = hi[k].max(h[k]);
+                    }
+                    (lo, hi)
+                },
+            );
+        let mut dims: Vec<usize> = (0..dim).collect();
+        dims.sort_by(|&a, &b| (hi[b] - lo[b]).total_cmp(&(hi[a] - lo[a])).then(a.cmp(&b)));
+        dims.truncate(3);
+        let bits: u32 = match dims.len() {
+            1 => 63,
+            2 => 32,
+            _ => 21,
         };
-        keyed.push((key, i as u32));
-    }
-    if n >= 1 << 16 {
-        use rayon::slice::ParallelSliceMut;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.unwrap_or(0))
-            .build()
-            .map_err(|e| Error::from(anyhow::anyhow!("cannot start sort threads: {e}")))?;
-        pool.install(|| keyed.par_sort_unstable());
-    } else {
-        keyed.sort_unstable();
-    }
-    Ok(keyed.into_iter().map(|(_, i)| i).collect())
+        let top = (1u64 << bits) - 1;
+        let scale: Vec<f64> = dims
+            .iter()
+            .map(|&k| {
+                if hi[k] > lo[k] {
+                    top as f64 / (hi[k] - lo[k])
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let key = |row: &[T]| -> u64 {
+            let mut q = [0u64; 3];
+            for (c, &k) in dims.iter().enumerate() {
+                q[c] = (((row[k].to_f64() - lo[k]) * scale[c]) as u64).min(top);
+            }
+            match dims.len() {
+                1 => q[0],
+                2 => spread2(q[0]) | (spread2(q[1]) << 1),
+                _ => spread3(q[0]) | (spread3(q[1]) << 1) | (spread3(q[2]) << 2),
+            }
+        };
+        let mut keyed: Vec<(u64, u32)> = Vec::new();
+        keyed.try_reserve_exact(n).map_err(|_| oom("sort keys"))?;
+        x.par_chunks_exact(dim)
+            .enumerate()
+            .map(|(i, row)| (key(row), i as u32))
+            .collect_into_vec(&mut keyed);
+        keyed.par_sort_unstable();
+        let mut orig: Vec<u32> = Vec::new();
+        orig.try_reserve_exact(n).map_err(|_| oom("point order"))?;
+        keyed
+            .par_iter()
+            .map(|&(_, i)| i)
+            .collect_into_vec(&mut orig);
+        drop(keyed);
+        let mut sorted: Vec<T> = Vec::new();
+        sorted
+            .try_reserve_exact(x.len())
+            .map_err(|_| oom("reordered points"))?;
+        sorted.resize(x.len(), T::ZERO);
+        sorted
+            .par_chunks_mut(dim * 1024)
+            .zip(orig.par_chunks(1024))
+            .for_each(|(out, ids)| {
+                for (row, &i) in out.chunks_exact_mut(dim).zip(ids) {
+                    row.copy_from_slice(&x[i as usize * dim..(i as usize + 1) * dim]);
+                }
+            });
+        Ok((orig, sorted))
+    })
 }
 
 /// A coordinate type whose slices make a `Dataset`.
@@ -329,6 +387,7 @@ fn run<T: Points>(
     dim: usize,
     x: &[T],
     opts: &DbscanOptions,
+    reorder: bool,
 ) -> Result<DbscanResult> {
     let start = Instant::now();
     let n = x.len() / dim;
@@ -340,21 +399,23 @@ fn run<T: Points>(
     let mut report = JoinReport::default();
     let mut phases = Vec::new();
 
-    // The points in Z-order (a copy: the input stays as it is); `orig` maps back.
+    // Large inputs in Z-order (a copy: the input stays as it is); `orig` maps back.
     let t = Instant::now();
-    let orig = spatial_order(x, n, dim, engine.options().threads)?;
-    let mut sorted: Vec<T> = Vec::new();
-    sorted.try_reserve_exact(x.len()).map_err(|_| {
-        Error::new(
-            ErrorKind::OutOfHostMemory,
-            "cannot allocate the DBSCAN reordered points",
-        )
-    })?;
-    for &i in &orig {
-        sorted.extend_from_slice(&x[i as usize * dim..(i as usize + 1) * dim]);
+    let reorder = reorder && n > 1;
+    let (orig, sorted) = if reorder {
+        spatial_order(x, n, dim, engine.options().threads)?
+    } else {
+        let mut orig = alloc(n, 0u32, "point order")?;
+        for (p, o) in orig.iter_mut().enumerate() {
+            *o = p as u32;
+        }
+        (orig, Vec::new())
+    };
+    let xs: &[T] = if reorder { &sorted } else { x };
+    let data = T::dataset(xs, dim)?;
+    if reorder {
+        phases.push(("spatial order".to_string(), t.elapsed().as_secs_f64()));
     }
-    let data = T::dataset(&sorted, dim)?;
-    phases.push(("spatial order".to_string(), t.elapsed().as_secs_f64()));
 
     // Pass 1: neighbour counts (the point itself included), unless every point is a core
     // point anyway (min_samples = 1) or there is nothing to count.
@@ -389,7 +450,7 @@ fn run<T: Points>(
         let mut nearest_acc: Vec<T> = alloc(n, T::ZERO, "nearest core distances")?;
         let t = Instant::now();
         let mut sink = LinkSink {
-            x: &sorted,
+            x: xs,
             dim,
             metric: opts.metric,
             core: &core,

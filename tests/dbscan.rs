@@ -110,12 +110,20 @@ fn check_counts(r: &DbscanResult) {
     assert_eq!(r.core_indices().len(), r.core_points);
 }
 
+/// Checks `dbscan` against the reference, clustering in the input's order and in Z-order
+/// (which `dbscan` chooses from 2^20 points on): the answer must not depend on it.
 fn check(data: &Dataset, o: &DbscanOptions, what: &str) -> DbscanResult {
     let r = dbscan(engine(), data, o).unwrap_or_else(|e| panic!("{what}: {e}"));
     let (labels, core) = reference(data, o);
     assert_eq!(r.core, core, "{what}: core points");
     assert_eq!(r.labels, labels, "{what}: labels");
     check_counts(&r);
+    for reorder in [false, true] {
+        let z = simjoin::dbscan::dbscan_reordered(engine(), data, o, reorder).unwrap();
+        assert_eq!(z.core, core, "{what}: core points (reordered: {reorder})");
+        assert_eq!(z.labels, labels, "{what}: labels (reordered: {reorder})");
+        assert_eq!(z.report.pairs, r.report.pairs);
+    }
     r
 }
 
@@ -260,9 +268,13 @@ fn hand_checked_cases() {
     let x = [-0.25f64, 3.0, 0.0, -0.5, 3.25, 3.5, 1.5];
     let data = Dataset::from_f64(&x, 1).unwrap();
     for m in METRICS {
-        let r = dbscan(engine(), &data, &opts(1.5, 4, m, Backend::Cpu)).unwrap();
-        assert_eq!(r.core_indices(), vec![1, 2], "{m}");
-        assert_eq!(r.labels, vec![0, 1, 0, 0, 1, 1, 1], "{m}");
+        for reorder in [false, true] {
+            // In Z-order 0.0 comes before 3.0: the tie must still go by original index.
+            let o = opts(1.5, 4, m, Backend::Cpu);
+            let r = simjoin::dbscan::dbscan_reordered(engine(), &data, &o, reorder).unwrap();
+            assert_eq!(r.core_indices(), vec![1, 2], "{m}");
+            assert_eq!(r.labels, vec![0, 1, 0, 0, 1, 1, 1], "{m}");
+        }
     }
 }
 
