@@ -13,18 +13,26 @@
 //! - clusters are numbered 0, 1, ... in the order of their smallest member index (core or
 //!   border): the cluster holding the smallest clustered point index is 0, and so on.
 //!
-//! How: two streamed passes over the self-join (`Engine::self_join_stream`), whose pairs
-//! are consumed chunk by chunk as the backend produces them and never collected. Pass 1
-//! counts each point's neighbours; pass 2 links core-core pairs in a union-find (path
-//! halving, the smaller root index wins) and keeps, for each non-core point, its nearest
-//! core neighbour so far. From 2^20 points on, both passes run on a copy of the points in
-//! Z-order, so that the per-point arrays are updated in cache order (10M clustered 2-D
-//! points: 6.0 s -> 4.8 s on 2 cores); labels and ties are in the input's indices either
-//! way. Memory beyond the input and the answer (labels, core flags): about 25 bytes per
-//! point plus one coordinate (neighbour counts that become the union-find's parents, core
-//! flags, the nearest core point and its distance, cluster numbers), plus, from 2^20
-//! points, the reordered copy of the input and its order (16 bytes per point while
-//! sorting), whatever the number of pairs.
+//! How: one streamed pass over the self-join (`Engine::self_join_stream`), whose pairs are
+//! consumed chunk by chunk as the backend produces them and never collected. The pass
+//! counts each point's neighbours and links (union-find: path halving, the smaller root
+//! index wins) every pair whose two points have both already reached min_samples
+//! neighbours (counts only grow, so both are core points); any other pair is kept until
+//! the counts are final. A pair is kept only while one of its points is still short of
+//! min_samples, so at most min_samples - 2 pairs per point are kept; they are kept up to a
+//! budget of 8 per point (64 bytes per point, so one pass is certain up to
+//! min_samples = 10), and beyond it they are dropped and a second pass over the join does
+//! their work. The kept pairs (or the second pass) then link core-core pairs and give each
+//! non-core point its nearest core neighbour. From 2^20 points on, the join runs on a copy
+//! of the points in Z-order, so that the per-point arrays are updated in cache order (10M
+//! clustered 2-D points on 2 cores: 6.8 s -> 4.3 s); labels and ties are in the input's
+//! indices either way.
+//!
+//! Memory beyond the input and the answer (labels, core flags), whatever the number of
+//! pairs: about 30 bytes per point plus one coordinate (neighbour counts, union-find
+//! parents, core flags, each point's nearest core point and its distance, cluster
+//! numbers), the kept pairs (at most 64 bytes per point), and from 2^20 points the
+//! reordered copy of the input and its order (16 bytes per point while sorting).
 //!
 //! A free function rather than an `Engine` method: DBSCAN is a client of the engine's public
 //! streaming interface and needs nothing inside it, so the engine stays as it is.
@@ -145,20 +153,99 @@ fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>> {
     Ok(v)
 }
 
-/// Pass 1: every pair adds a neighbour to both of its points.
-struct DegreeSink<'a> {
-    degree: &'a mut [u32],
+/// Pairs kept per point at most (64 bytes per point) before DBSCAN gives up on a single
+/// pass over the join. A pair is kept only while one of its points has fewer than
+/// min_samples neighbours so far, at most min_samples - 2 times per point: up to
+/// min_samples = 10 one pass is certain.
+const DEFERRED_PER_POINT: usize = 8;
+
+/// Kept pairs, in chunks (no regrowing of one large array), up to a budget.
+struct Deferred {
+    chunks: Vec<Vec<Pair>>,
+    len: usize,
+    budget: usize,
+    /// The budget was exceeded: the chunks were dropped.
+    overflow: bool,
 }
 
-impl PairSink for DegreeSink<'_> {
+impl Deferred {
+    const CHUNK: usize = 1 << 16;
+
+    fn new(budget: usize) -> Self {
+        Deferred {
+            chunks: Vec::new(),
+            len: 0,
+            budget,
+            overflow: false,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, pair: Pair) {
+        if self.overflow {
+            return;
+        }
+        if self.len == self.budget {
+            return self.give_up();
+        }
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < c.capacity() => c.push(pair),
+            _ => {
+                let mut c = Vec::new();
+                if c.try_reserve_exact(Self::CHUNK).is_err() {
+                    return self.give_up();
+                }
+                c.push(pair);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    #[cold]
+    fn give_up(&mut self) {
+        self.overflow = true;
+        self.chunks = Vec::new();
+    }
+}
+
+/// The single pass: every pair adds a neighbour to both of its points; a pair whose two
+/// points have both reached min_samples (counts only grow: they are core points) is linked
+/// at once, any other is kept until the core flags are final.
+struct CountSink<'a> {
+    degree: &'a mut [u32],
+    parent: &'a mut [u32],
+    threshold: u32,
+    deferred: &'a mut Deferred,
+}
+
+impl PairSink for CountSink<'_> {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        let degree = &mut *self.degree;
         for &[i, j] in chunk {
             // No overflow: a degree is at most n < 2^32 (the self count included).
-            degree[i as usize] += 1;
-            degree[j as usize] += 1;
+            let di = self.degree[i as usize] + 1;
+            let dj = self.degree[j as usize] + 1;
+            self.degree[i as usize] = di;
+            self.degree[j as usize] = dj;
+            if di >= self.threshold && dj >= self.threshold {
+                union(self.parent, i, j);
+            } else {
+                self.deferred.push([i, j]);
+            }
         }
         Ok(())
+    }
+}
+
+/// Links the sets of `i` and `j`: the smaller root stays a root (union by index).
+#[inline]
+fn union(parent: &mut [u32], i: u32, j: u32) {
+    let a = find(parent, i);
+    let b = find(parent, j);
+    if a < b {
+        parent[b as usize] = a;
+    } else if b < a {
+        parent[a as usize] = b;
     }
 }
 
@@ -176,8 +263,8 @@ fn find(parent: &mut [u32], mut x: u32) -> u32 {
     }
 }
 
-/// Pass 2: core-core pairs are linked, a core neighbour of a non-core point is offered
-/// to it as its nearest core point.
+/// Once the core flags are known: core-core pairs are linked, a core neighbour of a
+/// non-core point is offered to it as its nearest core point.
 struct LinkSink<'a, T: Coord> {
     x: &'a [T],
     dim: usize,
@@ -216,16 +303,7 @@ impl<T: Coord> PairSink for LinkSink<'_, T> {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         for &[i, j] in chunk {
             match (self.core[i as usize], self.core[j as usize]) {
-                (true, true) => {
-                    let a = find(self.parent, i);
-                    let b = find(self.parent, j);
-                    // Union by index: the smaller root stays a root.
-                    if a < b {
-                        self.parent[b as usize] = a;
-                    } else if b < a {
-                        self.parent[a as usize] = b;
-                    }
-                }
+                (true, true) => union(self.parent, i, j),
                 (true, false) => self.offer(j, i),
                 (false, true) => self.offer(i, j),
                 (false, false) => {}
@@ -417,18 +495,27 @@ fn run<T: Points>(
         phases.push(("spatial order".to_string(), t.elapsed().as_secs_f64()));
     }
 
-    // Pass 1: neighbour counts (the point itself included), unless every point is a core
-    // point anyway (min_samples = 1) or there is nothing to count.
-    let mut degree: Vec<u32> = alloc(n, 1u32, "neighbour counts")?;
+    // The join: neighbour counts (the point itself included), core-core links where both
+    // points had already reached min_samples, the other pairs kept for later within a
+    // budget. With fewer than two points there is no pair.
     let threshold = u32::try_from(opts.min_samples).unwrap_or(u32::MAX);
-    if opts.min_samples > 1 && n > 1 {
+    let mut degree: Vec<u32> = alloc(n, 1u32, "neighbour counts")?;
+    let mut parent: Vec<u32> = alloc(n, 0u32, "union-find")?;
+    for (i, p) in parent.iter_mut().enumerate() {
+        *p = i as u32;
+    }
+    let mut deferred = Deferred::new(n.saturating_mul(DEFERRED_PER_POINT));
+    if n > 1 {
         let t = Instant::now();
-        let mut sink = DegreeSink {
+        let mut sink = CountSink {
             degree: &mut degree,
+            parent: &mut parent,
+            threshold,
+            deferred: &mut deferred,
         };
         report = engine.self_join_stream(&data, &join, &mut sink)?;
         phases.push((
-            "count neighbours (join 1)".to_string(),
+            "count and link (join 1)".to_string(),
             t.elapsed().as_secs_f64(),
         ));
     }
@@ -438,13 +525,10 @@ fn run<T: Points>(
         *c = d >= threshold;
         core_points += usize::from(*c);
     }
+    drop(degree);
 
-    // Pass 2: link the core points and find each border point's nearest core point. With
-    // no core point every point is noise, and a single point has no pair.
-    let mut parent = degree;
-    for (i, p) in parent.iter_mut().enumerate() {
-        *p = i as u32;
-    }
+    // The kept pairs, now that every point's core flag is known: links, and each border
+    // point's nearest core point. Over budget, a second pass over the join instead.
     let mut nearest: Vec<u32> = alloc(n, u32::MAX, "nearest core points")?;
     if core_points > 0 && n > 1 {
         let mut nearest_acc: Vec<T> = alloc(n, T::ZERO, "nearest core distances")?;
@@ -459,18 +543,27 @@ fn run<T: Points>(
             nearest: &mut nearest,
             nearest_acc: &mut nearest_acc,
         };
-        let second = engine.self_join_stream(&data, &join, &mut sink)?;
-        phases.push((
-            "link core points (join 2)".to_string(),
-            t.elapsed().as_secs_f64(),
-        ));
-        if report.backend.is_empty() {
-            report = second;
-        } else {
+        if deferred.overflow {
+            report.notes.push(format!(
+                "dbscan: more than {DEFERRED_PER_POINT} pairs per point waited for their core flags: a second pass over the join"
+            ));
+            let second = engine.self_join_stream(&data, &join, &mut sink)?;
+            phases.push((
+                "link core points (join 2)".to_string(),
+                t.elapsed().as_secs_f64(),
+            ));
             report.batches += second.batches;
-            report.notes.extend(second.notes);
+        } else {
+            for chunk in &deferred.chunks {
+                sink.push(chunk).map_err(Error::from)?;
+            }
+            phases.push((
+                format!("link {} kept pairs", deferred.len),
+                t.elapsed().as_secs_f64(),
+            ));
         }
     }
+    drop(deferred);
     drop(sorted);
 
     // Labels. Each position's cluster root (u32::MAX: noise), kept in `nearest` (a
