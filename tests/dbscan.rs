@@ -335,7 +335,7 @@ fn peak_rss_kib() -> u64 {
 }
 
 /// 20,000 points in a box much smaller than eps: every pair matches, 2.0e8 pairs per
-/// pass (1.6 GB as an array of pairs). The clustering is right and the process's peak
+/// pass over the join (1.6 GB as an array of pairs). The clustering is right and the process's peak
 /// resident memory grows by far less than the pairs would take. In a child process of its
 /// own so that no other test's memory counts.
 #[test]
@@ -350,18 +350,24 @@ fn many_pairs_in_bounded_memory() {
     x.extend_from_slice(&[50.0, 50.0, 50.0, 50.05]);
     let data = Dataset::from_f32(&x, 2).unwrap();
     let before = peak_rss_kib();
-    let r = dbscan(
-        engine(),
-        &data,
-        &opts(0.1, 2, Metric::Euclidean, Backend::Cpu),
-    )
-    .unwrap();
+    // min_samples 2: every pair is linked at once; 10: pairs are kept until the counts are
+    // final; 50: more than the budget would be kept, so a second pass over the join.
+    for (m, far_labels) in [(2, [1, 1]), (10, [-1, -1]), (50, [-1, -1])] {
+        let r = dbscan(
+            engine(),
+            &data,
+            &opts(0.1, m, Metric::Euclidean, Backend::Cpu),
+        )
+        .unwrap();
+        assert_eq!(r.report.pairs, (n as u64 * (n as u64 - 1)) / 2 + 1);
+        assert_eq!(r.clusters, if m == 2 { 2 } else { 1 });
+        assert_eq!(r.core_points, n + if m == 2 { 2 } else { 0 });
+        assert!(r.labels[..n].iter().all(|&l| l == 0));
+        assert_eq!(&r.labels[n..], &far_labels);
+        let second = r.report.notes.iter().any(|s| s.contains("second pass"));
+        assert_eq!(second, m == 50, "{:?}", r.report.notes);
+    }
     let grown_mib = (peak_rss_kib() - before) / 1024;
-    assert_eq!(r.report.pairs, (n as u64 * (n as u64 - 1)) / 2 + 1);
-    assert_eq!(r.clusters, 2);
-    assert_eq!(r.core_points, n + 2);
-    assert!(r.labels[..n].iter().all(|&l| l == 0));
-    assert_eq!(&r.labels[n..], &[1, 1]);
     println!("peak resident memory grew by {grown_mib} MiB");
     assert!(
         grown_mib < 200,
