@@ -211,6 +211,7 @@ def main():
     p.add_argument("--only", nargs="*", help="workloads to run")
     p.add_argument("--sizes", nargs="*", type=int, help="sizes to run (default: the workload's)")
     p.add_argument("--quick", action="store_true", help="100k points only")
+    p.add_argument("--simjoin-only", action="store_true", help="skip scikit-learn")
     p.add_argument("--no-sklearn-above", type=int, default=10_000_000,
                    help="skip scikit-learn above this many points (default: run it everywhere)")
     p.add_argument("--time-limit", type=float, default=900.0, help="seconds per run (default 900)")
@@ -227,14 +228,14 @@ def main():
             continue
         for n in args.sizes or ([100_000] if args.quick else sizes):
             eps = eps_at(eps_1m, n, dim)
-            repeats = args.repeats if n <= 300_000 else 1
+            repeats = args.repeats if n <= 300_000 or args.simjoin_only else 1
             with tempfile.TemporaryDirectory() as out:
                 ours = best_of("simjoin", n, dim, eps, min_samples, out, args, repeats)
                 ours["workload"] = name
                 ours["algorithm"] = args.algorithm
                 rows.append(ours)
                 print(json.dumps(ours), flush=True)
-                if n > args.no_sklearn_above:
+                if n > args.no_sklearn_above or args.simjoin_only:
                     continue
                 ref = best_of("sklearn", n, dim, eps, min_samples, out, args, repeats)
                 ref["workload"] = name

@@ -272,3 +272,31 @@ fn bad_input_is_one_clear_line() {
         "missing.npy",
     );
 }
+
+/// Every `simjoin ...` line of the README's DBSCAN example runs as written.
+#[test]
+fn readme_dbscan_example_runs() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let block = readme
+        .split("<!-- dbscan-cli-example -->")
+        .nth(1)
+        .and_then(|rest| rest.split("```sh\n").nth(1))
+        .and_then(|rest| rest.split("```").next())
+        .expect("README.md has a ```sh block after <!-- dbscan-cli-example -->");
+    let dir = scratch("readme");
+    let mut ran = 0;
+    for line in block.lines().filter(|l| l.starts_with("simjoin ")) {
+        let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+        stdout_ok(&run(&dir, &args));
+        ran += 1;
+    }
+    assert_eq!(ran, 4);
+    let bytes = std::fs::read(dir.join("labels.npy")).unwrap();
+    let labels: Vec<i64> = npyz::NpyFile::new(&bytes[..]).unwrap().into_vec().unwrap();
+    assert_eq!(labels.len(), 20000);
+    assert!(labels.iter().any(|&l| l >= 1) && labels.contains(&-1));
+    let csv = std::fs::read_to_string(dir.join("labels.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 20001);
+}
