@@ -4,10 +4,10 @@ memory, on the same data.
 
 Each run is a child process of its own that generates the data (seeded, float64: the
 precision scikit-learn computes in, so both answer the same question), clusters it and
-reports its wall time for the clustering call alone; the parent reads the child's peak
-resident memory (ru_maxrss from os.wait4, the child alone) and also records the child's
-peak just before the clustering call (the data and the libraries), so the clustering's own
-memory is the difference.
+reports its wall time for the clustering call alone and its peak resident memory (VmHWM:
+the whole process, data and libraries included) just before the call and at the end, so
+the clustering's own memory is the difference. (ru_maxrss from os.wait4 is recorded too,
+but it counts this parent's size at the fork.)
 The parent stops a run that exceeds --time-limit seconds or --mem-limit GiB of resident
 memory (polled every 0.1 s) and records it as not finished. Where both finish, the answers
 are compared: the same core samples, the same noise, the same clusters of core samples
@@ -15,7 +15,8 @@ are compared: the same core samples, the same noise, the same clusters of core s
 
 Data: "blobs": 100 Gaussian blobs (sigma 0.02) with centres uniform in the unit cube,
 plus 10% uniform noise; eps shrinks with n as n^(-1/d) so that the mean number of
-neighbours stays the same at every size; min_samples 10.
+neighbours stays the same at every size ("blobs-2d-dense": eps fixed, so neighbourhoods
+grow with n); min_samples 10.
 
     python3 bench/dbscan_bench.py                  # the full set (long: see --help)
     python3 bench/dbscan_bench.py --quick          # 100k points only
@@ -37,11 +38,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-# name: (dim, eps at 1M points, min_samples, sizes)
+# name: (dim, eps at 1M points, min_samples, sizes, whether eps shrinks as n^(-1/d))
 WORKLOADS = {
-    "blobs-2d": (2, 0.002, 10, [100_000, 300_000, 1_000_000, 3_000_000, 10_000_000]),
-    "blobs-3d": (3, 0.005, 10, [100_000, 1_000_000, 3_000_000, 10_000_000]),
-    "blobs-16d": (16, 0.1, 10, [100_000, 200_000]),
+    "blobs-2d": (2, 0.002, 10, [100_000, 300_000, 1_000_000, 3_000_000, 10_000_000], True),
+    "blobs-3d": (3, 0.005, 10, [100_000, 1_000_000, 3_000_000, 10_000_000], True),
+    "blobs-16d": (16, 0.1, 10, [100_000, 200_000], True),
+    # The same blobs with eps fixed: neighbourhoods grow with n (about 330 neighbours per
+    # point on average at 10M points).
+    "blobs-2d-dense": (2, 0.002, 10, [1_000_000, 3_000_000, 10_000_000], False),
 }
 
 
@@ -61,6 +65,16 @@ def eps_at(eps_1m, n, dim):
     return eps_1m * (1_000_000 / n) ** (1.0 / dim)
 
 
+def vm_hwm_kib():
+    """This process's peak resident memory (VmHWM), which, unlike ru_maxrss, starts afresh at
+    exec: a child forked from a large parent does not inherit the parent's size."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
 def child(args):
     """Runs one system on one data set; prints one JSON line."""
     import numpy as np
@@ -75,18 +89,20 @@ def child(args):
         # Outside the timing, as scikit-learn's imports are: the engine's one-time start
         # (worker threads; with backend auto, the probe for a hardware GPU).
         simjoin.dbscan(X[:2], args.eps, args.min_samples, backend=args.backend)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = vm_hwm_kib()
         t = time.perf_counter()
         est.fit(X)
         seconds = time.perf_counter() - t
+        after = vm_hwm_kib()
         extra = {"backend": est.report_["backend"], "pairs": est.report_["pairs"]}
     else:
         from sklearn.cluster import DBSCAN
 
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        before = vm_hwm_kib()
         t = time.perf_counter()
         est = DBSCAN(eps=args.eps, min_samples=args.min_samples, n_jobs=-1).fit(X)
         seconds = time.perf_counter() - t
+        after = vm_hwm_kib()
         extra = {}
     labels = np.asarray(est.labels_, dtype=np.int64)
     core = np.asarray(est.core_sample_indices_, dtype=np.int64)
@@ -97,6 +113,7 @@ def child(args):
             {
                 "seconds": seconds,
                 "data_peak_kib": before,
+                "peak_kib": after,
                 "clusters": int(labels.max() + 1) if len(labels) else 0,
                 "noise": int((labels < 0).sum()),
                 "core_points": int(len(core)),
@@ -143,6 +160,14 @@ def run_one(system, n, dim, eps, min_samples, out, args):
                 return
             time.sleep(0.1)
 
+    polled = [0]
+
+    def watch_rss():
+        while proc.poll() is None:
+            polled[0] = max(polled[0], rss_kib(proc.pid))
+            time.sleep(0.1)
+
+    threading.Thread(target=watch_rss, daemon=True).start()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     # os.wait4: this child's own rusage (peak resident memory in KiB on Linux).
@@ -155,13 +180,17 @@ def run_one(system, n, dim, eps, min_samples, out, args):
     out_f.close()
     err_f.close()
     wall = time.perf_counter() - start
+    # Peak memory: the child's own VmHWM when it finishes; when it was stopped, the largest
+    # resident size polled. (ru_maxrss from wait4 would include this parent's size at fork.)
     row = {"system": system, "n": n, "dim": dim, "eps": eps, "min_samples": min_samples,
-           "peak_rss_mib": usage.ru_maxrss / 1024, "process_seconds": wall}
+           "peak_rss_mib": polled[0] / 1024, "ru_maxrss_mib": usage.ru_maxrss / 1024,
+           "process_seconds": wall}
     if killed or proc.returncode != 0:
         row["finished"] = False
         row["why"] = killed[0] if killed else f"exit {proc.returncode}: {stderr.strip()[-300:]}"
         return row
     row.update(json.loads(stdout.strip().splitlines()[-1]))
+    row["peak_rss_mib"] = row.pop("peak_kib") / 1024
     row["finished"] = True
     row["data_peak_mib"] = row.pop("data_peak_kib") / 1024
     return row
@@ -223,11 +252,11 @@ def main():
         return child(args)
 
     rows = []
-    for name, (dim, eps_1m, min_samples, sizes) in WORKLOADS.items():
+    for name, (dim, eps_1m, min_samples, sizes, scale) in WORKLOADS.items():
         if args.only and name not in args.only:
             continue
         for n in args.sizes or ([100_000] if args.quick else sizes):
-            eps = eps_at(eps_1m, n, dim)
+            eps = eps_at(eps_1m, n, dim) if scale else eps_1m
             repeats = args.repeats if n <= 300_000 or args.simjoin_only else 1
             with tempfile.TemporaryDirectory() as out:
                 ours = best_of("simjoin", n, dim, eps, min_samples, out, args, repeats)
