@@ -271,6 +271,51 @@ typedef struct simjoin_report {
   const char *device;
 } simjoin_report;
 
+/**
+ * DBSCAN options beyond eps and min_samples. Call `simjoin_dbscan_options_init` first: it
+ * sets `size` and every default.
+ */
+typedef struct simjoin_dbscan_options {
+  /**
+   * `sizeof(simjoin_dbscan_options)` as the caller compiled it.
+   */
+  size_t size;
+  simjoin_metric metric;
+  simjoin_backend backend;
+  /**
+   * The join's algorithm: AUTO, GRID, EGO, BRUTE or LSS (GPU); the labels are the same
+   * whichever runs.
+   */
+  simjoin_algorithm algorithm;
+} simjoin_dbscan_options;
+
+/**
+ * What a DBSCAN run found and how it ran.
+ */
+typedef struct simjoin_dbscan_report {
+  /**
+   * Number of clusters (labels run from 0 to clusters - 1).
+   */
+  uint64_t clusters;
+  /**
+   * Points labelled -1.
+   */
+  uint64_t noise;
+  uint64_t core_points;
+  /**
+   * Unique pairs of the eps-join (each of its passes streams them all; none is kept).
+   */
+  uint64_t pairs;
+  /**
+   * Wall-clock seconds of the whole clustering.
+   */
+  double seconds;
+  /**
+   * "cpu" or "vulkan": where the join ran (a static string).
+   */
+  const char *backend;
+} simjoin_dbscan_report;
+
 #define SIMJOIN_DTYPE_F32 0
 
 #define SIMJOIN_DTYPE_F64 1
@@ -553,6 +598,33 @@ simjoin_status simjoin_result_distances(const struct simjoin_result *result,
  */
 simjoin_status simjoin_result_report(const struct simjoin_result *result,
                                      struct simjoin_report *report);
+
+/**
+ * Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
+ * `opts->size = sizeof(simjoin_dbscan_options)`.
+ */
+simjoin_status simjoin_dbscan_options_init(struct simjoin_dbscan_options *opts);
+
+/**
+ * DBSCAN of the rows of `points` on the eps-join, in memory proportional to the number
+ * of rows whatever the number of pairs. A row with at least `min_samples` rows within
+ * `eps` (itself included, as scikit-learn counts) is a core point; core points within eps
+ * of each other share a cluster; a non-core row with a core row within eps joins the
+ * cluster of its nearest one (equal distances: the smaller row); the rest is noise.
+ * Clusters are numbered 0, 1, ... by their smallest row. `eps` must be finite and > 0,
+ * `min_samples` >= 1. `opts` may be NULL (defaults). On success `labels[i]` (an array of
+ * `points->rows` entries; may be NULL only when rows is 0) holds row i's cluster or -1
+ * for noise; `core` (NULL when not wanted, else `points->rows` bytes) holds 1 for a core
+ * row and 0 otherwise; `*report` (NULL when not wanted) the counts.
+ */
+simjoin_status simjoin_dbscan(const struct simjoin_engine *engine,
+                              const struct simjoin_matrix *points,
+                              double eps,
+                              uint64_t min_samples,
+                              const struct simjoin_dbscan_options *opts,
+                              int64_t *labels,
+                              uint8_t *core,
+                              struct simjoin_dbscan_report *report);
 
 #ifdef __cplusplus
 }  // extern "C"

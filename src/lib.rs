@@ -18,6 +18,7 @@
 pub mod arrow;
 mod backend;
 pub mod dataset;
+pub mod dbscan;
 mod device;
 pub mod engine;
 pub mod error;
@@ -46,6 +47,7 @@ pub mod kernel_interface {
 }
 
 pub use dataset::{Coords, Dataset, Precision};
+pub use dbscan::{dbscan, DbscanOptions, DbscanResult};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};

@@ -1,5 +1,6 @@
 //! The `simjoin` command: self-join and A ⋈ B of point files, device info, and a demo.
 
+mod dbscan;
 mod demo;
 mod input;
 mod output;
@@ -45,6 +46,9 @@ enum Command {
     /// The k nearest neighbours of every point of INPUT (itself excluded), or of every
     /// point of --query, among the points of INPUT: exact, nearest first, ties by index.
     Knn(KnnArgs),
+    /// DBSCAN clustering of INPUT on the eps-join, in memory proportional to the points
+    /// (the pairs are streamed, never kept): labels 0, 1, ... per cluster, -1 for noise.
+    Dbscan(dbscan::DbscanArgs),
     /// Vulkan devices, their queues and limits, and the backend `auto` chooses.
     Info,
     /// Generates seeded clustered data and runs a real join on it.
@@ -159,6 +163,7 @@ fn main() {
         Command::SelfJoin { input, join } => run_join(&[input], &join),
         Command::Join { a, b, join } => run_join(&[a, b], &join),
         Command::Knn(args) => run_knn(&args),
+        Command::Dbscan(args) => dbscan::run(&args),
         Command::Info => info(),
         Command::Demo(args) => run_demo(&args),
     };

@@ -2,8 +2,9 @@
 //!
 //! One file per C object: `options` (join and engine options), `engine`, `matrix` (borrowed
 //! input), `join` (the join calls and the streaming callback), `knn` (the kNN join, its
-//! options and result), `result` (results and their accessors); this file holds the status
-//! numbers, the panic boundary and the error message.
+//! options and result), `result` (results and their accessors), `dbscan` (DBSCAN labels,
+//! its options and report); this file holds the status numbers, the panic boundary and the
+//! error message.
 //!
 //! Conventions (rustls-ffi style):
 //! - every function returns a `simjoin_status` with fixed numbers (or a plain value when it
@@ -36,8 +37,11 @@ mod knn;
 mod matrix;
 mod options;
 mod result;
+// Last, so that the generated header lists its items after the older ones.
+mod dbscan;
 
 pub use arrow::*;
+pub use dbscan::*;
 pub use engine::*;
 pub use join::*;
 pub use knn::*;

@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 from ._native import lib
 
-__all__ = ["self_join", "join", "knn", "Error", "InvalidArgumentError", "__version__"]
+__all__ = ["self_join", "join", "knn", "dbscan", "DBSCAN", "Error", "InvalidArgumentError", "__version__"]
 __version__ = lib.simjoin_version().decode()
 
 
@@ -365,3 +365,16 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
             (distances.reshape(-1), indices.reshape(-1), indptr), shape=(rows.value, data.shape[0])
         )
     return distances, indices
+
+
+# DBSCAN (bindings/python/src/simjoin/_dbscan.py). `DBSCAN` is built on first use, so that
+# `import simjoin` never imports scikit-learn (whose estimator base it takes when present).
+from ._dbscan import dbscan  # noqa: E402
+
+
+def __getattr__(name):
+    if name == "DBSCAN":
+        from ._dbscan import estimator_class
+
+        return estimator_class()
+    raise AttributeError(f"module 'simjoin' has no attribute {name!r}")

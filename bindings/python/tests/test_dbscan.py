@@ -1,0 +1,277 @@
+"""simjoin.dbscan / simjoin.DBSCAN against scikit-learn's DBSCAN: the same core samples, the
+same clusters of core samples (up to numbering), the same noise, every border point in a
+cluster with a core sample within eps (and in scikit-learn's cluster whenever only one
+cluster is within reach), on clustered, uniform and duplicate-heavy data, 1-D to 64-D,
+every metric; the estimator interface; the GPU backend (lavapipe when that is the Vulkan
+device) giving the CPU's labels exactly; bad input."""
+import pickle
+
+import numpy as np
+import pytest
+
+import simjoin
+
+sklearn_cluster = pytest.importorskip("sklearn.cluster")
+
+METRICS = ["euclidean", "manhattan", "chebyshev"]
+
+
+def pairwise_acc(X, metric):
+    """Accumulated distances (squared for Euclidean) in X's precision, canonical order."""
+    dt = X.dtype
+    diff = (X[:, None, :] - X[None, :, :]).astype(dt)
+    acc = np.zeros((len(X), len(X)), dtype=dt)
+    for d in range(X.shape[1]):
+        t = diff[:, :, d]
+        if metric == "euclidean":
+            acc = (acc + t * t).astype(dt)
+        elif metric == "manhattan":
+            acc = (acc + np.abs(t)).astype(dt)
+        else:
+            acc = np.maximum(acc, np.abs(t))
+    return acc
+
+
+def threshold(eps, metric, dt):
+    e = dt.type(eps)
+    return e * e if metric == "euclidean" else e
+
+
+def make_data(kind, n, dim, seed):
+    rng = np.random.default_rng(seed)
+    if kind == "clustered":
+        centers = rng.uniform(0, 1, size=(5, dim))
+        X = centers[rng.integers(0, 5, n)] + rng.normal(0, 0.03, size=(n, dim))
+        # some background noise
+        X[: n // 10] = rng.uniform(-0.2, 1.2, size=(n // 10, dim))
+    elif kind == "uniform":
+        X = rng.uniform(0, 1, size=(n, dim))
+    else:  # duplicate-heavy: 30 distinct points repeated, plus a few loners
+        base = rng.uniform(0, 1, size=(30, dim))
+        X = base[rng.integers(0, 30, n)]
+        X[: n // 20] = rng.uniform(0, 1, size=(n // 20, dim))
+    return np.ascontiguousarray(X)
+
+
+def eps_for(kind, X, metric):
+    """An eps between distances (never one of them): the 60th percentile of the distance to
+    the 5th nearest neighbour, so that some points are core samples and some are not."""
+    if kind == "duplicates":
+        return 0.05
+    from scipy.spatial.distance import cdist
+
+    d = cdist(X, X, {"manhattan": "cityblock"}.get(metric, metric))
+    kth = np.sort(d, axis=1)[:, min(5, len(X) - 1)]
+    return float(np.quantile(kth, 0.6)) * (1 + 1e-6)
+
+
+def check_against_sklearn(X, eps, min_samples, metric, labels, core):
+    ref = sklearn_cluster.DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(X)
+    ref_labels = ref.labels_
+    ref_core = np.zeros(len(X), dtype=bool)
+    ref_core[ref.core_sample_indices_] = True
+    # Same core samples and the same noise.
+    np.testing.assert_array_equal(core, ref_core, err_msg="core samples differ")
+    np.testing.assert_array_equal(labels < 0, ref_labels < 0, err_msg="noise differs")
+    # The same partition of the core samples: a bijection between the numberings.
+    ours, theirs = labels[core], ref_labels[core]
+    pairs = set(zip(ours.tolist(), theirs.tolist()))
+    assert len(pairs) == len(set(ours.tolist())) == len(set(theirs.tolist())), "core partitions differ"
+    mapping = dict(pairs)
+    # Clusters numbered 0, 1, ... in the order of their first row.
+    seen = labels[labels >= 0]
+    if len(seen):
+        first = np.unique(seen, return_index=True)[1]
+        np.testing.assert_array_equal(seen[np.sort(first)], np.arange(len(first)))
+    # Border points: in a cluster with a core sample within eps; in scikit-learn's cluster
+    # when only one cluster's core samples are within reach.
+    border = np.flatnonzero((labels >= 0) & ~core)
+    if len(border):
+        acc = pairwise_acc(X, metric)
+        thr = threshold(eps, metric, X.dtype)
+        for p in border:
+            near_cores = np.flatnonzero(core & (acc[p] <= thr))
+            assert labels[p] in set(labels[near_cores].tolist()), f"border {p} not next to its cluster"
+            if len(set(labels[near_cores].tolist())) == 1:
+                assert mapping[labels[p]] == ref_labels[p], f"border {p} in another cluster"
+            # The nearest core sample's cluster (ties: smaller index).
+            best = near_cores[np.lexsort((near_cores, acc[p, near_cores]))[0]]
+            assert labels[p] == labels[best]
+    return ref
+
+
+CASES = [
+    (kind, dim, metric)
+    for kind in ["clustered", "uniform", "duplicates"]
+    for dim in [1, 2, 3, 8, 16, 64]
+    for metric in METRICS
+]
+
+
+@pytest.mark.parametrize("kind,dim,metric", CASES)
+def test_matches_sklearn(kind, dim, metric):
+    n = 600 if dim <= 16 else 300
+    X = make_data(kind, n, dim, seed=dim * 7 + len(kind))
+    eps = eps_for(kind, X, metric)
+    for min_samples in (1, 3, 5, 10):
+        est = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend="cpu").fit(X)
+        core = np.zeros(n, dtype=bool)
+        core[est.core_sample_indices_] = True
+        check_against_sklearn(X, eps, min_samples, metric, est.labels_, core)
+        np.testing.assert_array_equal(
+            simjoin.dbscan(X, eps, min_samples, metric=metric, backend="cpu"), est.labels_
+        )
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_float32_matches_sklearn(metric):
+    X = make_data("clustered", 800, 2, seed=3).astype(np.float32)
+    eps = eps_for("clustered", X.astype(np.float64), metric)
+    est = simjoin.DBSCAN(eps=eps, min_samples=4, metric=metric).fit(X)
+    assert est.components_.dtype == np.float32
+    core = np.zeros(len(X), dtype=bool)
+    core[est.core_sample_indices_] = True
+    check_against_sklearn(X, eps, 4, metric, est.labels_, core)
+
+
+def test_estimator_interface():
+    X = make_data("clustered", 500, 3, seed=11)
+    est = simjoin.DBSCAN(eps=0.05, min_samples=4)
+    assert est.get_params() == {
+        "eps": 0.05, "min_samples": 4, "metric": "euclidean", "algorithm": "auto", "backend": "auto"
+    }
+    assert est.fit(X) is est
+    assert est.labels_.dtype == np.int64 and est.labels_.shape == (500,)
+    assert est.core_sample_indices_.dtype == np.int64
+    assert np.all(np.diff(est.core_sample_indices_) > 0)
+    np.testing.assert_array_equal(est.components_, X[est.core_sample_indices_])
+    assert est.n_features_in_ == 3
+    assert est.report_["clusters"] == est.labels_.max() + 1
+    assert est.report_["noise"] == int((est.labels_ == -1).sum())
+    assert est.report_["core_points"] == len(est.core_sample_indices_)
+    np.testing.assert_array_equal(est.fit_predict(X), est.labels_)
+    assert est.set_params(min_samples=50) is est and est.min_samples == 50
+    assert est.fit(X).labels_.max() < 5
+    # scikit-learn's machinery: clone, repr, pickling, its metric aliases.
+    from sklearn.base import ClusterMixin, clone
+
+    assert isinstance(est, ClusterMixin)
+    c = clone(est)
+    assert c.get_params() == est.get_params() and not hasattr(c, "labels_")
+    assert "DBSCAN" in repr(est)
+    back = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(back.labels_, est.labels_)
+    for alias, name in [("l2", "euclidean"), ("l1", "manhattan"), ("cityblock", "manhattan"), ("infinity", "chebyshev")]:
+        np.testing.assert_array_equal(simjoin.dbscan(X, 0.05, 4, metric=alias), simjoin.dbscan(X, 0.05, 4, metric=name))
+    # Every join algorithm (and scikit-learn's tree names) gives the same labels.
+    for algorithm in ("grid", "ego", "brute", "kd_tree", "ball_tree"):
+        np.testing.assert_array_equal(
+            simjoin.DBSCAN(eps=0.05, min_samples=4, algorithm=algorithm, backend="cpu").fit_predict(X),
+            simjoin.dbscan(X, 0.05, 4),
+        )
+    with pytest.raises(simjoin.InvalidArgumentError, match="algorithm"):
+        simjoin.dbscan(X, 0.05, 4, algorithm="kdtree")
+    # Lists work as inputs.
+    assert simjoin.dbscan([[0.0], [0.1], [5.0]], 0.5, 2).tolist() == [0, 0, -1]
+
+
+def test_import_does_not_need_sklearn():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['sklearn'] = None\n"
+        "import simjoin, numpy as np\n"
+        "assert 'sklearn.base' not in sys.modules or sys.modules['sklearn.base'] is None\n"
+        "est = simjoin.DBSCAN(eps=0.5, min_samples=2)\n"
+        "assert est.fit_predict(np.array([[0.0], [0.2], [9.0]])).tolist() == [0, 0, -1]\n"
+        "assert est.get_params()['eps'] == 0.5 and est.set_params(eps=1.0).eps == 1.0\n"
+        "assert list(est.core_sample_indices_) == [0, 1]\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+    # Without the estimator asked for, `import simjoin` does not import scikit-learn.
+    code = "import sys, simjoin; simjoin.dbscan([[0.0]], 1.0, 1); assert 'sklearn' not in sys.modules; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+def test_tiny_inputs():
+    for backend in ("cpu", "auto"):
+        assert simjoin.dbscan(np.empty((0, 2)), 1.0, 5, backend=backend).shape == (0,)
+        assert simjoin.dbscan(np.zeros((1, 2)), 1.0, 1, backend=backend).tolist() == [0]
+        assert simjoin.dbscan(np.zeros((1, 2)), 1.0, 2, backend=backend).tolist() == [-1]
+        two = np.array([[0.0, 0.0], [0.5, 0.0]])
+        assert simjoin.dbscan(two, 1.0, 2, backend=backend).tolist() == [0, 0]
+        assert simjoin.dbscan(two, 0.4, 1, backend=backend).tolist() == [0, 1]
+        assert simjoin.dbscan(two, 0.4, 2, backend=backend).tolist() == [-1, -1]
+    est = simjoin.DBSCAN().fit(np.empty((0, 3)))
+    assert est.labels_.shape == (0,) and est.components_.shape == (0, 3)
+
+
+def test_bad_input():
+    X = np.random.default_rng(0).uniform(size=(20, 2))
+    for eps in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(simjoin.InvalidArgumentError, match="eps"):
+            simjoin.dbscan(X, eps, 5)
+    for m in (0, -1, 2.5, True, None):
+        with pytest.raises(simjoin.InvalidArgumentError, match="min_samples"):
+            simjoin.dbscan(X, 0.1, m)
+    bad = X.copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(simjoin.InvalidArgumentError, match="not finite"):
+        simjoin.dbscan(bad, 0.1, 5)
+    with pytest.raises(simjoin.InvalidArgumentError, match="metric"):
+        simjoin.dbscan(X, 0.1, 5, metric="cosine")
+    with pytest.raises(simjoin.InvalidArgumentError, match="backend"):
+        simjoin.dbscan(X, 0.1, 5, backend="tpu")
+    with pytest.raises(simjoin.InvalidArgumentError):
+        simjoin.dbscan(X[0], 0.1, 5)  # 1-D input
+    with pytest.raises(simjoin.InvalidArgumentError, match="eps"):
+        simjoin.DBSCAN(eps=-0.5).fit(X)
+    with pytest.raises(simjoin.InvalidArgumentError, match="sample_weight"):
+        simjoin.DBSCAN().fit(X, sample_weight=np.ones(20))
+    with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
+        simjoin.DBSCAN(min_samples=0).fit(X)
+
+
+def gpu_or_skip():
+    try:
+        simjoin.dbscan(np.zeros((2, 1), dtype=np.float32), 1.0, 1, backend="gpu")
+    except simjoin.Error as e:
+        if e.status == 3:  # SIMJOIN_NO_DEVICE
+            pytest.skip(f"no Vulkan device: {e}")
+        raise
+
+
+@pytest.mark.parametrize("kind", ["clustered", "uniform", "duplicates"])
+@pytest.mark.parametrize("dim", [1, 2, 3, 16, 64])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_gpu_equals_cpu(kind, dim, dtype):
+    gpu_or_skip()
+    n = 300 if dim <= 16 else 150
+    X = make_data(kind, n, dim, seed=dim + 100).astype(dtype)
+    for metric in METRICS:
+        eps = eps_for(kind, X, metric)
+        for min_samples in (2, 6):
+            cpu = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend="cpu").fit(X)
+            gpu = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend="gpu").fit(X)
+            assert gpu.report_["backend"] == "vulkan"
+            np.testing.assert_array_equal(gpu.labels_, cpu.labels_)
+            np.testing.assert_array_equal(gpu.core_sample_indices_, cpu.core_sample_indices_)
+            if dtype == np.float64:
+                core = np.zeros(n, dtype=bool)
+                core[gpu.core_sample_indices_] = True
+                check_against_sklearn(X, eps, min_samples, metric, gpu.labels_, core)
+
+
+def test_readme_dbscan_example_runs():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[3] / "README.md"
+    if not readme.exists():
+        pytest.skip("not run from a source checkout")
+    text = readme.read_text()
+    block = text.split("<!-- dbscan-python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(block, "README.md", "exec"), {})

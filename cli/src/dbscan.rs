@@ -1,0 +1,167 @@
+//! `simjoin dbscan`: DBSCAN clustering of a point file on the eps-join (`simjoin::dbscan`),
+//! labels written as .npy (1-D int64) or .csv (header `label`, then line i + 2 holds point
+//! i's label), or a one-line summary; `--stats` prints one JSON object.
+
+use crate::input::{read_points, Precision};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use simjoin::{Algorithm, Backend, DbscanOptions, Engine, EngineOptions, Metric};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct DbscanArgs {
+    /// Points: .npy (2-D f32/f64), .csv/.txt (comma or whitespace separated), .fvecs.
+    input: PathBuf,
+    /// Neighbourhood radius (> 0): points within eps (dist <= eps) are neighbours.
+    #[arg(long, allow_negative_numbers = true)]
+    eps: f64,
+    /// Neighbours, the point itself included, that make a core point (>= 1).
+    #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
+    min_samples: i64,
+    /// euclidean, manhattan or chebyshev.
+    #[arg(long, default_value = "euclidean")]
+    metric: Metric,
+    /// auto, gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    backend: Backend,
+    /// The join's algorithm: auto, grid, ego, brute or lss (the labels are the same).
+    #[arg(long, default_value = "auto")]
+    algorithm: Algorithm,
+    /// Write the labels to FILE: .npy (1-D int64, -1 for noise) or .csv (a header line
+    /// `label`, then one label per line, in point order). Without it, a summary line.
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+    /// Print one JSON object: clusters, noise points, core points, pairs, seconds, backend.
+    #[arg(long)]
+    stats: bool,
+    /// Coordinate precision (default: as stored; text files are read as f64).
+    #[arg(long, value_enum)]
+    precision: Option<Precision>,
+    /// CPU worker threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Vulkan device index or name substring.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+fn check_output_path(path: &Path) -> Result<()> {
+    match crate::input::extension(path).as_str() {
+        "npy" | "csv" => Ok(()),
+        other => bail!(
+            "unknown labels format '.{other}' for {} (expected .npy or .csv)",
+            path.display()
+        ),
+    }
+}
+
+fn write_labels(path: &Path, labels: &[i64]) -> Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    let written: Result<()> = (|| {
+        match crate::input::extension(path).as_str() {
+            "npy" => {
+                use npyz::WriterBuilder;
+                let mut w = npyz::WriteOptions::<i64>::new()
+                    .default_dtype()
+                    .shape(&[labels.len() as u64])
+                    .writer(&mut out)
+                    .begin_nd()?;
+                w.extend(labels.iter().copied())?;
+                w.finish()?;
+            }
+            _ => {
+                writeln!(out, "label")?;
+                for l in labels {
+                    writeln!(out, "{l}")?;
+                }
+            }
+        }
+        out.flush()?;
+        Ok(())
+    })();
+    written.with_context(|| format!("cannot write {}", path.display()))
+}
+
+pub fn run(args: &DbscanArgs) -> Result<()> {
+    // Everything that needs no data is checked first, so that a typo fails fast.
+    if args.min_samples < 1 {
+        bail!(
+            "--min-samples must be at least 1 (got {})",
+            args.min_samples
+        );
+    }
+    let opts = DbscanOptions {
+        eps: args.eps,
+        min_samples: usize::try_from(args.min_samples)?,
+        metric: args.metric,
+        backend: args.backend,
+        algorithm: args.algorithm,
+    };
+    opts.validate()?;
+    if let Some(path) = &args.output {
+        check_output_path(path)?;
+    }
+    let engine = Engine::with_options(EngineOptions {
+        device: args.device.clone(),
+        threads: args.threads,
+        validation: None,
+    })?;
+    let read_start = Instant::now();
+    let points = read_points(&args.input)?.with_precision(args.precision);
+    let data = points
+        .dataset()
+        .with_context(|| args.input.display().to_string())?;
+    let read_seconds = read_start.elapsed().as_secs_f64();
+    let progress = crate::Progress::start("clustering");
+    let result = simjoin::dbscan(&engine, &data, &opts);
+    progress.finish();
+    let result = result?;
+    let t = Instant::now();
+    if let Some(path) = &args.output {
+        write_labels(path, &result.labels)?;
+    }
+    let write_seconds = t.elapsed().as_secs_f64();
+    let r = &result.report;
+    if args.stats {
+        let phases: Vec<_> = r
+            .phases
+            .iter()
+            .map(|(name, seconds)| serde_json::json!({ "name": name, "seconds": seconds }))
+            .collect();
+        let stats = serde_json::json!({
+            "clusters": result.clusters,
+            "noise_points": result.noise,
+            "core_points": result.core_points,
+            "border_points": data.len() - result.noise - result.core_points,
+            "points": data.len(),
+            "dim": data.dim(),
+            "eps": opts.eps,
+            "min_samples": opts.min_samples,
+            "metric": opts.metric.name(),
+            "pairs": r.pairs,
+            "seconds": r.seconds,
+            "backend": r.backend,
+            "device": r.device,
+            "algorithm": r.algorithm.name(),
+            "phases": phases,
+            "read_seconds": read_seconds,
+            "write_seconds": write_seconds,
+        });
+        println!("{stats}");
+    } else if args.output.is_none() {
+        println!(
+            "{} clusters, {} noise points, {} core points of {} in {:.3} s on {}",
+            result.clusters,
+            result.noise,
+            result.core_points,
+            data.len(),
+            r.seconds,
+            r.backend
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,451 @@
+//! DBSCAN (`simjoin::dbscan`) against a brute-force reference written here from the
+//! definition in `src/dbscan.rs`: labels and core flags equal, on uniform, clustered,
+//! duplicate-heavy and lattice data (distances of exactly eps, equally near core points),
+//! 1-D to 64-D, every metric, f32 and f64, min_samples from 1 to 12; small and degenerate
+//! inputs and the errors; a join of 2 * 10^8 pairs clustered in bounded memory (its pairs
+//! would take 1.6 GB); and, with the `gpu` feature, the GPU backend on lavapipe (validation
+//! on) giving the CPU's answer exactly.
+
+mod common;
+
+use common::Rng;
+use simjoin::metric::distance_acc;
+use simjoin::{
+    dbscan, Algorithm, Backend, Coords, Dataset, DbscanOptions, DbscanResult, Engine, ErrorKind,
+    Metric,
+};
+
+const METRICS: [Metric; 3] = [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev];
+
+fn engine() -> &'static Engine {
+    static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    E.get_or_init(Engine::new)
+}
+
+fn opts(eps: f64, min_samples: usize, metric: Metric, backend: Backend) -> DbscanOptions {
+    DbscanOptions {
+        eps,
+        min_samples,
+        metric,
+        backend,
+        algorithm: Algorithm::Auto,
+    }
+}
+
+/// The reference: neighbour lists from the brute-force oracle join, core points by count,
+/// clusters by a search over core-core edges, border points to the nearest core
+/// neighbour (smaller index on ties), clusters numbered by smallest member.
+fn reference(data: &Dataset, o: &DbscanOptions) -> (Vec<i64>, Vec<bool>) {
+    let n = data.len();
+    let mut adj = vec![Vec::new(); n];
+    for [i, j] in simjoin::oracle::self_join(data, o.metric, o.eps) {
+        adj[i as usize].push(j as usize);
+        adj[j as usize].push(i as usize);
+    }
+    let core: Vec<bool> = (0..n).map(|i| adj[i].len() + 1 >= o.min_samples).collect();
+    // Components of the core points (arbitrary ids first).
+    let mut comp = vec![usize::MAX; n];
+    for s in 0..n {
+        if !core[s] || comp[s] != usize::MAX {
+            continue;
+        }
+        comp[s] = s;
+        let mut stack = vec![s];
+        while let Some(p) = stack.pop() {
+            for &q in &adj[p] {
+                if core[q] && comp[q] == usize::MAX {
+                    comp[q] = s;
+                    stack.push(q);
+                }
+            }
+        }
+    }
+    let acc = |i: usize, j: usize| -> f64 {
+        let d = data.dim();
+        match data.coords() {
+            Coords::F32(x) => {
+                distance_acc(o.metric, &x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d]) as f64
+            }
+            Coords::F64(x) => {
+                distance_acc(o.metric, &x[i * d..(i + 1) * d], &x[j * d..(j + 1) * d])
+            }
+        }
+    };
+    let mut owner = vec![usize::MAX; n];
+    for i in 0..n {
+        if core[i] {
+            owner[i] = comp[i];
+        } else if let Some(&c) = adj[i]
+            .iter()
+            .filter(|&&c| core[c])
+            .min_by(|&&a, &&b| acc(i, a).partial_cmp(&acc(i, b)).unwrap().then(a.cmp(&b)))
+        {
+            owner[i] = comp[c];
+        }
+    }
+    let mut number = std::collections::HashMap::new();
+    let labels = owner
+        .iter()
+        .map(|&c| {
+            if c == usize::MAX {
+                -1
+            } else {
+                let next = number.len() as i64;
+                *number.entry(c).or_insert(next)
+            }
+        })
+        .collect();
+    (labels, core)
+}
+
+fn check_counts(r: &DbscanResult) {
+    let n = r.labels.len();
+    assert_eq!(r.core.len(), n);
+    assert_eq!(r.noise, r.labels.iter().filter(|&&l| l < 0).count());
+    assert_eq!(r.core_points, r.core.iter().filter(|&&c| c).count());
+    assert_eq!(
+        r.clusters as i64,
+        r.labels.iter().max().map_or(0, |&m| m + 1)
+    );
+    assert_eq!(r.core_indices().len(), r.core_points);
+}
+
+/// Checks `dbscan` against the reference, clustering in the input's order and in Z-order
+/// (which `dbscan` chooses from 2^20 points on): the answer must not depend on it.
+fn check(data: &Dataset, o: &DbscanOptions, what: &str) -> DbscanResult {
+    let r = dbscan(engine(), data, o).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (labels, core) = reference(data, o);
+    assert_eq!(r.core, core, "{what}: core points");
+    assert_eq!(r.labels, labels, "{what}: labels");
+    check_counts(&r);
+    for reorder in [false, true] {
+        let z = simjoin::dbscan::dbscan_reordered(engine(), data, o, reorder).unwrap();
+        assert_eq!(z.core, core, "{what}: core points (reordered: {reorder})");
+        assert_eq!(z.labels, labels, "{what}: labels (reordered: {reorder})");
+        assert_eq!(z.report.pairs, r.report.pairs);
+    }
+    r
+}
+
+/// kind 0 uniform in [0,1)^d, 1 four Gaussian blobs, 2 every other point a duplicate of
+/// one of 8 points, 3 a lattice of pitch eps (exact eps distances, equally near cores).
+fn points(rng: &mut Rng, n: usize, dim: usize, kind: u8, eps: f64) -> Vec<f64> {
+    let centers: Vec<f64> = (0..4 * dim).map(|_| rng.unit()).collect();
+    let mut v = Vec::with_capacity(n * dim);
+    for i in 0..n {
+        for j in 0..dim {
+            v.push(match kind {
+                0 => rng.unit(),
+                1 => centers[(i % 4) * dim + j] + rng.normal() * 0.05,
+                2 if i % 2 == 0 => ((i / 2) % 8) as f64 * 0.37 + j as f64,
+                2 => rng.unit() * 3.0,
+                _ => (rng.unit() * 5.0).floor() * eps,
+            });
+        }
+    }
+    v
+}
+
+/// An eps giving a few neighbours per point on average in the unit cube.
+fn eps_for(n: usize, dim: usize, metric: Metric, kind: u8) -> f64 {
+    if kind == 3 {
+        return 0.25;
+    }
+    let vol_per_point = 1.0 / n as f64;
+    let mut e = (6.0 * vol_per_point).powf(1.0 / dim as f64);
+    if metric == Metric::Chebyshev {
+        e *= 0.5;
+    } else if dim > 1 {
+        e *= match metric {
+            Metric::Manhattan => 0.4 * (dim as f64).sqrt(),
+            _ => 0.6,
+        };
+    }
+    e.max(1e-3)
+}
+
+#[test]
+fn matches_the_reference() {
+    let mut rng = Rng(15);
+    let mut case = 0;
+    for &dim in &[1usize, 2, 3, 5, 8, 16, 64] {
+        for kind in 0..4u8 {
+            for &metric in &METRICS {
+                let n = [40, 200, 700][case % 3];
+                let eps = eps_for(n, dim, metric, kind);
+                let x = points(&mut rng, n, dim, kind, eps);
+                let min_samples = [1, 2, 3, 5, 8, 12][case % 6];
+                let o = opts(eps, min_samples, metric, Backend::Cpu);
+                let what = format!("dim {dim} kind {kind} {metric} n {n} min {min_samples}");
+                if case % 2 == 0 {
+                    check(&Dataset::from_f64(&x, dim).unwrap(), &o, &what);
+                } else {
+                    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                    check(&Dataset::from_f32(&x32, dim).unwrap(), &o, &what);
+                }
+                case += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn every_min_samples_on_clustered_data() {
+    let mut rng = Rng(7);
+    let x = points(&mut rng, 600, 2, 1, 0.0);
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let mut seen_clusters = std::collections::BTreeSet::new();
+    for m in 1..=30 {
+        let r = check(
+            &data,
+            &opts(0.03, m, Metric::Euclidean, Backend::Cpu),
+            "blobs",
+        );
+        seen_clusters.insert(r.clusters);
+    }
+    // The sweep went from one cluster per point group to mostly noise.
+    assert!(seen_clusters.len() > 3, "{seen_clusters:?}");
+}
+
+/// Every CPU join algorithm gives the same clustering (the join is the same pair set).
+#[test]
+fn every_algorithm_agrees() {
+    let mut rng = Rng(21);
+    for &dim in &[2usize, 12] {
+        let x = points(&mut rng, 900, dim, 1, 0.0);
+        let data = Dataset::from_f64(&x, dim).unwrap();
+        let eps = if dim == 2 { 0.02 } else { 0.15 };
+        let want = check(
+            &data,
+            &opts(eps, 6, Metric::Euclidean, Backend::Cpu),
+            "auto",
+        );
+        for algorithm in [Algorithm::Grid, Algorithm::Ego, Algorithm::Brute] {
+            let mut o = opts(eps, 6, Metric::Euclidean, Backend::Cpu);
+            o.algorithm = algorithm;
+            let r = dbscan(engine(), &data, &o).unwrap();
+            assert_eq!(r.report.algorithm, algorithm);
+            assert_eq!(r.labels, want.labels, "{algorithm}");
+            assert_eq!(r.core, want.core, "{algorithm}");
+        }
+        assert!(want.clusters > 1 && want.core_points > 0 && want.noise > 0);
+    }
+    let mut o = opts(0.1, 6, Metric::Euclidean, Backend::Cpu);
+    o.algorithm = Algorithm::KdTree;
+    let data = Dataset::from_f64(&[0.0, 1.0], 1).unwrap();
+    let e = dbscan(engine(), &data, &o).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+#[test]
+fn hand_checked_cases() {
+    // 1-D: a chain 0, 1, 2 (core with min_samples 2), a gap, a pair 10, 10.5, a loner 20.
+    let x = [0.0f64, 1.0, 2.0, 10.0, 10.5, 20.0];
+    let data = Dataset::from_f64(&x, 1).unwrap();
+    let r = dbscan(
+        engine(),
+        &data,
+        &opts(1.0, 2, Metric::Euclidean, Backend::Cpu),
+    )
+    .unwrap();
+    assert_eq!(r.labels, vec![0, 0, 0, 1, 1, -1]);
+    assert_eq!(r.core, vec![true, true, true, true, true, false]);
+    assert_eq!((r.clusters, r.noise, r.core_points), (2, 1, 5));
+    // min_samples 3: only 1 is core (0, 1, 2 within 1 of it); 0 and 2 are its border.
+    let r = dbscan(
+        engine(),
+        &data,
+        &opts(1.0, 3, Metric::Euclidean, Backend::Cpu),
+    )
+    .unwrap();
+    assert_eq!(r.labels, vec![0, 0, 0, -1, -1, -1]);
+    assert_eq!(r.core_indices(), vec![1]);
+    // A border point between two clusters goes to the nearer core; at equal distance to
+    // the smaller core index, even when that core's cluster has the larger number. eps 1.5,
+    // min_samples 4: cores 3.0 (index 1: 3.25, 3.5, 1.5) and 0.0 (index 2: -0.25, -0.5,
+    // 1.5); 1.5 (index 6) is exactly 1.5 from both, so it goes to index 1's cluster, which
+    // is cluster 1 because -0.25 (index 0, a border of 0.0) makes the other cluster 0.
+    let x = [-0.25f64, 3.0, 0.0, -0.5, 3.25, 3.5, 1.5];
+    let data = Dataset::from_f64(&x, 1).unwrap();
+    for m in METRICS {
+        for reorder in [false, true] {
+            // In Z-order 0.0 comes before 3.0: the tie must still go by original index.
+            let o = opts(1.5, 4, m, Backend::Cpu);
+            let r = simjoin::dbscan::dbscan_reordered(engine(), &data, &o, reorder).unwrap();
+            assert_eq!(r.core_indices(), vec![1, 2], "{m}");
+            assert_eq!(r.labels, vec![0, 1, 0, 0, 1, 1, 1], "{m}");
+        }
+    }
+}
+
+#[test]
+fn tiny_inputs() {
+    for backend in [Backend::Cpu, Backend::Auto] {
+        let empty: [f64; 0] = [];
+        let r = dbscan(
+            engine(),
+            &Dataset::from_f64(&empty, 3).unwrap(),
+            &opts(1.0, 5, Metric::Euclidean, backend),
+        )
+        .unwrap();
+        assert!(r.labels.is_empty() && r.core.is_empty());
+        assert_eq!((r.clusters, r.noise, r.core_points), (0, 0, 0));
+        let one = [1.0f32, 2.0];
+        let data = Dataset::from_f32(&one, 2).unwrap();
+        let r = dbscan(engine(), &data, &opts(1.0, 1, Metric::Euclidean, backend)).unwrap();
+        assert_eq!((r.labels.clone(), r.core.clone()), (vec![0], vec![true]));
+        let r = dbscan(engine(), &data, &opts(1.0, 2, Metric::Euclidean, backend)).unwrap();
+        assert_eq!((r.labels.clone(), r.noise), (vec![-1], 1));
+        let two = [0.0f32, 0.0, 0.5, 0.0];
+        let data = Dataset::from_f32(&two, 2).unwrap();
+        for (eps, m, labels) in [
+            (1.0, 2, vec![0, 0]),
+            (0.4, 2, vec![-1, -1]),
+            (0.4, 1, vec![0, 1]),
+            (1.0, 3, vec![-1, -1]),
+        ] {
+            let r = dbscan(engine(), &data, &opts(eps, m, Metric::Euclidean, backend)).unwrap();
+            assert_eq!(r.labels, labels, "eps {eps} min_samples {m}");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_refused() {
+    let x = [0.0f64, 1.0, 2.0, 3.0];
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    for o in [
+        opts(0.0, 5, Metric::Euclidean, Backend::Cpu),
+        opts(-1.0, 5, Metric::Euclidean, Backend::Cpu),
+        opts(f64::NAN, 5, Metric::Euclidean, Backend::Cpu),
+        opts(f64::INFINITY, 5, Metric::Euclidean, Backend::Cpu),
+        opts(1.0, 0, Metric::Euclidean, Backend::Cpu),
+    ] {
+        let e = dbscan(engine(), &data, &o).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{o:?}: {e}");
+    }
+    let e = Dataset::from_f64(&[0.0, f64::NAN], 2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+}
+
+fn peak_rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// 20,000 points in a box much smaller than eps: every pair matches, 2.0e8 pairs per
+/// pass over the join (1.6 GB as an array of pairs). The clustering is right and the process's peak
+/// resident memory grows by far less than the pairs would take. In a child process of its
+/// own so that no other test's memory counts.
+#[test]
+fn many_pairs_in_bounded_memory() {
+    if !common::in_own_process("many_pairs_in_bounded_memory") {
+        return;
+    }
+    let n = 20_000usize;
+    let mut rng = Rng(3);
+    let mut x: Vec<f32> = (0..2 * n).map(|_| rng.unit() as f32 * 0.01).collect();
+    // Plus two far away points: a pair with min_samples 2 is its own cluster.
+    x.extend_from_slice(&[50.0, 50.0, 50.0, 50.05]);
+    let data = Dataset::from_f32(&x, 2).unwrap();
+    let before = peak_rss_kib();
+    // min_samples 2: every pair is linked at once; 10: pairs are kept until the counts are
+    // final; 50: more than the budget would be kept, so a second pass over the join.
+    for (m, far_labels) in [(2, [1, 1]), (10, [-1, -1]), (50, [-1, -1])] {
+        let r = dbscan(
+            engine(),
+            &data,
+            &opts(0.1, m, Metric::Euclidean, Backend::Cpu),
+        )
+        .unwrap();
+        assert_eq!(r.report.pairs, (n as u64 * (n as u64 - 1)) / 2 + 1);
+        assert_eq!(r.clusters, if m == 2 { 2 } else { 1 });
+        assert_eq!(r.core_points, n + if m == 2 { 2 } else { 0 });
+        assert!(r.labels[..n].iter().all(|&l| l == 0));
+        assert_eq!(&r.labels[n..], &far_labels);
+        let second = r.report.notes.iter().any(|s| s.contains("second pass"));
+        assert_eq!(second, m == 50, "{:?}", r.report.notes);
+    }
+    let grown_mib = (peak_rss_kib() - before) / 1024;
+    println!("peak resident memory grew by {grown_mib} MiB");
+    assert!(
+        grown_mib < 200,
+        "peak resident memory grew by {grown_mib} MiB: were pairs collected?"
+    );
+}
+
+#[cfg(feature = "gpu")]
+mod gpu {
+    use super::*;
+
+    fn gpu_engine() -> &'static Engine {
+        static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+        common::gpu_test_setup();
+        E.get_or_init(Engine::new)
+    }
+
+    /// The GPU backend (lavapipe, validation on) gives the CPU's labels and core flags
+    /// exactly, on every kind of data, every metric, f32 and f64, 1-D to 64-D.
+    #[test]
+    fn gpu_equals_cpu() {
+        let mut rng = Rng(99);
+        let mut case = 0;
+        for &dim in &[1usize, 2, 3, 8, 64] {
+            for kind in 0..4u8 {
+                for &metric in &METRICS {
+                    let n = [60, 300][case % 2];
+                    let eps = eps_for(n, dim, metric, kind);
+                    let x = points(&mut rng, n, dim, kind, eps);
+                    let min_samples = [2, 4, 7][case % 3];
+                    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                    let data = if case % 2 == 0 {
+                        Dataset::from_f64(&x, dim).unwrap()
+                    } else {
+                        Dataset::from_f32(&x32, dim).unwrap()
+                    };
+                    let what = format!("dim {dim} kind {kind} {metric} min {min_samples}");
+                    let cpu = check(&data, &opts(eps, min_samples, metric, Backend::Cpu), &what);
+                    let gpu = dbscan(
+                        gpu_engine(),
+                        &data,
+                        &opts(eps, min_samples, metric, Backend::Gpu),
+                    )
+                    .unwrap_or_else(|e| panic!("{what} gpu: {e}"));
+                    assert_eq!(gpu.report.backend, "vulkan", "{what}");
+                    assert_eq!(gpu.core, cpu.core, "{what}: core");
+                    assert_eq!(gpu.labels, cpu.labels, "{what}: labels");
+                    assert_eq!(gpu.report.pairs, cpu.report.pairs, "{what}: pairs");
+                    case += 1;
+                }
+            }
+        }
+        common::assert_no_validation_errors();
+    }
+
+    /// Denser clustered data (tens of thousands of pairs): still the CPU's clustering.
+    #[test]
+    fn gpu_many_pairs() {
+        let mut rng = Rng(5);
+        let x: Vec<f32> = points(&mut rng, 3000, 2, 1, 0.0)
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        let data = Dataset::from_f32(&x, 2).unwrap();
+        let cpu = check(
+            &data,
+            &opts(0.02, 10, Metric::Euclidean, Backend::Cpu),
+            "blobs",
+        );
+        let gpu = dbscan(
+            gpu_engine(),
+            &data,
+            &opts(0.02, 10, Metric::Euclidean, Backend::Gpu),
+        )
+        .unwrap();
+        assert!(cpu.report.pairs > 20_000, "{}", cpu.report.pairs);
+        assert_eq!(gpu.labels, cpu.labels);
+        assert_eq!(gpu.core, cpu.core);
+        common::assert_no_validation_errors();
+    }
+}
