@@ -245,7 +245,8 @@ def test_pg_cancel():
     # 1M uniform 2-D points; eps 0.004 gives ~25M pairs: a join of many seconds.
     psql("SELECT setseed(0.5); DROP TABLE IF EXISTS big; CREATE TABLE big AS SELECT g AS id, "
          "random() AS x, random() AS y FROM generate_series(1, 1000000) g")
-    long_join = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM big', 0.004)"
+    # Large enough to be still running 3 s in even on an idle machine (0.004 was not).
+    long_join = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM big', 0.008)"
     cmd = ["psql", "-X", "-At", "-h", ARGS.pg_host, "-p", str(ARGS.pg_port), "-U", "postgres",
            "-c", long_join]
     for attempt in ("cancel", "timeout"):
@@ -279,7 +280,7 @@ def test_pg_cancel():
               f"pg {attempt}: the join itself must have stopped (log: {lines})")
     # Uncancelled, the same join runs to its end (so the cancels above did interrupt it).
     t0 = time.time()
-    n = int(psql(long_join.replace("0.004", "0.001")).stdout)
+    n = int(psql(long_join.replace("0.008", "0.001")).stdout)
     print(f"   the same join at eps 0.001: {n} pairs in {time.time() - t0:.1f} s", flush=True)
     check(n > 1_000_000, "pg uncancelled join")
     check(psql("SELECT 1").stdout.strip() == "1", "pg server answers after the cancels")
