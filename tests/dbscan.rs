@@ -416,6 +416,16 @@ mod gpu {
                     assert_eq!(gpu.core, cpu.core, "{what}: core");
                     assert_eq!(gpu.labels, cpu.labels, "{what}: labels");
                     assert_eq!(gpu.report.pairs, cpu.report.pairs, "{what}: pairs");
+                    // The Z-order copy (from 2^20 points) on the GPU too.
+                    let z = simjoin::dbscan::dbscan_reordered(
+                        gpu_engine(),
+                        &data,
+                        &opts(eps, min_samples, metric, Backend::Gpu),
+                        true,
+                    )
+                    .unwrap();
+                    assert_eq!(z.labels, cpu.labels, "{what}: labels (reordered)");
+                    assert_eq!(z.core, cpu.core, "{what}: core (reordered)");
                     case += 1;
                 }
             }
