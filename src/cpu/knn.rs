@@ -99,26 +99,18 @@ fn knn<T: DistanceType, M: MetricKind>(
     let mut acc = alloc(rows * k, T::ZERO, "distance array")?;
     let mut phases = Vec::new();
     let mut notes = Vec::new();
-    if rows > 0 {
+    // The filtered search, or the tree search below it; the result is assembled once.
+    'search: {
+        if rows == 0 {
+            break 'search;
+        }
         let t0 = Instant::now();
         if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
         {
             if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
-                finish_distances(M::METRIC, &mut acc);
                 phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
                 notes.push(done);
-                return Ok(KnnResult {
-                    rows,
-                    k,
-                    indices,
-                    distances: T::wrap(acc),
-                    report: JoinReport {
-                        pairs: (rows * k) as u64,
-                        phases,
-                        notes,
-                        ..Default::default()
-                    },
-                });
+                break 'search;
             }
             notes.push("dot-product filter not usable (norms too large): plain k-d tree".into());
         }
@@ -187,9 +179,9 @@ fn knn<T: DistanceType, M: MetricKind>(
                 oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
                 oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
             });
-        finish_distances(M::METRIC, &mut acc);
         phases.push(("search".to_string(), t1.elapsed().as_secs_f64()));
     }
+    finish_distances(M::METRIC, &mut acc);
     Ok(KnnResult {
         rows,
         k,

@@ -9,7 +9,7 @@ use super::options::{
     enum_value, optional_count, read_sized, simjoin_algorithm, simjoin_backend, simjoin_metric,
     ALGORITHMS, BACKENDS, METRICS,
 };
-use super::result::simjoin_report;
+use super::result::{c_report, simjoin_report};
 use super::{guard, null_arg, simjoin_status};
 use crate::knn::{KnnOptions, KnnResult};
 use crate::result::Distances;
@@ -197,15 +197,7 @@ pub unsafe extern "C" fn simjoin_knn_result_report(
         let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
         // SAFETY: NULL or a writable simjoin_report (header contract); checked for NULL here.
         let out = unsafe { report.as_mut() }.ok_or_else(|| null_arg("report"))?;
-        let rep = &r.result.report;
-        *out = simjoin_report {
-            pairs: rep.pairs,
-            seconds: rep.seconds,
-            batches: rep.batches as u64,
-            algorithm: rep.algorithm as u32,
-            backend: r.backend.as_ptr(),
-            device: r.device.as_ptr(),
-        };
+        *out = c_report(&r.result.report, &r.backend, &r.device);
         Ok(())
     })
 }

@@ -192,6 +192,22 @@ pub struct simjoin_report {
     pub device: *const c_char,
 }
 
+/// A report for C; its strings point into `backend` and `device` (kept by the result).
+pub(crate) fn c_report(
+    rep: &crate::result::JoinReport,
+    backend: &CString,
+    device: &CString,
+) -> simjoin_report {
+    simjoin_report {
+        pairs: rep.pairs,
+        seconds: rep.seconds,
+        batches: rep.batches as u64,
+        algorithm: rep.algorithm as u32,
+        backend: backend.as_ptr(),
+        device: device.as_ptr(),
+    }
+}
+
 /// Fills `*report` with the result's report; its strings live as long as the result.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_result_report(
@@ -203,15 +219,7 @@ pub unsafe extern "C" fn simjoin_result_report(
         let r = unsafe { result.as_ref() }.ok_or_else(|| null_arg("result"))?;
         // SAFETY: NULL or a writable simjoin_report (header contract); checked for NULL here.
         let out = unsafe { report.as_mut() }.ok_or_else(|| null_arg("report"))?;
-        let rep = &r.result.report;
-        *out = simjoin_report {
-            pairs: rep.pairs,
-            seconds: rep.seconds,
-            batches: rep.batches as u64,
-            algorithm: rep.algorithm as u32,
-            backend: r.backend.as_ptr(),
-            device: r.device.as_ptr(),
-        };
+        *out = c_report(&r.result.report, &r.backend, &r.device);
         Ok(())
     })
 }
