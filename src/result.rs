@@ -163,9 +163,9 @@ impl JoinResult {
     }
 }
 
-/// Sorts pairs lexicographically (parallel).
-pub fn sort_pairs(pairs: &mut [Pair]) {
-    pairs.par_sort_unstable();
+/// Sorts pairs lexicographically (a parallel radix sort, `radix.rs`).
+pub fn sort_pairs(pairs: &mut Vec<Pair>) {
+    crate::radix::sort_pairs(pairs);
 }
 
 /// Builds the output form from collected pairs.
@@ -187,7 +187,7 @@ pub(crate) fn assemble(
             Ok(JoinOutput::Pairs(pairs))
         }
         OutputForm::Csr => Ok(JoinOutput::Csr(build_csr(
-            &pairs,
+            pairs,
             self_join,
             rows,
             include_self,
@@ -196,79 +196,7 @@ pub(crate) fn assemble(
     }
 }
 
-/// CSR from pairs: both directions for a self-join (plus the diagonal when asked), rows
-/// by the first element for A ⋈ B. Rows are sorted by neighbour id when `sorted`.
-pub fn build_csr(
-    pairs: &[Pair],
-    self_join: bool,
-    rows: usize,
-    include_self: bool,
-    sorted: bool,
-) -> Result<Csr> {
-    let per_pair = if self_join { 2 } else { 1 };
-    let total = (pairs.len() as u64)
-        .checked_mul(per_pair)
-        .and_then(|t| {
-            t.checked_add(if self_join && include_self {
-                rows as u64
-            } else {
-                0
-            })
-        })
-        .ok_or_else(|| Error::new(ErrorKind::OutOfHostMemory, "CSR size overflows u64"))?;
-    let total_usize = usize::try_from(total)
-        .map_err(|_| Error::new(ErrorKind::OutOfHostMemory, "CSR does not fit in memory"))?;
-    let mut degree = vec![0u64; rows + 1];
-    for &[i, j] in pairs {
-        degree[i as usize] += 1;
-        if self_join {
-            degree[j as usize] += 1;
-        }
-    }
-    if self_join && include_self {
-        for d in degree.iter_mut().take(rows) {
-            *d += 1;
-        }
-    }
-    // Exclusive scan into offsets.
-    let mut offsets = vec![0u64; rows + 1];
-    let mut acc = 0u64;
-    for r in 0..rows {
-        offsets[r] = acc;
-        acc += degree[r];
-    }
-    offsets[rows] = acc;
-    debug_assert_eq!(acc, total);
-    let mut cursor: Vec<u64> = offsets[..rows].to_vec();
-    let mut neighbors = vec![0u32; total_usize];
-    if self_join && include_self {
-        for r in 0..rows {
-            neighbors[cursor[r] as usize] = r as u32;
-            cursor[r] += 1;
-        }
-    }
-    for &[i, j] in pairs {
-        neighbors[cursor[i as usize] as usize] = j;
-        cursor[i as usize] += 1;
-        if self_join {
-            neighbors[cursor[j as usize] as usize] = i;
-            cursor[j as usize] += 1;
-        }
-    }
-    if sorted {
-        // Split the neighbour array into rows and sort each in parallel.
-        let mut rest: &mut [u32] = &mut neighbors;
-        let mut slices = Vec::with_capacity(rows);
-        for r in 0..rows {
-            let len = (offsets[r + 1] - offsets[r]) as usize;
-            let (head, tail) = rest.split_at_mut(len);
-            slices.push(head);
-            rest = tail;
-        }
-        slices.par_iter_mut().for_each(|s| s.sort_unstable());
-    }
-    Ok(Csr { offsets, neighbors })
-}
+pub use crate::radix::build_csr;
 
 /// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
 /// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
@@ -356,10 +284,10 @@ mod tests {
     #[test]
     fn csr_self_join_both_directions() {
         let pairs = vec![[0, 2], [1, 2]];
-        let c = build_csr(&pairs, true, 3, false, true).unwrap();
+        let c = build_csr(pairs.clone(), true, 3, false, true).unwrap();
         assert_eq!(c.offsets, vec![0, 1, 2, 4]);
         assert_eq!(c.neighbors, vec![2, 2, 0, 1]);
-        let c = build_csr(&pairs, true, 3, true, true).unwrap();
+        let c = build_csr(pairs.clone(), true, 3, true, true).unwrap();
         assert_eq!(c.offsets, vec![0, 2, 4, 7]);
         assert_eq!(c.neighbors, vec![0, 2, 1, 2, 0, 1, 2]);
     }
@@ -367,7 +295,7 @@ mod tests {
     #[test]
     fn csr_ab_by_rows_of_a() {
         let pairs = vec![[1, 5], [0, 3], [1, 0]];
-        let c = build_csr(&pairs, false, 2, false, true).unwrap();
+        let c = build_csr(pairs.clone(), false, 2, false, true).unwrap();
         assert_eq!(c.offsets, vec![0, 1, 3]);
         assert_eq!(c.neighbors, vec![3, 0, 5]);
     }

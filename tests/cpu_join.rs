@@ -266,7 +266,8 @@ fn output_forms_via_engine() {
             .csr()
             .unwrap()
             .clone();
-        let expect = simjoin::result::build_csr(&want, true, data.len(), false, true).unwrap();
+        let expect =
+            simjoin::result::build_csr(want.clone(), true, data.len(), false, true).unwrap();
         assert_eq!(c, expect, "csr {alg}");
     }
 }
