@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""How fast a join's result reaches the user (issue 12's table), against Super-EGO and
+scipy's cKDTree, on the same data in the same run.
+
+Per workload (uniform points in [0, 1]^d, float64, seeded), each row the median of --reps:
+- CLI `self-join --stats`: the engine's own seconds (index + join, pairs in memory, not
+  sorted) and, with `--output pairs.npy`, the write phase alone and its GB/s;
+- Python `simjoin.self_join`: unsorted pairs, sorted pairs (the default), the CSR, the CSR
+  with distances, the count (each call from NumPy input to the NumPy/SciPy result);
+- Super-EGO (../shared/peers/super-ego, built here for the workload's dimension; its own
+  timer: EGO sort + join, pairs kept in memory per thread, with all the machine's threads);
+- cKDTree(X).query_pairs(eps, output_type="ndarray") (tree build included).
+All systems must agree on the pair count. Ratios: each Python path over the engine's join
+seconds, and the best peer over simjoin's sorted pairs.
+
+usage: python3 bench/results_bench.py [--n 1000000] [--reps 3] [--out bench/RESULTS_BENCH.md]
+Needs numpy, scipy and the simjoin package (tests/run.sh's venv has them), g++ for
+Super-EGO, and the CLI (built with cargo if target/release/simjoin is missing).
+"""
+import argparse
+import os
+import json
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+import simjoin
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
+# eps giving about 16 neighbours per point at 1M points (16M unique pairs), as the issue's.
+WORKLOADS = {"uniform-2d": (2, 0.0032), "uniform-3d": (3, 0.0197)}
+
+
+def median_time(f, reps):
+    times, out = [], None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out
+
+
+def count_of(r):
+    """Unique pairs in a self_join result of any form."""
+    if isinstance(r, int):
+        return r
+    if isinstance(r, tuple):  # (pairs, distances)
+        r = r[0]
+    return r.nnz // 2 if hasattr(r, "nnz") else len(r)
+
+
+def cli_binary():
+    exe = os.path.join(ROOT, "target", "release", "simjoin")
+    if not os.path.exists(exe):
+        subprocess.run(["cargo", "build", "--release", "-p", "simjoin-cli"], cwd=ROOT, check=True)
+    return exe
+
+
+def cli_stats(exe, data, eps, out=None):
+    cmd = [exe, "self-join", data, "--eps", repr(eps), "--backend", "cpu", "--stats"]
+    if out:
+        cmd += ["--output", out]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def build_super_ego(dim, data_txt, work):
+    src = os.path.join(PEERS, "super-ego")
+    if not os.path.isdir(src) or not shutil.which("g++"):
+        return None
+    w = os.path.join(work, f"superego-{dim}")
+    os.makedirs(w, exist_ok=True)
+    for f in os.listdir(src):
+        if f.endswith((".cpp", ".hpp", ".h")):
+            shutil.copy(os.path.join(src, f), w)
+    const = os.path.join(w, "const.h")
+    text = open(const).read()
+    text = re.sub(r"(?m)^const int NUM_DIM\s*=.*", f"const int NUM_DIM = {dim};", text)
+    text = re.sub(r'(?m)^#define DATA_FILE.*"./ColorHist.txt"', f'#define DATA_FILE "{data_txt}"', text)
+    open(const, "w").write(text)
+    exe = os.path.join(w, "superego")
+    cpps = [f for f in os.listdir(w) if f.endswith(".cpp")]
+    subprocess.run(["g++", "-O3", "-march=native", "-pthread", "-w", "-DFIX", "-o", exe, *cpps],
+                   cwd=w, check=True)
+    return exe
+
+
+def run_super_ego(exe, eps, n):
+    """Super-EGO's own timer (sort + join) and its unique pair count."""
+    threads = os.cpu_count() or 1
+    res = subprocess.run([exe, repr(eps), str(n // 1000), str(n // 1000), "2", str(threads)],
+                         capture_output=True, text=True, check=True)
+    last = [l for l in res.stdout.splitlines() if l.strip()][-1].split()
+    return float(last[3]), int(float(last[4])) // 2
+
+
+def workload(name, dim, eps, n, reps, exe, work):
+    x = np.random.default_rng(12).random((n, dim))
+    data = os.path.join(work, f"{name}.npy")
+    np.save(data, x)
+    rows = []
+
+    cli = [cli_stats(exe, data, eps) for _ in range(reps)]
+    join_s = statistics.median(c["seconds"] for c in cli)
+    pairs = cli[0]["pairs"]
+    rows.append(("CLI --stats join seconds (index + join, pairs in memory, unsorted)", join_s, None))
+
+    out = os.path.join(work, "pairs.npy")
+    writes = []
+    for _ in range(reps):
+        s = cli_stats(exe, data, eps, out)
+        writes.append(s["write_seconds"])
+        size = os.path.getsize(out)
+        os.remove(out)
+    write_s = statistics.median(writes)
+    rows.append((f"CLI --output pairs.npy: the write phase alone ({size / write_s / 1e9:.2f} GB/s)",
+                 write_s, None))
+
+    simjoin.self_join(x[:1000], eps, backend="cpu")  # engine start outside the timers
+    for label, kw in [
+        ("Python self_join(X, eps, sorted=False)", dict(sorted=False)),
+        ("Python self_join(X, eps) (sorted, the default)", {}),
+        ('Python self_join(X, eps, output="csr")', dict(output="csr")),
+        ('Python self_join(X, eps, output="csr", return_distance=True)',
+         dict(output="csr", return_distance=True)),
+        ('Python self_join(X, eps, output="count")', dict(output="count")),
+    ]:
+        t, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", **kw), reps)
+        assert count_of(r) == pairs, (label, count_of(r), pairs)
+        rows.append((label, t, t / join_s))
+
+    peers = {}
+    txt = os.path.join(work, f"{name}.txt")
+    np.savetxt(txt, np.column_stack([np.arange(n), x]), fmt=["%d"] + ["%.17g"] * dim)
+    se = build_super_ego(dim, txt, work)
+    if se and n % 1000 == 0:
+        runs = [run_super_ego(se, eps, n) for _ in range(reps)]
+        # Super-EGO's own distance arithmetic may decide a pair at exactly eps differently:
+        # a few such pairs are reported, more is an error.
+        diff = max(abs(r[1] - pairs) for r in runs)
+        assert diff <= max(10, pairs // 100_000), (runs, pairs)
+        peers["Super-EGO"] = statistics.median(r[0] for r in runs)
+        rows.append((f"Super-EGO ({os.cpu_count()} threads, sort + join, pairs in memory"
+                     + (f"; {diff} pair(s) at the boundary counted differently" if diff else "")
+                     + ")", peers["Super-EGO"], None))
+    t, r = median_time(lambda: cKDTree(x).query_pairs(eps, output_type="ndarray"), reps)
+    assert len(r) == pairs, (len(r), pairs)
+    peers["cKDTree"] = t
+    rows.append(('scipy cKDTree(X).query_pairs(eps, output_type="ndarray")', t, None))
+    sorted_s = rows[3][1]
+    best = min(peers.values())
+    return rows, pairs, join_s, sorted_s, best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "RESULTS_BENCH.md"))
+    args = ap.parse_args()
+    exe = cli_binary()
+    lines = [
+        "# Results at memory speed: the user's path against the join and the peers",
+        "",
+        f"`python3 bench/results_bench.py --n {args.n} --reps {args.reps}` on "
+        f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average at start "
+        f"{os.getloadavg()[0]:.1f}. Medians of {args.reps}; CPU backend; float64 input.",
+        "",
+    ]
+    with tempfile.TemporaryDirectory() as work:
+        for name in args.only.split(","):
+            dim, eps = WORKLOADS[name]
+            rows, pairs, join_s, sorted_s, best = workload(name, dim, eps, args.n, args.reps, exe, work)
+            lines += [f"## {name}: {args.n:,} points, eps {eps} ({pairs:,} pairs)", "",
+                      "| path | seconds | / join |", "| --- | ---: | ---: |"]
+            for label, t, ratio in rows:
+                lines.append(f"| {label} | {t:.3f} | {'' if ratio is None else f'{ratio:.2f}x'} |")
+            lines += ["", f"Best peer {best:.3f} s; simjoin sorted pairs in Python take "
+                      f"{sorted_s / best:.2f} of it ({best / sorted_s:.1f}x faster).", ""]
+            print("\n".join(lines[-(len(rows) + 6):]), flush=True)
+    lines.append(f"Load average at the end {os.getloadavg()[0]:.1f}.")
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
