@@ -217,7 +217,11 @@ where
         submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
         counts.dispatches += 1;
         fresh = false;
-        let head = read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2, counts)?;
+        let head = read_words(
+            slot.counters_host.as_ref().unwrap_or(&slot.counters),
+            2,
+            counts,
+        )?;
         if head[1] == 0 {
             break;
         }

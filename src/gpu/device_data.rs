@@ -375,7 +375,11 @@ pub(super) fn prepare_brute<T: Coord>(
     let data = DeviceData {
         r_coords: upload(&mut uploads, coords_of::<T>(&r), "points")?,
         q_coords: match job.b {
-            Some(_) => Some(upload(&mut uploads, coords_of::<T>(&job.a), "query points")?),
+            Some(_) => Some(upload(
+                &mut uploads,
+                coords_of::<T>(&job.a),
+                "query points",
+            )?),
             None => None,
         },
         cell_keys: upload(&mut uploads, &dummy, "unused")?,

@@ -118,7 +118,13 @@ impl Builder<'_> {
 
     /// Records kernel `mode` over `threads` threads; `used` are the buffers its parameters
     /// address (kept alive until it has run).
-    fn dispatch(&mut self, mode: u32, threads: usize, p: &Params, used: &[&Arc<Buffer>]) -> Result<()> {
+    fn dispatch(
+        &mut self,
+        mode: u32,
+        threads: usize,
+        p: &Params,
+        used: &[&Arc<Buffer>],
+    ) -> Result<()> {
         let kernel = self.ctx.kernel(
             "grid_index",
             shaders::GRID_INDEX,
@@ -148,15 +154,37 @@ impl Builder<'_> {
     }
 
     /// Records a gather of `n` rows of `width` words of `src` in the order `perm`.
-    fn gather(&mut self, src: &Arc<Buffer>, perm: &Arc<Buffer>, n: usize, width: usize, name: &str) -> Result<Arc<Buffer>> {
+    fn gather(
+        &mut self,
+        src: &Arc<Buffer>,
+        perm: &Arc<Buffer>,
+        n: usize,
+        width: usize,
+        name: &str,
+    ) -> Result<Arc<Buffer>> {
         let dst = self.buffer((n * width * 4) as u64, name)?;
-        permute(&mut self.stream, WORKGROUP, PERMUTE_GATHER, src, &dst, perm, (n * width) as u64, width as u32)?;
+        permute(
+            &mut self.stream,
+            WORKGROUP,
+            PERMUTE_GATHER,
+            src,
+            &dst,
+            perm,
+            (n * width) as u64,
+            width as u32,
+        )?;
         Ok(dst)
     }
 
     /// Numbers the distinct `keys[i] >> shift` of `n` sorted keys: the exclusive scan of
     /// their first occurrences (n + 1 u64, the count last), copied to `totals[slot]`.
-    fn number_heads(&mut self, keys: &Arc<Buffer>, n: usize, shift: u32, slot: u64) -> Result<Arc<Buffer>> {
+    fn number_heads(
+        &mut self,
+        keys: &Arc<Buffer>,
+        n: usize,
+        shift: u32,
+        slot: u64,
+    ) -> Result<Arc<Buffer>> {
         let heads = self.buffer(n as u64 * 4, "index: first of each key")?;
         let p = Params {
             keys: keys.device_address(),
@@ -168,7 +196,8 @@ impl Builder<'_> {
         self.dispatch(MODE_HEADS, n, &p, &[keys, &heads])?;
         let offsets = self.buffer((n as u64 + 1) * 8, "index: key numbers")?;
         scan::exclusive_scan_u32_to_u64(&mut self.stream, &heads, &offsets, n)?;
-        self.stream.copy(&offsets, n as u64 * 8, &self.totals, slot * 8, 8)?;
+        self.stream
+            .copy(&offsets, n as u64 * 8, &self.totals, slot * 8, 8)?;
         Ok(offsets)
     }
 
@@ -256,7 +285,12 @@ pub(super) fn build<T: Coord>(
             pack: PACK_CELL_SORT,
             ..keys_params(&r_raw, &cells_raw, n)
         };
-        b.dispatch(MODE_KEYS, n, &p, &[&r_raw, &axes, &cells_raw, &keys, &order])?;
+        b.dispatch(
+            MODE_KEYS,
+            n,
+            &p,
+            &[&r_raw, &axes, &cells_raw, &keys, &order],
+        )?;
         b.sort(&keys, &order, n)?;
         32
     } else {
@@ -269,7 +303,12 @@ pub(super) fn build<T: Coord>(
             sort_dim,
             ..keys_params(&r_raw, &cells_raw, n)
         };
-        b.dispatch(MODE_KEYS, n, &p, &[&r_raw, &axes, &cells_raw, &cell_ids, &by_coord, &keys])?;
+        b.dispatch(
+            MODE_KEYS,
+            n,
+            &p,
+            &[&r_raw, &axes, &cells_raw, &cell_ids, &by_coord, &keys],
+        )?;
         b.sort(&keys, &by_coord, n)?;
         let ranks = b.buffer(n as u64 * 4, "index: SORTIDU ranks")?;
         let p = Params {
@@ -282,7 +321,16 @@ pub(super) fn build<T: Coord>(
         };
         b.dispatch(MODE_RANKS, n, &p, &[&keys, &by_coord, &cell_ids, &ranks])?;
         b.sort(&keys, &ranks, n)?;
-        permute(&mut b.stream, WORKGROUP, PERMUTE_MAP, &ranks, &order, &by_coord, n as u64, 1)?;
+        permute(
+            &mut b.stream,
+            WORKGROUP,
+            PERMUTE_MAP,
+            &ranks,
+            &order,
+            &by_coord,
+            n as u64,
+            1,
+        )?;
         0
     };
     let row_words = dim * words as usize;
@@ -304,7 +352,12 @@ pub(super) fn build<T: Coord>(
                 values: q_ids.device_address(),
                 ..keys_params(q_raw, &q_cells_raw, nq)
             };
-            b.dispatch(MODE_KEYS, nq, &p, &[q_raw, &axes, &q_cells_raw, &q_keys, &q_ids])?;
+            b.dispatch(
+                MODE_KEYS,
+                nq,
+                &p,
+                &[q_raw, &axes, &q_cells_raw, &q_keys, &q_ids],
+            )?;
             b.sort(&q_keys, &q_ids, nq)?;
             let q_coords = b.gather(q_raw, &q_ids, nq, row_words, "query points")?;
             let q_cells = b.gather(&q_cells_raw, &q_ids, nq, k, "query cells")?;
@@ -336,7 +389,19 @@ pub(super) fn build<T: Coord>(
         shift,
         ..Default::default()
     };
-    b.dispatch(MODE_CELLS, n, &p, &[&r_cells, &keys, &cell_numbers, &cell_keys, &cell_ranges, &mask_keys])?;
+    b.dispatch(
+        MODE_CELLS,
+        n,
+        &p,
+        &[
+            &r_cells,
+            &keys,
+            &cell_numbers,
+            &cell_keys,
+            &cell_ranges,
+            &mask_keys,
+        ],
+    )?;
     b.sort(&mask_keys, &mask_values, elements)?;
     let mask_numbers = b.number_heads(&mask_keys, elements, 0, 1)?;
     b.stream.finish()?;
@@ -363,7 +428,12 @@ pub(super) fn build<T: Coord>(
         meta_base: base as u32,
         ..Default::default()
     };
-    b.dispatch(MODE_MASKS, elements, &p, &[&mask_keys, &mask_numbers, &meta])?;
+    b.dispatch(
+        MODE_MASKS,
+        elements,
+        &p,
+        &[&mask_keys, &mask_numbers, &meta],
+    )?;
     b.stream.finish()?;
 
     let (q_coords, q_ids, q_cells) = match queries {

@@ -407,7 +407,16 @@ impl ZIndex {
         let orig = lss.buffer(n as u64 * 4, "original ids")?;
         lss.stream.copy(&ids, 0, &orig, 0, n as u64 * 4)?;
         let inv = lss.buffer(n as u64 * 4, "list-0 positions")?;
-        permute(&mut lss.stream, lss.workgroup, PERMUTE_INVERT, &orig, &inv, &orig, n as u64, 1)?;
+        permute(
+            &mut lss.stream,
+            lss.workgroup,
+            PERMUTE_INVERT,
+            &orig,
+            &inv,
+            &orig,
+            n as u64,
+            1,
+        )?;
         let sorted_coords = lss.buffer(coords.size(), "indexed points (list-0 order)")?;
         let w = (dim as u64 * words) as u32;
         permute(
@@ -432,7 +441,16 @@ impl ZIndex {
             n as u64 * w as u64,
             w,
         )?;
-        permute(&mut lss.stream, lss.workgroup, PERMUTE_MAP, &ids, &ids, &inv, lists_n, 1)?;
+        permute(
+            &mut lss.stream,
+            lss.workgroup,
+            PERMUTE_MAP,
+            &ids,
+            &ids,
+            &inv,
+            lists_n,
+            1,
+        )?;
         lss.stream.finish()?;
         let orig = lss.ctx.download(&orig, 0, n)?;
         Ok(ZIndex {

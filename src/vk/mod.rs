@@ -79,8 +79,8 @@ pub use device_choice::hardware_gpu_present;
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
 pub use stream::{Stream, Ticket};
-pub use transfer::Uploads;
 pub use timer::GpuTimer;
+pub use transfer::Uploads;
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.
