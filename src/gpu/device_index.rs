@@ -4,8 +4,8 @@
 //! sum (`vk::scan`) and permutations (glsl/lss_permute.comp), left in the device buffers
 //! the join kernels read.
 //!
-//! 1. The raw points go up on the job's transfer stream: R, then Q, so that Q's copy runs
-//!    while R is sorted.
+//! 1. The raw points go up on the job's transfer stream: R, then (A ⋈ B) Q once R's work
+//!    is submitted, so that Q's staging write and copy run while R is sorted.
 //! 2. KEYS: every point's cell coordinates (`GridGeometry::coord`'s f64 arithmetic, op for
 //!    op) and sort key. Points are ordered by (cell, SORTIDU coordinate, id) as the host
 //!    sorts them: one sort of (cell id << 32 | f32 order bits, id) when cell ids fit 32
@@ -246,11 +246,6 @@ pub(super) fn build<T: Coord>(
     let axes = uploads.upload(&axes, "grid geometry")?;
     let r_raw = uploads.upload(coords_of::<T>(r), "indexed points (input order)")?;
     let r_uploaded = uploads.submit()?;
-    let q_raw = match q {
-        Some(q) => Some(uploads.upload(coords_of::<T>(q), "query points (input order)")?),
-        None => None,
-    };
-    let q_uploaded = uploads.submit()?;
 
     let mut b = Builder {
         ctx,
@@ -339,10 +334,12 @@ pub(super) fn build<T: Coord>(
     let cell_numbers = b.number_heads(&keys, n, shift, 0)?;
     let cells_counted = b.stream.submit()?;
 
-    // A ⋈ B: the queries sorted by (cell, id), while the host waits for the cell count.
-    let queries = match (q, &q_raw) {
-        (Some(q), Some(q_raw)) => {
-            b.stream.wait_for(&q_uploaded);
+    // A ⋈ B: the queries go up while R is sorted, and are sorted by (cell, id) while the
+    // host waits for the cell count.
+    let queries = match q {
+        Some(q) => {
+            let q_raw = &uploads.upload(coords_of::<T>(q), "query points (input order)")?;
+            b.stream.wait_for(&uploads.submit()?);
             let nq = q.len();
             let q_cells_raw = b.buffer(nq as u64 * k as u64 * 4, "query cells (input order)")?;
             let q_keys = b.buffer(nq as u64 * 8, "query cell ids")?;
@@ -364,7 +361,7 @@ pub(super) fn build<T: Coord>(
             b.stream.submit()?;
             Some((q_coords, q_ids, q_cells))
         }
-        _ => None,
+        None => None,
     };
 
     cells_counted.wait()?;
