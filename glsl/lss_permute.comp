@@ -2,7 +2,8 @@
 // Permutations for LSS's index (src/gpu/lss.rs): after the Z-order sort the indexed points
 // are renumbered by their position in list 0, so that list 0 is the identity, a list-0
 // interval is a run of consecutive points in memory, and a self-join query's partners
-// with larger ids are the part of a list-0 interval after its own position.
+// with larger ids are the part of a list-0 interval after its own position. The grid
+// index built on the device (src/gpu/device_index.rs) gathers and maps with it too.
 // Words of any type move as u32 (f64 coordinates are two words).
 //
 // MODE (spec constant 1), for i < count:

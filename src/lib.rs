@@ -47,11 +47,19 @@ pub mod kernel_interface {
     pub use crate::gpu::interface::*;
 }
 
+/// The GPU grid index arrays as the join kernels read them, built on the host or the
+/// device; public for the test that compares the two builds.
+#[cfg(feature = "gpu")]
+#[doc(hidden)]
+pub mod grid_index_check {
+    pub use crate::gpu::device_data::{index_arrays, IndexArrays};
+}
+
 pub use dataset::{Coords, Dataset, Precision};
 pub use dbscan::{dbscan, DbscanOptions, DbscanResult};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use knn::{KnnOptions, KnnResult};
-pub use options::{Algorithm, Backend, JoinOptions, Metric, OutputForm};
+pub use options::{Algorithm, Backend, IndexBuild, JoinOptions, Metric, OutputForm};
 pub use result::{Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};

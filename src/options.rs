@@ -49,6 +49,21 @@ pub enum Algorithm {
     KdTree = 5,
 }
 
+/// Where the GPU grid join builds its index (the report's `index_build` says which ran).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum IndexBuild {
+    /// The device, except for tiny inputs, on software devices and where the device cannot
+    /// (no `shaderFloat64`, index sizes past 32-bit positions). `SIMJOIN_GPU_INDEX=host` or
+    /// `=device` overrides it.
+    #[default]
+    Auto = 0,
+    /// On the host (rayon), then uploaded.
+    Host = 1,
+    /// By the engine's kernels on the device (an error where the device cannot).
+    Device = 2,
+}
+
 /// What the join returns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u32)]
@@ -85,6 +100,8 @@ pub struct JoinOptions {
     pub result_buffer_pairs: Option<usize>,
     /// LSS: number of shifted Z-order lists (None = chosen from dimensionality and eps).
     pub lss_lists: Option<usize>,
+    /// GPU grid: where the index is built.
+    pub index_build: IndexBuild,
 }
 
 impl JoinOptions {
@@ -102,6 +119,7 @@ impl JoinOptions {
             batch_points: None,
             result_buffer_pairs: None,
             lss_lists: None,
+            index_build: IndexBuild::Auto,
         }
     }
 
@@ -168,4 +186,5 @@ macro_rules! names {
 names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev" });
 names!(Backend { Auto = "auto", Cpu = "cpu", Gpu = "gpu" });
 names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss", KdTree = "kdtree" });
+names!(IndexBuild { Auto = "auto", Host = "host", Device = "device" });
 names!(OutputForm { Pairs = "pairs", Csr = "csr", Count = "count" });

@@ -2,7 +2,7 @@
 //! report of what ran, and assembly of the output forms (pairs, CSR, count).
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::options::{Algorithm, OutputForm};
+use crate::options::{Algorithm, IndexBuild, OutputForm};
 use rayon::prelude::*;
 
 /// A result pair. Self-join: `[i, j]` with `i < j`. A ⋈ B: `[i in A, j in B]`.
@@ -92,6 +92,12 @@ pub struct JoinReport {
     pub phases: Vec<(String, f64)>,
     /// Free-form notes on choices made (indexed dims, batch sizes, why auto picked what).
     pub notes: Vec<String>,
+    /// GPU grid join: where its index was built (`Host` or `Device`); None for other joins.
+    pub index_build: Option<IndexBuild>,
+    /// GPU joins: bytes copied host -> device (inputs, index) and device -> host (results,
+    /// counters), whether or not the device shares the host's memory; 0 on the CPU.
+    pub bytes_to_device: u64,
+    pub bytes_from_device: u64,
 }
 
 /// Distances of result entries, in the input precision (Euclidean: the square root of the

@@ -82,6 +82,8 @@ pub(super) struct Counts {
     pub dispatches: usize,
     pub resumed: usize,
     pub overflowed: usize,
+    /// Bytes read back (counters, query states, pairs).
+    pub bytes_down: u64,
 }
 
 /// What every dispatch of one join shares.
@@ -181,6 +183,13 @@ pub(super) fn make_slots(
     }
 }
 
+/// Orders every slot's next submission after `ticket` (the uploads).
+pub(super) fn wait_for(slots: &mut [Slot], ticket: &Ticket) {
+    for slot in slots {
+        slot.stream.wait_for(ticket);
+    }
+}
+
 /// The estimation pass: count-only over every `stride`-th of `nq` queries (slot 0), then
 /// the batch plan.
 #[allow(clippy::too_many_arguments)]
@@ -208,11 +217,16 @@ where
         submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
         counts.dispatches += 1;
         fresh = false;
-        if read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?[1] == 0 {
+        let head = read_words(
+            slot.counters_host.as_ref().unwrap_or(&slot.counters),
+            2,
+            counts,
+        )?;
+        if head[1] == 0 {
             break;
         }
     }
-    let sample_counts = read_matches(slot, n_samples)?;
+    let sample_counts = read_matches(slot, n_samples, counts)?;
     Ok(plan_batches(
         nq,
         stride,
@@ -276,18 +290,19 @@ where
                         *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
                     }
                     let t = Instant::now();
-                    let head =
-                        read_words(slot.counters_host.as_ref().unwrap_or(&slot.counters), 2)?;
+                    let head = read_words(
+                        slot.counters_host.as_ref().unwrap_or(&slot.counters),
+                        2,
+                        counts,
+                    )?;
                     let (slots_taken, incomplete) = (head[0] as usize, head[1] != 0);
                     if slots_taken > capacity {
                         counts.overflowed += 1;
                     }
                     if counting {
                         if !incomplete {
-                            counts.pairs += read_matches(slot, queries.len())?
-                                .iter()
-                                .map(|&c| c as u64)
-                                .sum::<u64>();
+                            let matches = read_matches(slot, queries.len(), counts)?;
+                            counts.pairs += matches.iter().map(|&c| c as u64).sum::<u64>();
                         }
                         times.download += t.elapsed().as_secs_f64();
                         (queries, incomplete, submitted)
@@ -311,7 +326,7 @@ where
                             continue;
                         }
                         times.download += t.elapsed().as_secs_f64();
-                        deliver(slot, pairs, &mut sink, &mut counts.pairs, times)?;
+                        deliver(slot, pairs, &mut sink, counts, times)?;
                         (queries, incomplete, submitted)
                     }
                 }
@@ -325,7 +340,7 @@ where
                     let t = Instant::now();
                     ticket.wait()?;
                     times.download += t.elapsed().as_secs_f64();
-                    deliver(slot, pairs, &mut sink, &mut counts.pairs, times)?;
+                    deliver(slot, pairs, &mut sink, counts, times)?;
                     (queries, incomplete, submitted)
                 }
             };
@@ -353,7 +368,7 @@ fn deliver(
     slot: &Slot,
     pairs: usize,
     sink: &mut Option<&mut dyn PairSink>,
-    total: &mut u64,
+    counts: &mut Counts,
     times: &mut Times,
 ) -> Result<()> {
     let t = Instant::now();
@@ -364,7 +379,8 @@ fn deliver(
         .read_vec(0, pairs)?;
     times.download += t.elapsed().as_secs_f64();
     let t = Instant::now();
-    *total += chunk.len() as u64;
+    counts.pairs += chunk.len() as u64;
+    counts.bytes_down += size_of_val(chunk.as_slice()) as u64;
     if let Some(sink) = sink.as_deref_mut() {
         sink.push(&chunk).map_err(sink_error)?;
     }
@@ -420,12 +436,14 @@ where
     slot.stream.submit()
 }
 
-fn read_words(buffer: &Buffer, words: usize) -> Result<Vec<u32>> {
+fn read_words(buffer: &Buffer, words: usize, counts: &mut Counts) -> Result<Vec<u32>> {
+    counts.bytes_down += words as u64 * 4;
     buffer.read_vec(0, words)
 }
 
 /// Matches per query of the last count-only batch (the states' fourth word).
-fn read_matches(slot: &Slot, threads: usize) -> Result<Vec<u32>> {
+fn read_matches(slot: &Slot, threads: usize, counts: &mut Counts) -> Result<Vec<u32>> {
+    counts.bytes_down += threads as u64 * 16;
     let states: Vec<[u32; 4]> = slot
         .states_host
         .as_ref()

@@ -3,28 +3,30 @@
 //! points for brute force; and the order in which kernels bind them
 //! (`interface::binding`).
 
+use super::device_index;
 use super::index::{plan_grid, GridIndex};
 use super::interface::{binding, flags};
 use crate::backend::Job;
 use crate::dataset::{Coords, Dataset};
 use crate::error::{Error, Result};
+use crate::grid::GridGeometry;
 use crate::metric::Coord;
+use crate::options::IndexBuild;
 use crate::result::JoinReport;
-use crate::vk::{Buffer, BufferRange, Context};
+use crate::vk::{Buffer, BufferRange, Context, Ticket, Uploads};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Everything the kernel reads, on the device. Buffers are shared (`Arc`): every dispatch
 /// that binds them keeps them alive until it has run.
 pub(super) struct DeviceData {
-    r_coords: Arc<Buffer>,
-    q_coords: Option<Arc<Buffer>>,
-    cell_keys: Arc<Buffer>,
-    cell_ranges: Arc<Buffer>,
-    r_ids: Arc<Buffer>,
-    q_ids: Option<Arc<Buffer>>,
-    q_cells: Option<Arc<Buffer>>,
-    meta: Arc<Buffer>,
+    pub r_coords: Arc<Buffer>,
+    pub q_coords: Option<Arc<Buffer>>,
+    pub cell_keys: Arc<Buffer>,
+    pub cell_ranges: Arc<Buffer>,
+    pub r_ids: Arc<Buffer>,
+    pub q_ids: Option<Arc<Buffer>>,
+    pub q_cells: Option<Arc<Buffer>>,
+    pub meta: Arc<Buffer>,
 }
 
 impl DeviceData {
@@ -68,9 +70,8 @@ impl DeviceData {
     }
 }
 
-/// Uploads `data` (never empty: Vulkan bindings cannot be), checking the binding limit.
-fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, data: &[T], name: &str) -> Result<Arc<Buffer>> {
-    let bytes = std::mem::size_of_val(data) as u64;
+/// Fails when a kernel could not bind `bytes` of `name` at once.
+pub(super) fn check_binding(ctx: &Context, bytes: u64, name: &str) -> Result<()> {
     let limit = ctx.limits().max_storage_buffer_range;
     if bytes > limit {
         return Err(Error::unsupported(format!(
@@ -78,10 +79,16 @@ fn upload<T: bytemuck::Pod>(ctx: &Arc<Context>, data: &[T], name: &str) -> Resul
              use the CPU backend or split the data"
         )));
     }
+    Ok(())
+}
+
+/// Uploads `data` (never empty: Vulkan bindings cannot be), checking the binding limit.
+fn upload<T: bytemuck::Pod>(uploads: &mut Uploads, data: &[T], name: &str) -> Result<Arc<Buffer>> {
+    check_binding(uploads.context(), std::mem::size_of_val(data) as u64, name)?;
     if data.is_empty() {
-        return ctx.upload(&[0u32], name);
+        return uploads.upload(&[0u32], name);
     }
-    ctx.upload(data, name)
+    uploads.upload(data, name)
 }
 
 /// Row-major coordinates of `data` as `T` (the precision was checked by the caller).
@@ -111,12 +118,60 @@ pub(super) struct Prepared {
     /// Indexed dimensions (spec constant K).
     pub k: u32,
     pub sort_dim: u32,
+    /// Reached when every upload has landed: the join's streams wait for it.
+    pub ready: Ticket,
+    /// The job's uploads (their staging buffers return to the pool when it is dropped).
+    pub uploads: Uploads,
+    /// Grid: where the index was built.
+    pub index_build: Option<IndexBuild>,
+    /// Bytes read back while preparing.
+    pub bytes_down: u64,
 }
 
-/// Grid: plans and builds the index over R (A ⋈ B indexes the smaller set; pairs are
-/// swapped back), sorts the queries by cell, and uploads everything.
+/// Below this many points (indexed + queries), `IndexBuild::Auto` builds on the host: the
+/// device build costs a dozen dispatches and two round trips whatever the size. A guess
+/// until measured on a real GPU (lavapipe cannot tell: it always builds on the host).
+const DEVICE_INDEX_MIN_POINTS: usize = 1 << 16;
+
+/// Where to build the grid index, and why (for the report's notes). `SIMJOIN_GPU_INDEX=
+/// host|device` replaces `Auto` (to run whole test suites under either build).
+fn choose_build(
+    ctx: &Context,
+    requested: IndexBuild,
+    points: usize,
+    cannot: Option<String>,
+) -> Result<(IndexBuild, String)> {
+    let requested = match (requested, std::env::var("SIMJOIN_GPU_INDEX")) {
+        (IndexBuild::Auto, Ok(v)) => v.parse()?,
+        (r, _) => r,
+    };
+    Ok(match (requested, cannot) {
+        (IndexBuild::Host, _) => (IndexBuild::Host, "asked for".into()),
+        (IndexBuild::Device, Some(why)) => {
+            return Err(Error::unsupported(format!(
+                "the grid index cannot be built on the device: {why}"
+            )))
+        }
+        (IndexBuild::Device, None) => (IndexBuild::Device, "asked for".into()),
+        (IndexBuild::Auto, Some(why)) => (IndexBuild::Host, why),
+        (IndexBuild::Auto, None) if ctx.is_software() => (
+            IndexBuild::Host,
+            "a software device: the host's threads build it faster".into(),
+        ),
+        (IndexBuild::Auto, None) if points < DEVICE_INDEX_MIN_POINTS => (
+            IndexBuild::Host,
+            format!("fewer than {DEVICE_INDEX_MIN_POINTS} points"),
+        ),
+        (IndexBuild::Auto, None) => (IndexBuild::Device, "automatic".into()),
+    })
+}
+
+/// Grid: plans the index over R (A ⋈ B indexes the smaller set; pairs are swapped back),
+/// builds it on the host or the device with the queries sorted by cell, and uploads what
+/// it needs through `uploads`.
 pub(super) fn prepare_grid<T: Coord>(
     ctx: &Arc<Context>,
+    mut uploads: Uploads,
     job: &Job,
     report: &mut JoinReport,
     upload_seconds: &mut f64,
@@ -167,64 +222,43 @@ pub(super) fn prepare_grid<T: Coord>(
     // REORDER in the distance test pays when the variance order is not the dataset's.
     let share = plan.top_quarter_share;
     let reorder = variance_order_helps(&plan.variance_order, share);
-    let variance_order = plan.variance_order;
-    let idx = GridIndex::build(&r, plan.geom, plan.sort_dim);
+    let k = plan.geom.k();
+    let nq = q.len();
+    let cannot = device_index::unsupported_because(ctx, r.len(), nq, dim, k, size_of::<T>());
+    let (build, why) = choose_build(ctx, opts.index_build, r.len() + nq, cannot)?;
+    let queries = (!self_join).then_some(&q);
+    let (data, n_cells, bytes_down) = match build {
+        IndexBuild::Device => {
+            let built = device_index::build::<T>(
+                ctx,
+                &mut uploads,
+                &r,
+                queries,
+                &plan.geom,
+                plan.sort_dim,
+                &plan.variance_order,
+            )?;
+            (built.data, built.n_cells, built.bytes_down)
+        }
+        _ => {
+            let (data, n_cells) = host_index::<T>(
+                &mut uploads,
+                &r,
+                queries,
+                plan.geom.clone(),
+                plan.sort_dim,
+                &plan.variance_order,
+            )?;
+            (data, n_cells, 0)
+        }
+    };
+    // The host's part of the uploads (writes into staging or mapped memory); the copies
+    // themselves overlap the build.
+    *upload_seconds += uploads.host_seconds();
     report.notes.push(format!(
-        "grid: {} non-empty cells over {} points",
-        idx.cell_keys.len(),
+        "grid index built on the {build} ({why}): {n_cells} non-empty cells over {} points",
         r.len()
     ));
-    let r_sorted = gather(coords_of::<T>(&r), dim, &idx.order);
-    let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
-    meta.extend_from_slice(&idx.mask_offsets);
-    meta.extend(variance_order.iter().map(|&j| j as u32));
-    meta.extend_from_slice(&idx.mask_coords);
-    let (q_order, q_cells) = if self_join {
-        (None, idx.query_cells(&r, &idx.order))
-    } else {
-        // Queries sorted by cell too: neighbouring threads search the same cells.
-        let mut order: Vec<u32> = (0..q.len() as u32).collect();
-        let cells = idx.query_cells(&q, &order);
-        let k = idx.k().max(1);
-        // Linear ids of the query cells (the same row-major order as GridGeometry's).
-        let keys: Vec<u64> = cells
-            .chunks(k)
-            .map(|c| {
-                c.iter()
-                    .zip(&idx.geom.cells)
-                    .fold(0u64, |id, (&x, &n)| id * n + x as u64)
-            })
-            .collect();
-        order.sort_unstable_by_key(|&p| (keys[p as usize], p));
-        let sorted_cells: Vec<u32> = order
-            .iter()
-            .flat_map(|&p| &cells[p as usize * k..(p as usize + 1) * k])
-            .copied()
-            .collect();
-        (Some(order), sorted_cells)
-    };
-    let t_up = Instant::now();
-    let data = DeviceData {
-        r_coords: upload(ctx, &r_sorted, "indexed points")?,
-        q_coords: match &q_order {
-            Some(o) => Some(upload(
-                ctx,
-                &gather(coords_of::<T>(&q), dim, o),
-                "query points",
-            )?),
-            None => None,
-        },
-        cell_keys: upload(ctx, &idx.cell_keys, "cell ids (B)")?,
-        cell_ranges: upload(ctx, &idx.cell_ranges, "cell ranges (G)")?,
-        r_ids: upload(ctx, &idx.order, "point lookup (A)")?,
-        q_ids: match &q_order {
-            Some(o) => Some(upload(ctx, o, "query ids")?),
-            None => None,
-        },
-        q_cells: Some(upload(ctx, &q_cells, "query cells")?),
-        meta: upload(ctx, &meta, "grid masks (M)")?,
-    };
-    *upload_seconds += t_up.elapsed().as_secs_f64();
     let mut bits = if self_join { flags::FLAG_SELF } else { 0 } | flags::FLAG_SORTIDU;
     if reorder {
         bits |= flags::FLAG_REORDER;
@@ -242,38 +276,120 @@ pub(super) fn prepare_grid<T: Coord>(
     }
     Ok(Prepared {
         data,
-        n_cells: idx.cell_keys.len() as u32,
-        nq: q.len(),
+        n_cells,
+        nq,
         flags: bits,
-        k: idx.k() as u32,
-        sort_dim: idx.sort_dim.unwrap_or(0) as u32,
+        k: k as u32,
+        sort_dim: plan.sort_dim.unwrap_or(0) as u32,
+        ready: uploads.submit()?,
+        uploads,
+        index_build: Some(build),
+        bytes_down,
     })
 }
 
-/// Brute force: R = B (or A), Q = A, in input order; ids are positions. Adds the upload
-/// time to `upload_seconds`.
+/// The host build (`index.rs`): the index of `r`, the queries `q` (A ⋈ B) sorted by cell,
+/// and the uploads of both. Returns the device data and the number of non-empty cells.
+fn host_index<T: Coord>(
+    uploads: &mut Uploads,
+    r: &Dataset,
+    q: Option<&Dataset>,
+    geom: GridGeometry,
+    sort_dim: Option<usize>,
+    variance_order: &[usize],
+) -> Result<(DeviceData, u32)> {
+    let dim = r.dim();
+    let idx = GridIndex::build(r, geom, sort_dim);
+    // Each array goes up (its copy queued) as soon as it exists, while the host goes on.
+    let cell_keys = upload(uploads, &idx.cell_keys, "cell ids (B)")?;
+    let cell_ranges = upload(uploads, &idx.cell_ranges, "cell ranges (G)")?;
+    let r_ids = upload(uploads, &idx.order, "point lookup (A)")?;
+    uploads.submit()?;
+    let r_coords = upload(
+        uploads,
+        &gather(coords_of::<T>(r), dim, &idx.order),
+        "indexed points",
+    )?;
+    let mut meta: Vec<u32> = idx.geom.cells.iter().map(|&c| c as u32).collect();
+    meta.extend_from_slice(&idx.mask_offsets);
+    meta.extend(variance_order.iter().map(|&j| j as u32));
+    meta.extend_from_slice(&idx.mask_coords);
+    let meta = upload(uploads, &meta, "grid masks (M)")?;
+    uploads.submit()?;
+    let (q_coords, q_ids, q_cells) = match q {
+        None => (None, None, idx.query_cells(r, &idx.order)),
+        Some(q) => {
+            // Queries sorted by cell too: neighbouring threads search the same cells.
+            let mut order: Vec<u32> = (0..q.len() as u32).collect();
+            let cells = idx.query_cells(q, &order);
+            let k = idx.k().max(1);
+            // Linear ids of the query cells (the same row-major order as GridGeometry's).
+            let keys: Vec<u64> = cells
+                .chunks(k)
+                .map(|c| {
+                    c.iter()
+                        .zip(&idx.geom.cells)
+                        .fold(0u64, |id, (&x, &n)| id * n + x as u64)
+                })
+                .collect();
+            order.sort_unstable_by_key(|&p| (keys[p as usize], p));
+            let sorted_cells: Vec<u32> = order
+                .iter()
+                .flat_map(|&p| &cells[p as usize * k..(p as usize + 1) * k])
+                .copied()
+                .collect();
+            let q_coords = upload(
+                uploads,
+                &gather(coords_of::<T>(q), dim, &order),
+                "query points",
+            )?;
+            let q_ids = upload(uploads, &order, "query ids")?;
+            (Some(q_coords), Some(q_ids), sorted_cells)
+        }
+    };
+    let q_cells = upload(uploads, &q_cells, "query cells")?;
+    Ok((
+        DeviceData {
+            r_coords,
+            q_coords,
+            cell_keys,
+            cell_ranges,
+            r_ids,
+            q_ids,
+            q_cells: Some(q_cells),
+            meta,
+        },
+        idx.cell_keys.len() as u32,
+    ))
+}
+
+/// Brute force: R = B (or A), Q = A, in input order; ids are positions. Adds the host's
+/// upload time to `upload_seconds`.
 pub(super) fn prepare_brute<T: Coord>(
-    ctx: &Arc<Context>,
+    mut uploads: Uploads,
     job: &Job,
     upload_seconds: &mut f64,
 ) -> Result<Prepared> {
     let r = job.b.unwrap_or(job.a);
-    let t_up = Instant::now();
     let dummy = [0u32];
     let data = DeviceData {
-        r_coords: upload(ctx, coords_of::<T>(&r), "points")?,
+        r_coords: upload(&mut uploads, coords_of::<T>(&r), "points")?,
         q_coords: match job.b {
-            Some(_) => Some(upload(ctx, coords_of::<T>(&job.a), "query points")?),
+            Some(_) => Some(upload(
+                &mut uploads,
+                coords_of::<T>(&job.a),
+                "query points",
+            )?),
             None => None,
         },
-        cell_keys: upload(ctx, &dummy, "unused")?,
-        cell_ranges: upload(ctx, &dummy, "unused")?,
-        r_ids: upload(ctx, &dummy, "unused")?,
+        cell_keys: upload(&mut uploads, &dummy, "unused")?,
+        cell_ranges: upload(&mut uploads, &dummy, "unused")?,
+        r_ids: upload(&mut uploads, &dummy, "unused")?,
         q_ids: None,
         q_cells: None,
-        meta: upload(ctx, &dummy, "unused")?,
+        meta: upload(&mut uploads, &dummy, "unused")?,
     };
-    *upload_seconds += t_up.elapsed().as_secs_f64();
+    *upload_seconds += uploads.host_seconds();
     Ok(Prepared {
         data,
         n_cells: r.len() as u32,
@@ -281,6 +397,10 @@ pub(super) fn prepare_brute<T: Coord>(
         flags: if job.b.is_none() { flags::FLAG_SELF } else { 0 },
         k: 1,
         sort_dim: 0,
+        ready: uploads.submit()?,
+        uploads,
+        index_build: None,
+        bytes_down: 0,
     })
 }
 
@@ -297,4 +417,62 @@ fn variance_order_helps(order: &[usize], top_quarter_share: f64) -> bool {
         Ok("1") => differs,
         _ => differs && top_quarter_share >= 0.5,
     }
+}
+
+/// A grid join's index arrays as the kernels read them (bytes of the coordinate arrays),
+/// and where they were built: tests compare the host and the device builds.
+#[derive(Debug, PartialEq)]
+pub struct IndexArrays {
+    pub build: IndexBuild,
+    pub n_cells: u32,
+    pub k: u32,
+    pub sort_dim: u32,
+    pub r_coords: Vec<u8>,
+    pub q_coords: Option<Vec<u8>>,
+    pub cell_keys: Vec<u64>,
+    pub cell_ranges: Vec<[u32; 2]>,
+    pub r_ids: Vec<u32>,
+    pub q_ids: Option<Vec<u32>>,
+    pub q_cells: Vec<u32>,
+    pub meta: Vec<u32>,
+}
+
+/// Plans and builds the grid index of the join of `a` (and `b`) under `opts` (its
+/// `index_build` says where) and reads the arrays back.
+pub fn index_arrays(
+    ctx: &Arc<Context>,
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &crate::options::JoinOptions,
+) -> Result<IndexArrays> {
+    let job = Job {
+        a: *a,
+        b: b.copied(),
+        opts,
+    };
+    let uploads = Uploads::new(ctx, &crate::vk::StagingPool::new(ctx))?;
+    let (mut report, mut seconds) = (JoinReport::default(), 0.0);
+    let p = match a.coords() {
+        Coords::F32(_) => prepare_grid::<f32>(ctx, uploads, &job, &mut report, &mut seconds)?,
+        Coords::F64(_) => prepare_grid::<f64>(ctx, uploads, &job, &mut report, &mut seconds)?,
+    };
+    p.ready.wait()?;
+    fn all<P: bytemuck::Pod>(ctx: &Arc<Context>, b: &Arc<Buffer>) -> Result<Vec<P>> {
+        ctx.download(b, 0, b.size() as usize / size_of::<P>())
+    }
+    let d = &p.data;
+    Ok(IndexArrays {
+        build: p.index_build.expect("a grid index"),
+        n_cells: p.n_cells,
+        k: p.k,
+        sort_dim: p.sort_dim,
+        r_coords: all(ctx, &d.r_coords)?,
+        q_coords: d.q_coords.as_ref().map(|b| all(ctx, b)).transpose()?,
+        cell_keys: all(ctx, &d.cell_keys)?,
+        cell_ranges: all(ctx, &d.cell_ranges)?,
+        r_ids: all(ctx, &d.r_ids)?,
+        q_ids: d.q_ids.as_ref().map(|b| all(ctx, b)).transpose()?,
+        q_cells: all(ctx, d.q_cells.as_ref().expect("grid query cells"))?,
+        meta: all(ctx, &d.meta)?,
+    })
 }

@@ -112,8 +112,6 @@ pub fn key_coords(geom: &GridGeometry, mut key: u64, out: &mut [u64]) {
 /// The eps-grid index over one point set.
 pub struct GridIndex {
     pub geom: GridGeometry,
-    /// Dimension the points of each cell are sorted on (SORTIDU), if any.
-    pub sort_dim: Option<usize>,
     /// Sorted position -> original point id (A).
     pub order: Vec<u32>,
     /// Sorted linear ids of the non-empty cells (B).
@@ -171,7 +169,6 @@ impl GridIndex {
         }
         GridIndex {
             geom,
-            sort_dim,
             order,
             cell_keys,
             cell_ranges,
@@ -378,7 +375,6 @@ fn skeleton(geom: &GridGeometry, keys: Vec<u64>) -> GridIndex {
     }
     GridIndex {
         geom: geom.clone(),
-        sort_dim: None,
         order: Vec::new(),
         cell_keys: keys,
         cell_ranges: Vec::new(),

@@ -3,7 +3,7 @@
 //! and writes the report. The kernels are glsl/grid_join_*.comp and brute_join_*.comp;
 //! their interface is `interface.rs`.
 
-use super::batch::{estimate, make_slots, run_batches, Counts, Run, Times, SLOTS};
+use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, SLOTS};
 use super::device_data::{prepare_brute, prepare_grid, Prepared};
 use super::interface::{binding, JoinParams};
 use super::plan::estimate_stride;
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::metric::{reject_threshold, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{JoinReport, PairSink};
-use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec};
+use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec, StagingPool, Uploads};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,14 +32,16 @@ const TINY_PAIRS: u64 = 4096;
 /// this divided by the workgroup size, and stops and resumes in the next dispatch.
 const LOOP_BUDGET: u32 = 56_000;
 
+/// Runs `job` on `ctx`; uploads go through staging buffers from `staging`.
 pub(crate) fn run(
     ctx: &Arc<Context>,
+    staging: &Arc<StagingPool>,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
 ) -> Result<JoinReport> {
     match (job.a.coords(), job.b.map(|b| b.coords())) {
         (Coords::F32(_), None) | (Coords::F32(_), Some(Coords::F32(_))) => {
-            run_typed::<f32>(ctx, job, sink)
+            run_typed::<f32>(ctx, staging, job, sink)
         }
         (Coords::F64(_), None) | (Coords::F64(_), Some(Coords::F64(_))) => {
             if !ctx.features().shader_float64 {
@@ -48,7 +50,7 @@ pub(crate) fn run(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, job, sink)
+            run_typed::<f64>(ctx, staging, job, sink)
         }
         _ => Err(Error::invalid(
             "A and B must have the same coordinate precision",
@@ -110,6 +112,7 @@ fn join_kernel<T: Coord>(
 
 fn run_typed<T: Coord>(
     ctx: &Arc<Context>,
+    staging: &Arc<StagingPool>,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
 ) -> Result<JoinReport>
@@ -140,9 +143,10 @@ where
     let mut times = Times::default();
 
     // Indexed set R and query set Q on the device.
+    let uploads = Uploads::new(ctx, staging)?;
     let prepared = match algorithm {
-        Algorithm::Grid => prepare_grid::<T>(ctx, job, &mut report, &mut times.upload)?,
-        _ => prepare_brute::<T>(ctx, job, &mut times.upload)?,
+        Algorithm::Grid => prepare_grid::<T>(ctx, uploads, job, &mut report, &mut times.upload)?,
+        _ => prepare_brute::<T>(uploads, job, &mut times.upload)?,
     };
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
 
@@ -185,6 +189,8 @@ where
         n_samples,
         counting,
     )?;
+    // The first searches start on the device once the uploads have landed.
+    wait_for(&mut slots, &prepared.ready);
     let thr: T = threshold(opts.metric, opts.eps);
     let run = Run {
         kernel,
@@ -236,6 +242,9 @@ where
 
     report.pairs = counts.pairs;
     report.batches = batches;
+    report.index_build = prepared.index_build;
+    report.bytes_to_device = prepared.uploads.bytes();
+    report.bytes_from_device = prepared.bytes_down + counts.bytes_down;
     report.phases = vec![
         ("index build".into(), index_build),
         ("upload".into(), times.upload),

@@ -257,9 +257,9 @@ pub(super) struct ZIndex {
     pub orig: Vec<u32>,
 }
 
-const PERMUTE_INVERT: u32 = 0;
-const PERMUTE_GATHER: u32 = 1;
-const PERMUTE_MAP: u32 = 2;
+pub(super) const PERMUTE_INVERT: u32 = 0;
+pub(super) const PERMUTE_GATHER: u32 = 1;
+pub(super) const PERMUTE_MAP: u32 = 2;
 
 /// Matches `Params` in glsl/lss_permute.comp.
 #[repr(C)]
@@ -272,9 +272,12 @@ struct PermuteParams {
     width: u32,
 }
 
-/// Records one glsl/lss_permute.comp pass over `count` elements.
-fn permute(
-    lss: &mut Lss,
+/// Records one glsl/lss_permute.comp pass over `count` elements (also used by the grid
+/// index built on the device, `device_index.rs`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn permute(
+    stream: &mut Stream,
+    workgroup: u32,
     mode: u32,
     src: &Arc<Buffer>,
     dst: &Arc<Buffer>,
@@ -282,10 +285,10 @@ fn permute(
     count: u64,
     width: u32,
 ) -> Result<()> {
-    let kernel = lss.ctx.kernel(
+    let kernel = stream.context().kernel(
         "lss_permute",
         shaders::LSS_PERMUTE,
-        &KernelSpec::new(lss.workgroup.max(64))
+        &KernelSpec::new(workgroup.max(64))
             .constant(1, mode)
             .push_bytes(size_of::<PermuteParams>() as u32),
     )?;
@@ -296,13 +299,12 @@ fn permute(
         count: count as u32,
         width,
     };
-    lss.stream.barrier()?;
-    lss.stream
-        .dispatch_threads(&kernel, count, &[], bytemuck::bytes_of(&p))?;
-    lss.stream.barrier()?;
+    stream.barrier()?;
+    stream.dispatch_threads(&kernel, count, &[], bytemuck::bytes_of(&p))?;
+    stream.barrier()?;
     // The kernel addresses the buffers through device addresses only.
     for b in [src, dst, perm] {
-        lss.stream.keep_alive(b.clone())?;
+        stream.keep_alive(b.clone())?;
     }
     Ok(())
 }
@@ -405,11 +407,21 @@ impl ZIndex {
         let orig = lss.buffer(n as u64 * 4, "original ids")?;
         lss.stream.copy(&ids, 0, &orig, 0, n as u64 * 4)?;
         let inv = lss.buffer(n as u64 * 4, "list-0 positions")?;
-        permute(lss, PERMUTE_INVERT, &orig, &inv, &orig, n as u64, 1)?;
+        permute(
+            &mut lss.stream,
+            lss.workgroup,
+            PERMUTE_INVERT,
+            &orig,
+            &inv,
+            &orig,
+            n as u64,
+            1,
+        )?;
         let sorted_coords = lss.buffer(coords.size(), "indexed points (list-0 order)")?;
         let w = (dim as u64 * words) as u32;
         permute(
-            lss,
+            &mut lss.stream,
+            lss.workgroup,
             PERMUTE_GATHER,
             &coords,
             &sorted_coords,
@@ -420,7 +432,8 @@ impl ZIndex {
         let sorted_rows = lss.buffer(rows.size(), "quantised rows (list-0 order)")?;
         let w = dim as u32;
         permute(
-            lss,
+            &mut lss.stream,
+            lss.workgroup,
             PERMUTE_GATHER,
             &rows,
             &sorted_rows,
@@ -428,7 +441,16 @@ impl ZIndex {
             n as u64 * w as u64,
             w,
         )?;
-        permute(lss, PERMUTE_MAP, &ids, &ids, &inv, lists_n, 1)?;
+        permute(
+            &mut lss.stream,
+            lss.workgroup,
+            PERMUTE_MAP,
+            &ids,
+            &ids,
+            &inv,
+            lists_n,
+            1,
+        )?;
         lss.stream.finish()?;
         let orig = lss.ctx.download(&orig, 0, n)?;
         Ok(ZIndex {

@@ -5,6 +5,8 @@
 //!   GPU-JOIN's sampling cost model, linear cell ids that never overflow (dimensions are
 //!   dropped instead), and the index arrays B (cell ids), G (cell ranges), A (point lookup)
 //!   and M (per-dimension masks); points sorted by cell, then by the SORTIDU dimension.
+//! - `device_index`: the same index arrays built on the device (glsl/grid_index.comp with
+//!   the engine's sort and scan), chosen automatically except for tiny inputs.
 //! - `plan`: batch sizes from an estimation pass over a sample of the queries (>= 3).
 //! - `join`: the driver: uploads, estimation, three slots (stream + result buffer + pinned
 //!   read-back) in flight, continuations when a result buffer fills up or a software
@@ -15,7 +17,8 @@
 //!   `join_*.glsl`, `lss.glsl`: the kernels; the match test is `metric.rs`'s, bit for bit.
 
 mod batch;
-mod device_data;
+pub(crate) mod device_data;
+mod device_index;
 pub(crate) mod index;
 pub mod interface;
 mod join;
@@ -29,7 +32,7 @@ use crate::engine::EngineOptions;
 use crate::error::Result;
 use crate::knn::{KnnJob, KnnResult};
 use crate::result::{JoinReport, PairSink};
-use crate::vk::{Context, ContextOptions};
+use crate::vk::{Context, ContextOptions, StagingPool};
 use std::sync::Arc;
 
 /// Opens the engine's device: the GPU backend and whether the device is a software
@@ -48,16 +51,19 @@ pub(crate) fn open(opts: &EngineOptions) -> Result<(Box<dyn JoinBackend>, bool)>
         ctx.set_dispatch_width(width);
     }
     let software = ctx.is_software();
-    Ok((Box::new(GpuBackend { ctx }), software))
+    let staging = StagingPool::new(&ctx);
+    Ok((Box::new(GpuBackend { ctx, staging }), software))
 }
 
 struct GpuBackend {
     ctx: Arc<Context>,
+    /// Pinned staging buffers, reused by every join of the engine.
+    staging: Arc<StagingPool>,
 }
 
 impl JoinBackend for GpuBackend {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
-        join::run(&self.ctx, job, sink)
+        join::run(&self.ctx, &self.staging, job, sink)
     }
 
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {

@@ -1,9 +1,10 @@
 //! Synchronous upload and download helpers: the zero-copy path where device memory is
-//! mapped (unified memory, resizable BAR), else a staging copy through a stream, waited for.
+//! mapped (unified memory, resizable BAR), else a staging copy through a stream, waited for;
+//! and [`Uploads`], a job's asynchronous uploads through a staging pool on one stream.
 
 use super::context::Context;
-use super::memory::{Buffer, Memory};
-use super::stream::Stream;
+use super::memory::{Buffer, Memory, PooledBuffer, StagingPool};
+use super::stream::{Stream, Ticket};
 use crate::error::Result;
 use bytemuck::Pod;
 use std::sync::Arc;
@@ -57,5 +58,85 @@ impl Context {
         stream.copy(buffer, offset, &staging, 0, bytes)?;
         stream.submit()?.wait()?;
         staging.read_vec(0, count)
+    }
+}
+
+/// The uploads of one job: device-local buffers filled from host data, written in place
+/// where device memory is mapped, else through pinned staging buffers from a reused
+/// [`StagingPool`] and copied on this job's one transfer stream. Copies run once
+/// [`Uploads::submit`] is called, while the host goes on; a compute stream orders its work
+/// after them with `wait_for` on the returned ticket.
+pub struct Uploads {
+    // Declared before `staged`: dropping the stream waits for its copies and releases what
+    // they held, so the staging buffers go back to the pool idle.
+    stream: Stream,
+    pool: Arc<StagingPool>,
+    /// Staging buffers of the copies recorded so far.
+    staged: Vec<PooledBuffer>,
+    bytes: u64,
+    host_seconds: f64,
+}
+
+impl Uploads {
+    pub fn new(ctx: &Arc<Context>, pool: &Arc<StagingPool>) -> Result<Uploads> {
+        Ok(Uploads {
+            stream: Stream::transfer(ctx)?,
+            pool: pool.clone(),
+            staged: Vec::new(),
+            bytes: 0,
+            host_seconds: 0.0,
+        })
+    }
+
+    /// A device-local buffer that holds `data` once the next [`Uploads::submit`]'s ticket
+    /// is reached (at once where device memory is mapped). Empty data gives a 4-byte buffer.
+    pub fn upload<T: Pod>(&mut self, data: &[T], name: &str) -> Result<Arc<Buffer>> {
+        let t = std::time::Instant::now();
+        let buffer = self.record(data, name);
+        self.host_seconds += t.elapsed().as_secs_f64();
+        buffer
+    }
+
+    fn record<T: Pod>(&mut self, data: &[T], name: &str) -> Result<Arc<Buffer>> {
+        let bytes = std::mem::size_of_val(data) as u64;
+        let ctx = self.stream.context().clone();
+        let buffer = Buffer::new(&ctx, bytes, Memory::Device, name)?;
+        self.bytes += bytes;
+        if bytes == 0 {
+            return Ok(buffer);
+        }
+        if buffer.is_mapped() {
+            buffer.write(0, data)?;
+            return Ok(buffer);
+        }
+        let staging = self.pool.acquire(bytes, Memory::Upload)?;
+        staging.write(0, data)?;
+        self.stream.copy(&staging, 0, &buffer, 0, bytes)?;
+        self.staged.push(staging);
+        Ok(buffer)
+    }
+
+    /// Submits the copies recorded since the last call; the ticket covers all so far.
+    pub fn submit(&mut self) -> Result<Ticket> {
+        self.stream.submit()
+    }
+
+    /// Seconds the host spent in [`Uploads::upload`] (allocating, writing, recording).
+    pub fn host_seconds(&self) -> f64 {
+        self.host_seconds
+    }
+
+    /// Bytes uploaded so far (written in place or copied).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        self.stream.context()
+    }
+
+    /// The pool the staging buffers come from (for read-backs of the same job).
+    pub fn pool(&self) -> &Arc<StagingPool> {
+        &self.pool
     }
 }
