@@ -484,8 +484,11 @@ fn write_join(
     ))
 }
 
-/// Chunks of pairs the join may run ahead of the writer.
-const QUEUE_CHUNKS: usize = 16;
+/// Pieces of pairs the join may run ahead of the writer, and their size: the queue holds
+/// at most 8 MiB, however large the chunks the backend delivers (a GPU's are a whole result
+/// buffer).
+const QUEUE_PIECES: usize = 16;
+const PIECE_PAIRS: usize = 1 << 16;
 
 /// Runs the join on a thread of its own and hands its chunks to `consume` on this one, so
 /// that writing overlaps the join. An error from `consume` stops the join.
@@ -496,12 +499,14 @@ fn stream_join(
     opts: &JoinOptions,
     mut consume: impl FnMut(Vec<Pair>) -> Result<()>,
 ) -> Result<JoinReport> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_CHUNKS);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_PIECES);
     std::thread::scope(|scope| {
         let join = scope.spawn(move || {
             let mut sink = |chunk: &[Pair]| {
-                tx.send(chunk.to_vec())
-                    .map_err(|_| anyhow::anyhow!("the output writer stopped"))
+                chunk.chunks(PIECE_PAIRS).try_for_each(|piece| {
+                    tx.send(piece.to_vec())
+                        .map_err(|_| anyhow::anyhow!("the output writer stopped"))
+                })
             };
             match b {
                 None => engine.self_join_stream(a, opts, &mut sink),

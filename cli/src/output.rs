@@ -42,7 +42,7 @@ pub struct PairWriter {
 enum Format {
     Npy(BufWriter<File>, u64),
     Csv(File, Vec<u8>),
-    Parquet(ArrowWriter<File>, SchemaRef),
+    Parquet(Box<ArrowWriter<File>>, SchemaRef),
 }
 
 impl PairWriter {
@@ -85,7 +85,7 @@ impl PairWriter {
                     .set_dictionary_enabled(false)
                     .build();
                 let w = ArrowWriter::try_new(file, schema.clone(), Some(props))?;
-                Format::Parquet(w, schema)
+                Format::Parquet(Box::new(w), schema)
             }
         };
         Ok(PairWriter { format })

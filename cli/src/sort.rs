@@ -1,7 +1,7 @@
-//! Sorted pairs in bounded memory: pairs gather in one buffer of at most the memory budget;
-//! a full buffer is sorted and spilled to a temporary file (a run), and at the end the runs
-//! are merged k-way into the output. A result that fits the budget is sorted in memory and
-//! never touches a temporary file.
+//! Sorted pairs in bounded memory: pairs gather in one buffer of at most half the memory
+//! budget (sorting it takes the other half); a full buffer is sorted and spilled to a
+//! temporary file (a run), and at the end the runs are merged k-way into the output. A
+//! result that fits the budget is sorted in memory and never touches a temporary file.
 
 use anyhow::{Context, Result};
 use simjoin::Pair;
@@ -21,7 +21,8 @@ const MIN_READ_PAIRS: usize = 1 << 13;
 
 pub struct ExternalSort {
     buf: Vec<Pair>,
-    /// The buffer's limit in pairs (the budget / 8 bytes).
+    /// The buffer's limit in pairs: half the budget, as the sort takes a second buffer as
+    /// large (`simjoin::result::sort_pairs` is a radix sort).
     cap: usize,
     dir: PathBuf,
     runs: Vec<Run>,
@@ -39,7 +40,7 @@ impl ExternalSort {
     pub fn new(budget: u64, dir: &Path) -> Self {
         ExternalSort {
             buf: Vec::new(),
-            cap: (budget / size_of::<Pair>() as u64).max(1) as usize,
+            cap: (budget / (2 * size_of::<Pair>() as u64)).max(1) as usize,
             dir: dir.to_path_buf(),
             runs: Vec::new(),
             fan_in: MAX_FAN_IN,
@@ -251,11 +252,8 @@ mod tests {
             for chunk in pairs.chunks(777) {
                 sort.push(chunk).unwrap();
             }
-            let expect_runs = if n as u64 * 8 > budget {
-                n.div_ceil(budget as usize / 8) - 1
-            } else {
-                0
-            };
+            let cap = budget as usize / 16;
+            let expect_runs = if n > cap { n.div_ceil(cap) - 1 } else { 0 };
             assert_eq!(sort.runs(), expect_runs, "n {n} budget {budget}");
             let mut got = Vec::new();
             sort.finish(|b| {

@@ -24,6 +24,10 @@ fn digest(pairs: impl IntoIterator<Item = Pair>) -> (u64, u64) {
 }
 
 /// Runs `simjoin args` to completion; its exit status, stdout and peak RSS in bytes.
+#[expect(
+    clippy::zombie_processes,
+    reason = "reaped by wait4, which also gives its resource usage"
+)]
 fn run_measured(dir: &std::path::Path, args: &[&str]) -> (bool, String, u64) {
     let child = Command::new(BIN)
         .args(args)
@@ -128,7 +132,10 @@ fn four_gigabytes_of_unsorted_pairs_in_under_a_gibibyte() {
     // The count-only join, and the same join's pairs digested as they stream (never
     // stored), agree with the file.
     assert!(count.status.success());
-    assert_eq!(String::from_utf8_lossy(&count.stdout).trim(), got.0.to_string());
+    assert_eq!(
+        String::from_utf8_lossy(&count.stdout).trim(),
+        got.0.to_string()
+    );
     let data = Dataset::from_f32(&pts, 2).unwrap();
     let mut opts = JoinOptions::new(0.065);
     opts.backend = simjoin::Backend::Cpu;
