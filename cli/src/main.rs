@@ -83,7 +83,7 @@ struct JoinArgs {
     distances: bool,
     /// Memory for sorting pairs, e.g. 512M or 4G (default: half the physical memory); a
     /// larger result is sorted in runs spilled to $TMPDIR, else the output's directory.
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = parse_size, requires = "output")]
     sort_memory: Option<u64>,
     /// Print one JSON object with the pair count, timings and what ran.
     #[arg(long)]
@@ -409,7 +409,7 @@ struct Written {
 }
 
 /// Runs the join into `--output`: straight to the file with --unsorted, else through the
-/// external sort. Pairs travel in the join's chunks (a bounded queue of them at a time).
+/// external sort.
 fn write_join(
     engine: &Engine,
     a: &Dataset,
@@ -424,16 +424,15 @@ fn write_join(
     let mut found = 0usize;
     // Distances are computed per batch, in the order the pairs are written.
     let mut emit = |pairs: &[Pair]| -> Result<()> {
-        let d = match args.distances {
-            true => Some(simjoin::result::pair_distances(
-                a,
-                b.unwrap_or(a),
-                opts.metric,
-                pairs,
-            )?),
-            false => None,
+        let d = if args.distances {
+            let b = b.unwrap_or(a);
+            Some(simjoin::result::pair_distances(a, b, opts.metric, pairs)?)
+        } else {
+            None
         };
-        writer.write(pairs, d)
+        writer
+            .write(pairs, d)
+            .with_context(|| format!("cannot write {}", path.display()))
     };
     let (report, runs) = if args.unsorted {
         let report = stream_join(engine, a, b, opts, |chunk| {
