@@ -8,7 +8,7 @@ use crate::dataset::Dataset;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::options::{JoinOptions, OutputForm};
-use crate::result::{Distances, JoinOutput, Pair, PairSink};
+use crate::result::{Distances, Pair, PairSink};
 use arrow_array::{
     ArrayRef, Float32Array, Float64Array, RecordBatch, RecordBatchReader, UInt32Array,
 };
@@ -43,17 +43,18 @@ struct QueueSink {
 
 impl PairSink for QueueSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        let output = JoinOutput::Pairs(chunk.to_vec());
         let distances = if self.opts.distances {
-            crate::result::entry_distances(&self.a, &self.b, self.opts.metric, &output)?
+            Some(crate::result::pair_distances(
+                &self.a,
+                &self.b,
+                self.opts.metric,
+                chunk,
+            )?)
         } else {
             None
         };
-        let JoinOutput::Pairs(pairs) = output else {
-            unreachable!("built as pairs above")
-        };
         self.tx
-            .send(Ok((pairs, distances)))
+            .send(Ok((chunk.to_vec(), distances)))
             .map_err(|_| anyhow::anyhow!("the Arrow stream was released"))
     }
 }

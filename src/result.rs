@@ -204,24 +204,57 @@ pub(crate) fn assemble(
 
 pub use crate::radix::build_csr;
 
-/// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
-/// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
-/// the accumulator in the input precision, square-rooted in that precision for Euclidean.
+/// The result entries whose distances are asked for.
+enum Entries<'a> {
+    Pairs(&'a [Pair]),
+    Csr(&'a Csr),
+}
+
+/// The distance of each pair `[i, j]`, between `a[i]` and `b[j]` (pass `a` as `b` for a
+/// self-join), exactly as `JoinOptions::distances` computes it: for callers that stream
+/// pairs through a `PairSink` and want their distances chunk by chunk.
+pub fn pair_distances(
+    a: &crate::dataset::Dataset,
+    b: &crate::dataset::Dataset,
+    metric: crate::options::Metric,
+    pairs: &[Pair],
+) -> Result<Distances> {
+    distances_of(a, b, metric, Entries::Pairs(pairs))
+}
+
+/// The distances of a join output's entries (None for a count).
 pub(crate) fn entry_distances(
     a: &crate::dataset::Dataset,
     b: &crate::dataset::Dataset,
     metric: crate::options::Metric,
     output: &JoinOutput,
 ) -> Result<Option<Distances>> {
+    let entries = match output {
+        JoinOutput::Pairs(p) => Entries::Pairs(p),
+        JoinOutput::Csr(c) => Entries::Csr(c),
+        JoinOutput::Count(_) => return Ok(None),
+    };
+    distances_of(a, b, metric, entries).map(Some)
+}
+
+/// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
+/// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
+/// the accumulator in the input precision, square-rooted in that precision for Euclidean.
+fn distances_of(
+    a: &crate::dataset::Dataset,
+    b: &crate::dataset::Dataset,
+    metric: crate::options::Metric,
+    output: Entries,
+) -> Result<Distances> {
     use crate::dataset::Coords;
     fn fill<T: crate::metric::Coord>(
         a: &[T],
         b: &[T],
         dim: usize,
         metric: crate::options::Metric,
-        output: &JoinOutput,
+        output: &Entries,
         sqrt: fn(T) -> T,
-    ) -> Result<Option<Vec<T>>> {
+    ) -> Result<Vec<T>> {
         let dist = |i: u32, j: u32| {
             let acc = crate::metric::distance_acc(
                 metric,
@@ -235,9 +268,8 @@ pub(crate) fn entry_distances(
             }
         };
         let len = match output {
-            JoinOutput::Pairs(p) => p.len(),
-            JoinOutput::Csr(c) => c.neighbors.len(),
-            JoinOutput::Count(_) => return Ok(None),
+            Entries::Pairs(p) => p.len(),
+            Entries::Csr(c) => c.neighbors.len(),
         };
         let mut out: Vec<T> = Vec::new();
         out.try_reserve_exact(len).map_err(|_| {
@@ -247,11 +279,11 @@ pub(crate) fn entry_distances(
             )
         })?;
         match output {
-            JoinOutput::Pairs(p) => p
+            Entries::Pairs(p) => p
                 .par_iter()
                 .map(|&[i, j]| dist(i, j))
                 .collect_into_vec(&mut out),
-            JoinOutput::Csr(c) => {
+            Entries::Csr(c) => {
                 out.resize(len, T::ZERO);
                 let mut rest: &mut [T] = &mut out;
                 let mut rows = Vec::with_capacity(c.offsets.len() - 1);
@@ -267,17 +299,16 @@ pub(crate) fn entry_distances(
                     }
                 });
             }
-            JoinOutput::Count(_) => {}
         }
-        Ok(Some(out))
+        Ok(out)
     }
     let dim = a.dim();
     Ok(match (a.coords(), b.coords()) {
         (Coords::F32(x), Coords::F32(y)) => {
-            fill(x, y, dim, metric, output, f32::sqrt)?.map(Distances::F32)
+            Distances::F32(fill(x, y, dim, metric, &output, f32::sqrt)?)
         }
         (Coords::F64(x), Coords::F64(y)) => {
-            fill(x, y, dim, metric, output, f64::sqrt)?.map(Distances::F64)
+            Distances::F64(fill(x, y, dim, metric, &output, f64::sqrt)?)
         }
         _ => return Err(Error::invalid("A and B must have the same precision")),
     })

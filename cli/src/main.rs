@@ -4,6 +4,7 @@ mod dbscan;
 mod demo;
 mod input;
 mod output;
+mod sort;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -69,10 +70,21 @@ struct JoinArgs {
     /// auto, grid, ego, brute or lss.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
-    /// Write the pairs to FILE (.npy: (m, 2) uint32; .csv: "i,j" lines), sorted. Without
-    /// it, only the pair count is printed.
+    /// Write the pairs to FILE (.npy: (m, 2) uint32; .csv: "i,j" lines; .parquet: columns
+    /// i and j), sorted unless --unsorted. Without it, only the pair count is printed.
     #[arg(long, short)]
     output: Option<PathBuf>,
+    /// Write the pairs in the order the join finds them: memory independent of the pair
+    /// count (sorted output of a result over --sort-memory goes through temporary files).
+    #[arg(long, requires = "output")]
+    unsorted: bool,
+    /// Add each pair's distance (.csv: a third column; .parquet: column distance).
+    #[arg(long, requires = "output")]
+    distances: bool,
+    /// Memory for sorting pairs, e.g. 512M or 4G (default: half the physical memory); a
+    /// larger result is sorted in runs spilled to $TMPDIR, else the output's directory.
+    #[arg(long, value_parser = parse_size, requires = "output")]
+    sort_memory: Option<u64>,
     /// Print one JSON object with the pair count, timings and what ran.
     #[arg(long)]
     stats: bool,
@@ -228,7 +240,7 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     opts.validate()?;
     let engine = engine(args)?;
     if let Some(path) = &args.output {
-        output::check_output_path(path)?;
+        output::check_output_path(path, args.distances)?;
     }
     let read_start = Instant::now();
     let sets: Vec<Points> = inputs
@@ -244,40 +256,31 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     let (a, b) = (&datasets[0], datasets.get(1));
 
     let progress = Progress::start("joining");
-    let (report, pairs) = if args.output.is_some() {
-        // Stream into memory so the spinner can show progress.
-        let mut pairs: Vec<Pair> = Vec::new();
-        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
-            pairs.extend_from_slice(chunk);
-            progress.pairs_so_far(pairs.len());
-            Ok(())
-        };
-        let report = match b {
-            None => engine.self_join_stream(a, &opts, &mut sink),
-            Some(b) => engine.join_stream(a, b, &opts, &mut sink),
-        };
-        (report, Some(pairs))
-    } else {
-        let mut count_opts = opts.clone();
-        count_opts.output = OutputForm::Count;
-        let result = match b {
-            None => engine.self_join(a, &count_opts),
-            Some(b) => engine.join(a, b, &count_opts),
-        };
-        (result.map(|r| r.report), None)
+    let (report, written) = match &args.output {
+        Some(path) => {
+            let written = write_join(&engine, a, b, &opts, args, path, &progress);
+            progress.finish();
+            let (report, written) = written?;
+            (report, Some(written))
+        }
+        None => {
+            let mut count_opts = opts.clone();
+            count_opts.output = OutputForm::Count;
+            let result = match b {
+                None => engine.self_join(a, &count_opts),
+                Some(b) => engine.join(a, b, &count_opts),
+            };
+            progress.finish();
+            (result?.report, None)
+        }
     };
-    progress.finish();
-    let report = report?;
-
-    let mut write_seconds = 0.0;
-    if let (Some(path), Some(mut pairs)) = (&args.output, pairs) {
-        let t = Instant::now();
-        simjoin::result::sort_pairs(&mut pairs);
-        output::write_pairs(path, &pairs)?;
-        write_seconds = t.elapsed().as_secs_f64();
-    }
     if args.stats {
-        let stats = stats_json(&report, &opts, &datasets, read_seconds, write_seconds);
+        let write_seconds = written.as_ref().map_or(0.0, |w| w.seconds);
+        let mut stats = stats_json(&report, &opts, &datasets, read_seconds, write_seconds);
+        if let Some(w) = written {
+            stats["output_bytes"] = w.bytes.into();
+            stats["sort_runs"] = w.runs.into();
+        }
         println!("{stats}");
     } else if args.output.is_none() {
         println!("{}", report.pairs);
@@ -397,6 +400,170 @@ fn stats_json(
         "read_seconds": read_seconds,
         "write_seconds": write_seconds,
     })
+}
+
+/// What writing the pairs took.
+struct Written {
+    /// Seconds spent writing (and sorting): the join's own time is not counted.
+    seconds: f64,
+    bytes: u64,
+    /// Sorted runs spilled to temporary files (0: sorted in memory, or unsorted).
+    runs: usize,
+}
+
+/// Runs the join into `--output`: straight to the file with --unsorted, else through the
+/// external sort.
+fn write_join(
+    engine: &Engine,
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &JoinOptions,
+    args: &JoinArgs,
+    path: &std::path::Path,
+    progress: &Progress,
+) -> Result<(JoinReport, Written)> {
+    let mut writer = output::PairWriter::create(path, args.distances.then(|| a.precision()))?;
+    let mut seconds = 0.0;
+    let mut found = 0usize;
+    // Distances are computed per batch, in the order the pairs are written.
+    let mut emit = |pairs: &[Pair]| -> Result<()> {
+        let d = if args.distances {
+            let b = b.unwrap_or(a);
+            Some(simjoin::result::pair_distances(a, b, opts.metric, pairs)?)
+        } else {
+            None
+        };
+        writer
+            .write(pairs, d)
+            .with_context(|| format!("cannot write {}", path.display()))
+    };
+    let (report, runs) = if args.unsorted {
+        let report = stream_join(engine, a, b, opts, |chunk| {
+            found += chunk.len();
+            progress.pairs_so_far(found);
+            let t = Instant::now();
+            emit(&chunk)?;
+            seconds += t.elapsed().as_secs_f64();
+            Ok(())
+        })?;
+        (report, 0)
+    } else {
+        let budget = args.sort_memory.unwrap_or_else(default_sort_memory);
+        let spill_dir = match std::env::var_os("TMPDIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            },
+        };
+        let mut sort = sort::ExternalSort::new(budget, &spill_dir);
+        let report = stream_join(engine, a, b, opts, |chunk| {
+            found += chunk.len();
+            progress.pairs_so_far(found);
+            let t = Instant::now();
+            sort.push(&chunk)?;
+            seconds += t.elapsed().as_secs_f64();
+            Ok(())
+        })?;
+        let t = Instant::now();
+        let runs = sort.runs();
+        sort.finish(&mut emit)?;
+        seconds += t.elapsed().as_secs_f64();
+        (report, runs)
+    };
+    let t = Instant::now();
+    let bytes = writer
+        .finish()
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    seconds += t.elapsed().as_secs_f64();
+    Ok((
+        report,
+        Written {
+            seconds,
+            bytes,
+            runs,
+        },
+    ))
+}
+
+/// Pieces of pairs the join may run ahead of the writer, and their size: the queue holds
+/// at most 8 MiB, however large the chunks the backend delivers (a GPU's are a whole result
+/// buffer).
+const QUEUE_PIECES: usize = 16;
+const PIECE_PAIRS: usize = 1 << 16;
+
+/// Runs the join on a thread of its own and hands its chunks to `consume` on this one, so
+/// that writing overlaps the join. An error from `consume` stops the join.
+fn stream_join(
+    engine: &Engine,
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &JoinOptions,
+    mut consume: impl FnMut(Vec<Pair>) -> Result<()>,
+) -> Result<JoinReport> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_PIECES);
+    std::thread::scope(|scope| {
+        let join = scope.spawn(move || {
+            let mut sink = |chunk: &[Pair]| {
+                chunk.chunks(PIECE_PAIRS).try_for_each(|piece| {
+                    tx.send(piece.to_vec())
+                        .map_err(|_| anyhow::anyhow!("the output writer stopped"))
+                })
+            };
+            match b {
+                None => engine.self_join_stream(a, opts, &mut sink),
+                Some(b) => engine.join_stream(a, b, opts, &mut sink),
+            }
+        });
+        let consumed = rx.iter().try_for_each(&mut consume);
+        // Dropping the receiver makes the join's next send fail, which stops it.
+        drop(rx);
+        let report = join
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        consumed?;
+        Ok(report?)
+    })
+}
+
+/// Half the physical memory (1 GiB where it cannot be read).
+fn default_sort_memory() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages > 0 && page > 0 {
+        pages as u64 * page as u64 / 2
+    } else {
+        1 << 30
+    }
+}
+
+/// A byte count with an optional K, M, G or T suffix (powers of 1024).
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, shift) = match t.char_indices().last() {
+        Some((k, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => return Err(format!("unknown size suffix in '{s}' (K, M, G or T)")),
+            };
+            (&t[..k], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 512M)"))?;
+    n.checked_mul(1 << shift)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("'{s}' is not a usable size"))
 }
 
 fn info() -> Result<()> {

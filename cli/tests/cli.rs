@@ -532,3 +532,235 @@ fn knn_npz_and_csv_match_the_oracle() {
         "dimensions",
     );
 }
+
+/// The pairs (and distances, when there is a column for them) of a .parquet written by
+/// `simjoin self-join --output`.
+fn read_parquet_pairs(path: &Path) -> (Vec<Pair>, Option<Vec<f64>>) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float32Type, UInt32Type};
+    let file = std::fs::File::open(path).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let (mut pairs, mut dist) = (Vec::new(), Vec::new());
+    let mut has_distance = false;
+    for batch in reader {
+        let batch = batch.unwrap();
+        let names: Vec<_> = batch
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        has_distance = names.len() == 3;
+        assert_eq!(names[..2], ["i", "j"]);
+        let i = batch.column(0).as_primitive::<UInt32Type>();
+        let j = batch.column(1).as_primitive::<UInt32Type>();
+        pairs.extend(i.values().iter().zip(j.values()).map(|(&i, &j)| [i, j]));
+        if has_distance {
+            assert_eq!(names[2], "distance");
+            let d = batch.column(2).as_primitive::<Float32Type>();
+            dist.extend(d.values().iter().map(|&x| x as f64));
+        }
+    }
+    (pairs, has_distance.then_some(dist))
+}
+
+/// The pairs and distances of a .csv written with --distances.
+fn read_csv_distances(path: &Path) -> (Vec<Pair>, Vec<f64>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("i,j,distance"));
+    lines
+        .map(|l| {
+            let v: Vec<&str> = l.split(',').collect();
+            (
+                [v[0].parse().unwrap(), v[1].parse().unwrap()],
+                v[2].parse::<f32>().unwrap() as f64,
+            )
+        })
+        .unzip()
+}
+
+fn stats_of(out: &Output) -> serde_json::Value {
+    serde_json::from_str(&stdout_ok(out)).unwrap()
+}
+
+/// .npy, .csv and .parquet, sorted (in memory, and through the external merge with a
+/// budget that forces many runs) and unsorted, all hold exactly the oracle's pairs; sorted
+/// ones in the oracle's order.
+#[test]
+fn streamed_outputs_sorted_and_unsorted_match_the_oracle() {
+    let dir = scratch("streamed");
+    let pts = lcg_points(4000, 2, 11);
+    let pts32: Vec<f32> = pts.iter().map(|&x| x as f32).collect();
+    write_npy(&dir.join("x.npy"), &pts32, &[4000, 2], false);
+    let eps = "0.05";
+    let want = oracle::self_join(
+        &Dataset::from_f32(&pts32, 2).unwrap(),
+        Metric::Euclidean,
+        0.05,
+    );
+    assert!(want.len() > 50_000, "{}", want.len());
+    let read = |name: &str| -> Vec<Pair> {
+        let path = dir.join(name);
+        match name.rsplit('.').next().unwrap() {
+            "npy" => read_npy_pairs(&path),
+            "csv" => read_csv_pairs(&path),
+            _ => read_parquet_pairs(&path).0,
+        }
+    };
+    for ext in ["npy", "csv", "parquet"] {
+        let name = format!("sorted.{ext}");
+        let s = stats_of(&run(
+            &dir,
+            &["self-join", "x.npy", "--eps", eps, "-o", &name, "--stats"],
+        ));
+        assert_eq!(s["sort_runs"], 0);
+        assert_eq!(
+            s["output_bytes"],
+            std::fs::metadata(dir.join(&name)).unwrap().len()
+        );
+        assert!(read(&name) == want, "{name}");
+
+        // 64 KiB for the sort: a run per 4096 pairs.
+        let name = format!("merged.{ext}");
+        let args = ["self-join", "x.npy", "--eps", eps, "-o", &name, "--stats"];
+        let s = stats_of(&run(&dir, &[&args[..], &["--sort-memory", "64K"]].concat()));
+        assert!(
+            s["sort_runs"].as_u64().unwrap() >= want.len() as u64 / 4096,
+            "{s}"
+        );
+        assert!(read(&name) == want, "{name}");
+
+        let name = format!("unsorted.{ext}");
+        stdout_ok(&run(
+            &dir,
+            &[
+                "self-join",
+                "x.npy",
+                "--eps",
+                eps,
+                "-o",
+                &name,
+                "--unsorted",
+            ],
+        ));
+        let mut got = read(&name);
+        got.sort_unstable();
+        assert!(got == want, "{name}");
+    }
+    // Sort runs go to $TMPDIR when set, and none is left behind.
+    let tmp = dir.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "self-join",
+            "x.npy",
+            "--eps",
+            eps,
+            "-o",
+            "t.npy",
+            "--sort-memory",
+            "64K",
+        ])
+        .current_dir(&dir)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
+    stdout_ok(&out);
+    assert!(read("t.npy") == want);
+    assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0);
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".tmp"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // An empty result is a valid file of each kind.
+    for ext in ["npy", "csv", "parquet"] {
+        let name = format!("empty.{ext}");
+        stdout_ok(&run(
+            &dir,
+            &["self-join", "x.npy", "--eps", "1e-9", "-o", &name],
+        ));
+        assert!(read(&name).is_empty(), "{name}");
+    }
+}
+
+/// --distances: a third column in .csv and .parquet, each pair's distance (f32 input:
+/// f32 distances), in the pairs' order, sorted or not; .npy refuses it.
+#[test]
+fn distances_in_csv_and_parquet() {
+    let dir = scratch("distances");
+    let pts = lcg_points(1500, 3, 12);
+    let pts32: Vec<f32> = pts.iter().map(|&x| x as f32).collect();
+    write_npy(&dir.join("x.npy"), &pts32, &[1500, 3], false);
+    let data = Dataset::from_f32(&pts32, 3).unwrap();
+    for metric in [Metric::Euclidean, Metric::Chebyshev] {
+        let want = oracle::self_join(&data, metric, 0.1);
+        assert!(want.len() > 1000);
+        let exact = simjoin::result::pair_distances(&data, &data, metric, &want).unwrap();
+        for sorted in [true, false] {
+            for ext in ["csv", "parquet"] {
+                let name = format!("d.{ext}");
+                let mut args = vec![
+                    "self-join",
+                    "x.npy",
+                    "--eps",
+                    "0.1",
+                    "--metric",
+                    metric.name(),
+                ];
+                args.extend(["-o", &name, "--distances"]);
+                if !sorted {
+                    args.push("--unsorted");
+                }
+                stdout_ok(&run(&dir, &args));
+                let (pairs, dist) = match ext {
+                    "csv" => read_csv_distances(&dir.join(&name)),
+                    _ => {
+                        let (p, d) = read_parquet_pairs(&dir.join(&name));
+                        (p, d.unwrap())
+                    }
+                };
+                let mut got: Vec<(Pair, f64)> = pairs.into_iter().zip(dist).collect();
+                if !sorted {
+                    got.sort_unstable_by_key(|e| e.0);
+                }
+                assert_eq!(got.len(), want.len());
+                for (e, (p, d)) in got.iter().enumerate() {
+                    assert_eq!(*p, want[e]);
+                    // Exactly the library's distance (the CSV text reads back exactly).
+                    assert_eq!(*d, exact.get(e), "{name} pair {p:?}");
+                    let (x, y) = (
+                        &pts32[p[0] as usize * 3..][..3],
+                        &pts32[p[1] as usize * 3..][..3],
+                    );
+                    let diffs = x.iter().zip(y).map(|(a, b)| (*a as f64 - *b as f64).abs());
+                    let d64 = match metric {
+                        Metric::Euclidean => diffs.map(|t| t * t).sum::<f64>().sqrt(),
+                        _ => diffs.fold(0.0, f64::max),
+                    };
+                    assert!((d - d64).abs() <= 1e-6, "{d} vs {d64}");
+                }
+            }
+        }
+    }
+    assert_error(
+        &run(
+            &dir,
+            &[
+                "self-join",
+                "x.npy",
+                "--eps",
+                "0.1",
+                "-o",
+                "d.npy",
+                "--distances",
+            ],
+        ),
+        "--distances needs a .csv or .parquet output",
+    );
+}

@@ -1,0 +1,270 @@
+//! Sorted pairs in bounded memory: pairs gather in one buffer of at most half the memory
+//! budget (sorting it takes the other half); a full buffer is sorted and spilled to a
+//! temporary file (a run), and at the end the runs are merged k-way into the output. A
+//! result that fits the budget is sorted in memory and never touches a temporary file.
+
+use anyhow::{Context, Result};
+use simjoin::Pair;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Pairs handed to the output at a time.
+const OUT_BATCH: usize = 1 << 16;
+/// Runs merged at once (each holds a file descriptor and a read buffer); more runs are first
+/// merged in groups into longer runs.
+const MAX_FAN_IN: usize = 256;
+/// The smallest read buffer of a run during a merge, in pairs (64 KiB).
+const MIN_READ_PAIRS: usize = 1 << 13;
+
+pub struct ExternalSort {
+    buf: Vec<Pair>,
+    /// The buffer's limit in pairs: half the budget, as the sort takes a second buffer as
+    /// large (`simjoin::result::sort_pairs` is a radix sort).
+    cap: usize,
+    dir: PathBuf,
+    runs: Vec<Run>,
+    fan_in: usize,
+}
+
+/// A sorted run in an unlinked temporary file.
+struct Run {
+    file: File,
+    pairs: u64,
+}
+
+impl ExternalSort {
+    /// `budget`: bytes of pairs held in memory; `dir`: where runs are spilled.
+    pub fn new(budget: u64, dir: &Path) -> Self {
+        ExternalSort {
+            buf: Vec::new(),
+            cap: (budget / (2 * size_of::<Pair>() as u64)).max(1) as usize,
+            dir: dir.to_path_buf(),
+            runs: Vec::new(),
+            fan_in: MAX_FAN_IN,
+        }
+    }
+
+    /// Runs spilled so far.
+    pub fn runs(&self) -> usize {
+        self.runs.len()
+    }
+
+    pub fn push(&mut self, mut chunk: &[Pair]) -> Result<()> {
+        while !chunk.is_empty() {
+            if self.buf.len() == self.cap {
+                self.spill()?;
+            }
+            let room = self.cap - self.buf.len();
+            let take = chunk.len().min(room);
+            if self.buf.capacity() - self.buf.len() < take {
+                // Grow by doubling, but never past the budget (reserve_exact: no slack).
+                let want = (self.buf.len() * 2)
+                    .max(self.buf.len() + take)
+                    .min(self.cap);
+                self.buf.reserve_exact(want - self.buf.len());
+            }
+            self.buf.extend_from_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+        }
+        Ok(())
+    }
+
+    /// Sorts the buffer and writes it out as a run.
+    fn spill(&mut self) -> Result<()> {
+        simjoin::result::sort_pairs(&mut self.buf);
+        let mut run = Run::create(&self.dir)?;
+        run.file
+            .write_all(bytemuck::cast_slice(&self.buf))
+            .context("cannot write a sort run")?;
+        run.pairs = self.buf.len() as u64;
+        self.runs.push(run);
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Hands every pair, sorted, to `out` in batches.
+    pub fn finish(mut self, mut out: impl FnMut(&[Pair]) -> Result<()>) -> Result<()> {
+        if self.runs.is_empty() {
+            simjoin::result::sort_pairs(&mut self.buf);
+            return self.buf.chunks(OUT_BATCH).try_for_each(out);
+        }
+        if !self.buf.is_empty() {
+            self.spill()?;
+        }
+        // Free the buffer before the merge takes its read buffers from the same budget.
+        self.buf = Vec::new();
+        let read_pairs = |runs: usize| (self.cap / (runs + 1)).max(MIN_READ_PAIRS);
+        while self.runs.len() > self.fan_in {
+            let group: Vec<Run> = self.runs.drain(..self.fan_in).collect();
+            let mut merged = Run::create(&self.dir)?;
+            merge(group, read_pairs(self.fan_in), |pairs| {
+                merged.pairs += pairs.len() as u64;
+                Ok(merged.file.write_all(bytemuck::cast_slice(pairs))?)
+            })?;
+            self.runs.push(merged);
+        }
+        let runs = std::mem::take(&mut self.runs);
+        let read = read_pairs(runs.len());
+        merge(runs, read, &mut out)
+    }
+}
+
+impl Run {
+    fn create(dir: &Path) -> Result<Run> {
+        // A unique name, removed at once: the open file keeps the data, and the space comes
+        // back when it is closed, however the process ends.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!(".simjoin-sort-{}-{n}.tmp", std::process::id()));
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .with_context(|| format!("cannot create the sort run {}", path.display()))?;
+        std::fs::remove_file(&path)
+            .with_context(|| format!("cannot remove the sort run {}", path.display()))?;
+        Ok(Run { file, pairs: 0 })
+    }
+}
+
+/// A run read back in blocks.
+struct Reader {
+    run: Run,
+    block: Vec<Pair>,
+    next: usize,
+}
+
+impl Reader {
+    fn new(mut run: Run, block_pairs: usize) -> Result<Reader> {
+        run.file.seek(SeekFrom::Start(0))?;
+        let mut r = Reader {
+            run,
+            block: Vec::with_capacity(block_pairs),
+            next: 0,
+        };
+        r.refill()?;
+        Ok(r)
+    }
+
+    fn refill(&mut self) -> Result<()> {
+        let n = (self.block.capacity() as u64).min(self.run.pairs) as usize;
+        self.block.clear();
+        self.block.resize(n, [0, 0]);
+        self.run
+            .file
+            .read_exact(bytemuck::cast_slice_mut(&mut self.block))
+            .context("cannot read a sort run back")?;
+        self.run.pairs -= n as u64;
+        self.next = 0;
+        Ok(())
+    }
+
+    /// The next pair, or None at the end of the run.
+    fn pop(&mut self) -> Result<Option<Pair>> {
+        if self.next == self.block.len() {
+            if self.run.pairs == 0 {
+                return Ok(None);
+            }
+            self.refill()?;
+        }
+        self.next += 1;
+        Ok(Some(self.block[self.next - 1]))
+    }
+}
+
+/// Merges sorted runs into `out`, in batches, through a heap of each run's next pair.
+fn merge(
+    runs: Vec<Run>,
+    read_pairs: usize,
+    mut out: impl FnMut(&[Pair]) -> Result<()>,
+) -> Result<()> {
+    let mut readers = runs
+        .into_iter()
+        .map(|r| Reader::new(r, read_pairs))
+        .collect::<Result<Vec<_>>>()?;
+    let mut heap = BinaryHeap::with_capacity(readers.len());
+    for (k, r) in readers.iter_mut().enumerate() {
+        if let Some(p) = r.pop()? {
+            heap.push(Reverse((p, k)));
+        }
+    }
+    let mut batch = Vec::with_capacity(OUT_BATCH);
+    while let Some(mut top) = heap.peek_mut() {
+        let Reverse((pair, k)) = *top;
+        batch.push(pair);
+        // Replacing the top sifts once, where pop and push would sift twice.
+        match readers[k].pop()? {
+            Some(p) => *top = Reverse((p, k)),
+            None => {
+                std::collections::binary_heap::PeekMut::pop(top);
+            }
+        }
+        if batch.len() == OUT_BATCH {
+            out(&batch)?;
+            batch.clear();
+        }
+    }
+    if !batch.is_empty() {
+        out(&batch)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pseudo_random_pairs(n: usize, seed: u64) -> Vec<Pair> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                // Few distinct i so that ties on i are common.
+                [(s >> 54) as u32, (s >> 20) as u32]
+            })
+            .collect()
+    }
+
+    /// Small budgets and fan-ins force many runs and multi-pass merges; every variant
+    /// equals an in-memory sort, and no temporary file is left behind.
+    #[test]
+    fn equals_the_in_memory_sort() {
+        let dir = std::env::temp_dir().join(format!("simjoin-sort-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (n, budget, fan_in) in [
+            (0, 64, 4),
+            (1000, 1 << 20, 4),
+            (100_000, 8 * 1000, 256),
+            (100_000, 8 * 999, 3),
+            (54_321, 8 * 4096, 2),
+        ] {
+            let pairs = pseudo_random_pairs(n, n as u64 + 7);
+            let mut want = pairs.clone();
+            want.sort_unstable();
+            let mut sort = ExternalSort::new(budget, &dir);
+            sort.fan_in = fan_in;
+            for chunk in pairs.chunks(777) {
+                sort.push(chunk).unwrap();
+            }
+            let cap = budget as usize / 16;
+            let expect_runs = if n > cap { n.div_ceil(cap) - 1 } else { 0 };
+            assert_eq!(sort.runs(), expect_runs, "n {n} budget {budget}");
+            let mut got = Vec::new();
+            sort.finish(|b| {
+                assert!(b.len() <= OUT_BATCH);
+                got.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert!(got == want, "n {n} budget {budget} fan-in {fan_in}");
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        }
+        std::fs::remove_dir(&dir).unwrap();
+    }
+}
