@@ -1,15 +1,19 @@
 //! Result collection shared by the CPU algorithms: each worker fills its own buffer and
-//! hands it to the sink in large chunks (one short lock per chunk, none per pair).
+//! hands it to the sink in large chunks (one short lock per chunk, none per pair); a
+//! worker that finds the sink busy keeps joining into a larger buffer instead of waiting.
 //! Count-only runs (no sink) only count.
 
 use super::store::LANES;
 use crate::error::Error;
 use crate::result::{sink_error, Pair, PairSink};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Pairs a worker buffers before it takes the sink's lock.
 const CHUNK_PAIRS: usize = 1 << 16;
+/// Pairs a worker buffers at most while another worker is in the sink (4 MiB) before it
+/// waits for the sink.
+const PENDING_PAIRS: usize = 8 * CHUNK_PAIRS;
 
 /// State shared by every worker of one join.
 pub(crate) struct Collector<'s> {
@@ -58,7 +62,25 @@ impl<'s> Collector<'s> {
             return;
         }
         let Some(sink) = &self.sink else { return };
-        let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+        self.push(sink.lock().unwrap_or_else(|p| p.into_inner()), chunk);
+    }
+
+    /// `deliver`, unless another worker is in the sink: then nothing is delivered and the
+    /// answer is false.
+    fn try_deliver(&self, chunk: &[Pair]) -> bool {
+        if chunk.is_empty() || self.stopped() {
+            return true;
+        }
+        let Some(sink) = &self.sink else { return true };
+        match sink.try_lock() {
+            Ok(sink) => self.push(sink, chunk),
+            Err(TryLockError::Poisoned(p)) => self.push(p.into_inner(), chunk),
+            Err(TryLockError::WouldBlock) => return false,
+        }
+        true
+    }
+
+    fn push(&self, mut sink: MutexGuard<&'s mut dyn PairSink>, chunk: &[Pair]) {
         if self.stopped() {
             return;
         }
@@ -171,11 +193,17 @@ impl Emitter<'_, '_> {
 
     #[cold]
     fn grow_or_flush(&mut self) {
-        if self.buf.len() + LANES > CHUNK_PAIRS {
+        let len = self.buf.len();
+        if len + LANES <= CHUNK_PAIRS {
+            self.buf.reserve(CHUNK_PAIRS.min((len * 2).max(1024)) - len);
+        } else if len + LANES > PENDING_PAIRS {
             self.flush();
+        } else if self.collector.try_deliver(&self.buf) {
+            self.buf.clear();
         } else {
-            self.buf
-                .reserve(CHUNK_PAIRS.min((self.buf.len() * 2).max(1024)) - self.buf.len());
+            // The sink is busy: join on rather than wait (the sink can be the slower side,
+            // as DBSCAN's is).
+            self.buf.reserve(len.min(PENDING_PAIRS - len));
         }
     }
 
