@@ -74,8 +74,14 @@ fn hundred_engines_created_used_and_freed() {
         }
     }
     let growth = rss().saturating_sub(rss_at_10);
+    // tests/asan.sh raises the budget: ASan keeps freed memory resident (its quarantine)
+    // and pads every allocation, while LeakSanitizer checks leaks there exactly.
+    let budget_mib: u64 = std::env::var("SIMJOIN_TEST_RSS_BUDGET_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
     assert!(
-        growth < 32 << 20,
+        growth < budget_mib << 20,
         "resident set grew by {} MiB over 90 engines",
         growth >> 20
     );
