@@ -26,6 +26,9 @@ use std::time::Instant;
 pub(super) const SLOTS: usize = 3;
 /// Default result buffer: 2^24 pairs (128 MiB), less where the binding limit is smaller.
 const DEFAULT_RESULT_PAIRS: u64 = 1 << 24;
+/// Words of the counters buffer: [result slots taken, some query stopped, filter
+/// rejections (2 words), candidates through the filter (2 words)].
+const COUNTER_WORDS: usize = 6;
 /// Smallest result buffer tried when device memory runs out.
 const MIN_RESULT_PAIRS: u64 = 1 << 10;
 
@@ -33,7 +36,7 @@ const MIN_RESULT_PAIRS: u64 = 1 << 10;
 pub(super) struct Slot {
     stream: Stream,
     results: Arc<Buffer>,
-    /// [pairs written or attempted, some query stopped early].
+    /// COUNTER_WORDS words.
     counters: Arc<Buffer>,
     /// Continuation state per query of the batch (uvec4).
     states: Arc<Buffer>,
@@ -84,6 +87,9 @@ pub(super) struct Counts {
     pub overflowed: usize,
     /// Bytes read back (counters, query states, pairs).
     pub bytes_down: u64,
+    /// Dot-product filter (batches, not the estimation): candidates rejected, and tested.
+    pub dot_rejected: u64,
+    pub dot_tested: u64,
 }
 
 /// What every dispatch of one join shares.
@@ -122,7 +128,8 @@ fn new_slot(
     let result_bytes = if counting { 8 } else { capacity * 8 };
     let state_bytes = max_points as u64 * 16;
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
-    let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
+    let counter_bytes = 4 * COUNTER_WORDS as u64;
+    let counters = Buffer::new(ctx, counter_bytes, Memory::Device, "join counters")?;
     let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
     // `SIMJOIN_GPU_STAGING=1` takes the discrete-GPU path (copies into pinned buffers) on
     // a unified-memory device too, so that tests on lavapipe cover it.
@@ -138,7 +145,7 @@ fn new_slot(
     Ok(Slot {
         stream: Stream::new(ctx, index)?,
         results_host: pinned(result_bytes, "pinned results")?,
-        counters_host: pinned(8, "pinned counters")?,
+        counters_host: pinned(counter_bytes, "pinned counters")?,
         states_host: pinned(state_bytes, "pinned query states")?,
         results,
         counters,
@@ -292,10 +299,13 @@ where
                     let t = Instant::now();
                     let head = read_words(
                         slot.counters_host.as_ref().unwrap_or(&slot.counters),
-                        2,
+                        COUNTER_WORDS,
                         counts,
                     )?;
                     let (slots_taken, incomplete) = (head[0] as usize, head[1] != 0);
+                    let wide = |at: usize| head[at] as u64 | (head[at + 1] as u64) << 32;
+                    counts.dot_rejected += wide(2);
+                    counts.dot_tested += wide(4);
                     if slots_taken > capacity {
                         counts.overflowed += 1;
                     }
@@ -403,7 +413,8 @@ fn submit_search<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
-    slot.stream.fill(&slot.counters, 0, 8, 0)?;
+    slot.stream
+        .fill(&slot.counters, 0, 4 * COUNTER_WORDS as u64, 0)?;
     if fresh {
         slot.stream.fill(&slot.states, 0, threads as u64 * 16, 0)?;
     }
@@ -426,7 +437,8 @@ where
     }
     if let Some(host) = &slot.counters_host {
         slot.stream.barrier()?;
-        slot.stream.copy(&slot.counters, 0, host, 0, 8)?;
+        slot.stream
+            .copy(&slot.counters, 0, host, 0, 4 * COUNTER_WORDS as u64)?;
         if counting {
             let states_host = slot.states_host.as_ref().expect("pinned with the counters");
             slot.stream

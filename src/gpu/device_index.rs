@@ -447,6 +447,8 @@ pub(super) fn build<T: Coord>(
             q_ids,
             q_cells: Some(q_cells),
             meta,
+            r_dot: None,
+            q_dot: None,
         },
         n_cells: n_cells as u32,
         bytes_down: 16,

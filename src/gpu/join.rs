@@ -157,7 +157,8 @@ where
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, prepared.k, log_cells);
-        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1;
+        let filter = if prepared.dot_cutoff.is_some() { 2 * d } else { 0 };
+        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter;
         if least > budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run this join: {d} dimensions with {k} indexed \
@@ -208,6 +209,7 @@ where
             thr,
             window: T::from_f64(T::from_f64(opts.eps).to_f64() * (1.0 + WINDOW_WIDEN)),
             thr_reject: reject_threshold(thr, dim),
+            dot_cutoff: T::from_f64(prepared.dot_cutoff.unwrap_or(0.0) as f64),
             lists: 0,
             shift: 0,
             radius: 0,
@@ -240,6 +242,14 @@ where
     let batches = plan.ranges.len();
     run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)?;
 
+    if let Some(g) = prepared.dot_cutoff {
+        report.notes.push(format!(
+            "GPU dot-product filter rejected {} of {} candidates ({:.1}%), cutoff {g:e}",
+            counts.dot_rejected,
+            counts.dot_tested,
+            100.0 * counts.dot_rejected as f64 / counts.dot_tested.max(1) as f64
+        ));
+    }
     report.pairs = counts.pairs;
     report.batches = batches;
     report.index_build = prepared.index_build;
