@@ -75,8 +75,14 @@ fn check(a: &Dataset, b: Option<&Dataset>, eps: f64, expect: Expect, what: &str)
     for batched in [false, true] {
         let (got, notes) = gpu_join(a, b, eps, batched);
         if got != want {
-            let missing = want.iter().filter(|p| got.binary_search(p).is_err()).count();
-            let extra = got.iter().filter(|p| want.binary_search(p).is_err()).count();
+            let missing = want
+                .iter()
+                .filter(|p| got.binary_search(p).is_err())
+                .count();
+            let extra = got
+                .iter()
+                .filter(|p| want.binary_search(p).is_err())
+                .count();
             panic!(
                 "{what} {:?} d={} n={} batched {batched}: {} pairs, want {} ({missing} missing, \
                  {extra} extra); {notes}",
@@ -133,7 +139,13 @@ fn pairs_an_ulp_from_eps() {
         let x = threshold_pairs(n, d, eps, 1.0, 0.0, d as u64);
         each_precision(&x, d, |data| {
             check(data, None, eps, Expect::Filter, "ulp pairs");
-            check(data, None, eps * (1.0 + 1e-9), Expect::Filter, "ulp pairs eps+");
+            check(
+                data,
+                None,
+                eps * (1.0 + 1e-9),
+                Expect::Filter,
+                "ulp pairs eps+",
+            );
         });
     }
 }
@@ -149,7 +161,11 @@ fn far_from_the_origin() {
         let data = Dataset::from_f64(&x, d).unwrap();
         check(&data, None, eps, Expect::Filter, "offset f64");
         let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-        let expect = if offset > 1e5 { Expect::Any } else { Expect::Filter };
+        let expect = if offset > 1e5 {
+            Expect::Any
+        } else {
+            Expect::Filter
+        };
         let data = Dataset::from_f32(&x32, d).unwrap();
         check(&data, None, eps, expect, "offset f32");
     }
@@ -282,7 +298,10 @@ fn rerun_forced(value: &str, me: &str) {
         .unwrap();
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{me} failed:\n{log}");
+    assert!(
+        out.status.success() && log.contains("7 passed"),
+        "{me} failed:\n{log}"
+    );
 }
 
 #[test]

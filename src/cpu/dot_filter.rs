@@ -188,7 +188,10 @@ pub(crate) fn point_terms(q: f64, dim: usize) -> Option<(f32, f64)> {
     let n2 = q as f32;
     let n2 = if n2 < f32::MIN_POSITIVE { 0.0 } else { n2 };
     // The underflow term: |flushed x~ - (x - m)| < MIN_POSITIVE per coordinate.
-    Some((n2, 1.01 * U32 * q.sqrt() + dim as f64 * f32::MIN_POSITIVE as f64))
+    Some((
+        n2,
+        1.01 * U32 * q.sqrt() + dim as f64 * f32::MIN_POSITIVE as f64,
+    ))
 }
 
 /// Row-major filter copies of row-major `coords` (for the GPU kernels): point i's `dim`

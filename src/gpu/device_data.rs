@@ -66,7 +66,10 @@ impl DeviceData {
             // LSS kNN only (glsl/lss.glsl): stand-ins.
             (binding::Q_LIMITS, self.meta.all()),
             (binding::Q_RADII, self.meta.all()),
-            (binding::R_DOT, self.r_dot.as_ref().unwrap_or(&self.meta).all()),
+            (
+                binding::R_DOT,
+                self.r_dot.as_ref().unwrap_or(&self.meta).all(),
+            ),
             (
                 binding::Q_DOT,
                 self.q_dot
@@ -291,7 +294,14 @@ pub(super) fn prepare_grid<T: Coord>(
     }
     let mut data = data;
     let thr = threshold::<T>(opts.metric, eps);
-    let dot = dot_filter::prepare(&mut uploads, &r, queries, opts.metric, thr, &mut report.notes)?;
+    let dot = dot_filter::prepare(
+        &mut uploads,
+        &r,
+        queries,
+        opts.metric,
+        thr,
+        &mut report.notes,
+    )?;
     let dot_cutoff = dot.map(|f| {
         bits |= flags::FLAG_DOT_FILTER;
         (data.r_dot, data.q_dot) = (Some(f.r_dot), f.q_dot);

@@ -55,7 +55,10 @@ fn box_centre<T: Coord>(sets: &[&[T]], dim: usize) -> Vec<f64> {
             }
         }
     }
-    lo.iter().zip(&hi).map(|(&l, &h)| l + (h - l) / 2.0).collect()
+    lo.iter()
+        .zip(&hi)
+        .map(|(&l, &h)| l + (h - l) / 2.0)
+        .collect()
 }
 
 /// Prepares the filter for the grid join of queries `q` with indexed points `r` (the same
@@ -71,8 +74,7 @@ pub(super) fn prepare<T: Coord>(
 ) -> Result<Option<DotFilter>> {
     let dim = r.dim();
     let force = forced();
-    if metric != Metric::Euclidean || force == Some(false) || (force.is_none() && dim < MIN_DIM)
-    {
+    if metric != Metric::Euclidean || force == Some(false) || (force.is_none() && dim < MIN_DIM) {
         return Ok(None);
     }
     let mut off = |why: &str| {
