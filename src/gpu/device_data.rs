@@ -144,6 +144,8 @@ pub(super) struct Prepared {
     pub bytes_down: u64,
     /// The dot-product filter's cutoff G when it runs (FLAG_DOT_FILTER is set).
     pub dot_cutoff: Option<f32>,
+    /// A device-built index's kernels on the GPU clock, where the queue has timestamps.
+    pub gpu_index_build: Option<f64>,
 }
 
 /// Below this many points (indexed + queries), `IndexBuild::Auto` builds on the host: the
@@ -245,7 +247,7 @@ pub(super) fn prepare_grid<T: Coord>(
     let cannot = device_index::unsupported_because(ctx, r.len(), nq, dim, k, size_of::<T>());
     let (build, why) = choose_build(ctx, opts.index_build, r.len() + nq, cannot)?;
     let queries = (!self_join).then_some(&q);
-    let (data, n_cells, bytes_down) = match build {
+    let (data, n_cells, bytes_down, gpu_index_build) = match build {
         IndexBuild::Device => {
             let built = device_index::build::<T>(
                 ctx,
@@ -256,7 +258,12 @@ pub(super) fn prepare_grid<T: Coord>(
                 plan.sort_dim,
                 &plan.variance_order,
             )?;
-            (built.data, built.n_cells, built.bytes_down)
+            (
+                built.data,
+                built.n_cells,
+                built.bytes_down,
+                built.gpu_seconds,
+            )
         }
         _ => {
             let (data, n_cells) = host_index::<T>(
@@ -267,7 +274,7 @@ pub(super) fn prepare_grid<T: Coord>(
                 plan.sort_dim,
                 &plan.variance_order,
             )?;
-            (data, n_cells, 0)
+            (data, n_cells, 0, None)
         }
     };
     // The host's part of the uploads (writes into staging or mapped memory); the copies
@@ -319,6 +326,7 @@ pub(super) fn prepare_grid<T: Coord>(
         index_build: Some(build),
         bytes_down,
         dot_cutoff,
+        gpu_index_build,
     })
 }
 
@@ -440,6 +448,7 @@ pub(super) fn prepare_brute<T: Coord>(
         index_build: None,
         bytes_down: 0,
         dot_cutoff: None,
+        gpu_index_build: None,
     })
 }
 

@@ -261,7 +261,9 @@ where
     report.index_build = prepared.index_build;
     report.bytes_to_device = prepared.uploads.bytes();
     report.bytes_from_device = prepared.bytes_down + counts.bytes_down;
-    report.phases = phases(&times, index_build);
+    // Every upload has completed: the batches waited for them.
+    let gpu_upload = prepared.uploads.gpu_seconds()?;
+    report.phases = phases(&times, index_build, prepared.gpu_index_build, gpu_upload);
     report.notes.push(format!(
         "{} dispatches: {batches} batches, {} resumed ({} after a full result buffer){}",
         counts.dispatches,
@@ -283,15 +285,30 @@ where
 
 /// The report's phases, each labelled with the clock that measured it: the GPU's
 /// (timestamps on the compute queues) where the device has them, else the host's.
-fn phases(t: &Times, index_build: f64) -> Vec<(String, f64)> {
+fn phases(
+    t: &Times,
+    index_build: f64,
+    gpu_index_build: Option<f64>,
+    gpu_upload: Option<f64>,
+) -> Vec<(String, f64)> {
     let clock = |gpu: Option<f64>, host: f64, what: &str| match gpu {
         Some(g) => (format!("{what} (GPU clock)"), g),
         None => (format!("{what} (host clock)"), host),
     };
-    vec![
-        // The index build and the uploads run on their own streams, untimed on the GPU.
+    let mut p = vec![
+        // Planning, the host build or the device build's recording and waits, uploads'
+        // host side excluded.
         ("index build (host clock)".into(), index_build),
-        ("upload: staging writes (host clock)".into(), t.upload),
+    ];
+    if let Some(g) = gpu_index_build {
+        p.push(("index build kernels (GPU clock)".into(), g));
+    }
+    p.extend([("upload: staging writes (host clock)".into(), t.upload)]);
+    if let Some(g) = gpu_upload {
+        // 0 where the device maps its memory: the data was written in place.
+        p.push(("upload copies (GPU clock)".into(), g));
+    }
+    p.extend([
         clock(t.gpu_estimate, t.estimate, "estimation"),
         clock(t.gpu_search, t.busy, "search, sum over batches"),
         clock(t.gpu_copies, t.download, "result copies"),
@@ -299,7 +316,8 @@ fn phases(t: &Times, index_build: f64) -> Vec<(String, f64)> {
         ("result reads (host clock)".into(), t.download),
         ("assembly (host clock)".into(), t.assemble),
         ("batch loop wall (host clock)".into(), t.loop_wall),
-    ]
+    ]);
+    p
 }
 
 /// Overlap in the batch loop: the busy time of its phases (device search and copies on
