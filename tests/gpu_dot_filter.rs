@@ -5,7 +5,8 @@
 //! batching with a tiny result buffer. Every pair set is compared exactly with the
 //! oracle, on lavapipe with validation on. `without_the_filter` and `filter_forced_on`
 //! rerun every case in a child process with SIMJOIN_GPU_DOT_FILTER=0 and =1, so the
-//! unfiltered and the filtered GPU runs agree with each other as with the oracle.
+//! unfiltered and the filtered GPU runs agree with each other as with the oracle;
+//! `device_built_index` reruns them over the index built on the device.
 #![cfg(feature = "gpu")]
 
 mod common;
@@ -283,19 +284,20 @@ fn low_dimensions() {
     });
 }
 
-/// Every test above in a child process with the filter forced to `value`.
-fn rerun_forced(value: &str, me: &str) {
+/// Every test above in a child process with `env` set.
+fn rerun_with(env: &[(&str, &str)], me: &str) {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
     common::gpu_test_setup();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("SIMJOIN_GPU_DOT_FILTER", value)
-        .env(CHILD_ENV, "1")
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.env(CHILD_ENV, "1")
         .args(["--skip", "without_the_filter", "--skip", "filter_forced_on"])
-        .args(["--test-threads", "2"])
-        .output()
-        .unwrap();
+        .args(["--skip", "device_built_index", "--test-threads", "2"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -306,10 +308,16 @@ fn rerun_forced(value: &str, me: &str) {
 
 #[test]
 fn without_the_filter() {
-    rerun_forced("0", "the unfiltered run");
+    rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "0")], "the unfiltered run");
 }
 
 #[test]
 fn filter_forced_on() {
-    rerun_forced("1", "the forced filter");
+    rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "1")], "the forced filter");
+}
+
+/// The filter reads its copies through the point lookup, whichever side built it.
+#[test]
+fn device_built_index() {
+    rerun_with(&[("SIMJOIN_GPU_INDEX", "device")], "the device-built index");
 }

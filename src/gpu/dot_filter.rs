@@ -91,9 +91,8 @@ pub(super) fn prepare<T: Coord>(
         return off("centred norms too large for f32");
     };
     let q_rows = match qc.map(|qc| centred_rows(qc, dim, &centre)) {
-        None => None,
         Some(None) => return off("centred norms too large for f32"),
-        Some(rows) => rows,
+        rows => rows.flatten(),
     };
     let (q_err, q_n2) = q_rows.as_ref().map_or((r_err, r_n2), |q| (q.1, q.2));
     if force.is_none() && !bound.useful(r_n2.max(q_n2)) {
