@@ -170,8 +170,13 @@ fn main() -> simjoin::Result<()> {
             r.algorithm,
             r.batches
         );
+        println!(
+            "    bytes to device {}, from device {}",
+            r.bytes_to_device, r.bytes_from_device
+        );
+        // Each phase names its clock (GPU timestamps or host); the overlap is a note.
         for (phase, secs) in &r.phases {
-            println!("    {phase:<28} {secs:.4} s");
+            println!("    {phase:<40} {secs:.4} s");
         }
         for note in &r.notes {
             println!("    note: {note}");

@@ -50,6 +50,10 @@ layout(std430, set = 0, binding = BINDING_STATES) buffer States { uvec4 states[]
 // LSS kNN (glsl/lss.glsl): per query position, the accumulator limit and the box radius.
 layout(std430, set = 0, binding = BINDING_Q_LIMITS) buffer QueryLimits { T q_limits[]; };
 layout(std430, set = 0, binding = BINDING_Q_RADII) readonly buffer QueryRadii { uint q_radii[]; };
+// FLAG_DOT_FILTER: f32 copies of the indexed and query points centred on one centre, by
+// point id: DIM coordinates then the squared norm n2 (cpu/dot_filter.rs `centred_rows`).
+layout(std430, set = 0, binding = BINDING_R_DOT) readonly buffer IndexedDot { float r_dot[]; };
+layout(std430, set = 0, binding = BINDING_Q_DOT) readonly buffer QueryDot { float q_dot[]; };
 
 JOIN_PARAMS_BLOCK
 
@@ -59,6 +63,10 @@ uint matches_seen;  // matches of this query so far (all dispatches)
 uint used;          // loop iterations charged in this dispatch
 bool stopped;       // out of budget or of result slots
 uint stop_pos;      // where to resume the interrupted cell scan (position + 1)
+float qf[DIM];      // FLAG_DOT_FILTER: the query's centred f32 copy and its n2
+float qn2;
+uint64_t dot_tested = 0ul;   // candidates through the filter in this dispatch
+uint64_t dot_rejected = 0ul; // ... and rejected by it
 
 // Charges `cost` loop iterations; false (and stops) when the budget would be exceeded.
 bool charge(uint cost) {
@@ -110,6 +118,48 @@ bool within_eps(uint rpos) {
     return distance_within(rpos, false, pc.thr);
 }
 
+// The id of indexed position `rpos`.
+uint indexed_id(uint rpos) {
+#ifdef DIRECT_IDS
+    return rpos; // brute force: positions are the ids
+#else
+    return r_ids[rpos];
+#endif
+}
+
+// The dot-product filter (cpu/dot_filter.rs, the bound there): F = n_q + n_r - 2 q~.r~ in
+// f32, with FMA or not, in any order (the bound holds for all); F > G proves a non-match.
+// A NaN F is not > G: never a rejection.
+bool dot_rejects(uint rpos) {
+    uint base = indexed_id(rpos) * (DIM + 1u);
+    float dot = 0.0;
+    for (uint t = 0u; t < DIM; t++) {
+        dot = fma(qf[t], r_dot[base + t], dot);
+    }
+    float f = (qn2 + r_dot[base + DIM]) - 2.0 * dot;
+    bool reject = f > float(pc.dot_cutoff);
+    dot_tested += 1ul;
+    dot_rejected += reject ? 1ul : 0ul;
+    return reject;
+}
+
+// Adds `v` to the 64-bit counter at counters[at] (low word), counters[at + 1] (high word).
+void add64(uint at, uint64_t v) {
+    uint lo = uint(v);
+    uint hi = uint(v >> 32);
+    uint old = atomicAdd(counters[at], lo);
+    if (old > 0xFFFFFFFFu - lo) hi += 1u; // the low word wrapped: carry
+    if (hi != 0u) atomicAdd(counters[at + 1u], hi);
+}
+
+// FLAG_DOT_FILTER: this dispatch's filter counts into counters[2..6] (rejected, tested).
+void flush_dot_counts() {
+    if (dot_tested != 0ul) {
+        add64(2u, dot_rejected);
+        add64(4u, dot_tested);
+    }
+}
+
 // Records a match with indexed position `rpos`. False when the result buffer is full: the
 // thread stops and will re-test `rpos` when resumed.
 bool emit(uint rpos) {
@@ -123,11 +173,7 @@ bool emit(uint rpos) {
         return false;
     }
     matches_seen += 1u;
-#ifdef DIRECT_IDS
-    uint r_id = rpos; // brute force: positions are the ids
-#else
-    uint r_id = r_ids[rpos];
-#endif
+    uint r_id = indexed_id(rpos);
     uvec2 pair;
     if ((pc.flags & FLAG_SELF) != 0u) {
         pair = uvec2(min(q_id, r_id), max(q_id, r_id));
@@ -148,8 +194,9 @@ void scan_positions(uint begin, uint end, bool windowed) {
             T diff = r_coords[p * DIM + SORT_DIM] - qp[SORT_DIM];
             if (diff > pc.window) break;
         }
-        uint cost = (pc.flags & FLAG_REORDER) != 0u ? 2u * DIM + 1u : DIM + 1u;
-        if (!charge(cost) || (within_eps(p) && !emit(p))) {
+        bool dot = (pc.flags & FLAG_DOT_FILTER) != 0u;
+        uint passes = 1u + ((pc.flags & FLAG_REORDER) != 0u ? 1u : 0u) + (dot ? 1u : 0u);
+        if (!charge(passes * DIM + 1u) || (!(dot && dot_rejects(p)) && within_eps(p) && !emit(p))) {
             stop_pos = p + 1u;
         }
     }
@@ -159,4 +206,13 @@ void load_query(uint qpos) {
     for (uint t = 0u; t < DIM; t++) {
         qp[t] = q_coords[qpos * DIM + t];
     }
+}
+
+// FLAG_DOT_FILTER: the filter copy of query `id`.
+void load_query_dot(uint id) {
+    uint base = id * (DIM + 1u);
+    for (uint t = 0u; t < DIM; t++) {
+        qf[t] = q_dot[base + t];
+    }
+    qn2 = q_dot[base + DIM];
 }

@@ -98,12 +98,13 @@ void main() {
     uint qpos = pc.q_begin + thread * pc.q_stride;
     load_query(qpos);
     q_id = q_ids[qpos];
+    if ((pc.flags & FLAG_DOT_FILTER) != 0u) load_query_dot(q_id);
     matches_seen = state.w;
     stopped = false;
     stop_pos = 0u;
-    // Loading the query, building the masks (3 binary searches per dimension) and
-    // counting the adjacent cells.
-    used = DIM + K * (3u * pc.log_cells + 2u);
+    // Loading the query (and its filter copy), building the masks (3 binary searches per
+    // dimension) and counting the adjacent cells.
+    used = ((pc.flags & FLAG_DOT_FILTER) != 0u ? 2u : 1u) * DIM + K * (3u * pc.log_cells + 2u);
     bool self_join = (pc.flags & FLAG_SELF) != 0u;
 
     for (uint a = 0u; a < K; a++) {
@@ -165,6 +166,7 @@ void main() {
             }
         }
     }
+    flush_dot_counts();
     if (stopped) {
         counters[1] = 1u;
         states[thread] = uvec4(phase, combo, stop_pos, matches_seen);

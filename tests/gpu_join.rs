@@ -429,6 +429,50 @@ fn count_only_and_csr() {
     assert_no_validation_errors();
 }
 
+/// The grid join's phases each name the clock that measured them (GPU timestamps or the
+/// host's), none is negative, and the report gives the overlap.
+#[test]
+fn phases_name_their_clock() {
+    let engine = setup();
+    let d = 3;
+    let x = uniform(2000, d, 77);
+    let data = Dataset::from_f64(&x, d).unwrap();
+    let mut o = gpu(0.05, Metric::Euclidean, Algorithm::Grid);
+    o.batch_points = Some(500);
+    let r = engine.self_join(&data, &o).unwrap().report;
+    let clocked: Vec<&(String, f64)> = r
+        .phases
+        .iter()
+        .filter(|(n, _)| n.ends_with("(GPU clock)") || n.ends_with("(host clock)"))
+        .collect();
+    for want in [
+        "index build",
+        "upload",
+        "estimation",
+        "search, sum over batches",
+        "result copies",
+        "assembly",
+        "batch loop wall",
+    ] {
+        assert!(
+            clocked.iter().any(|(n, _)| n.starts_with(want)),
+            "{want}: {:?}",
+            r.phases
+        );
+    }
+    assert!(
+        clocked.iter().all(|(_, s)| s.is_sign_positive()),
+        "{:?}",
+        r.phases
+    );
+    assert!(
+        r.notes.iter().any(|n| n.starts_with("overlap")),
+        "{:?}",
+        r.notes
+    );
+    assert_no_validation_errors();
+}
+
 #[test]
 fn forced_indexed_dims() {
     let d = 10;

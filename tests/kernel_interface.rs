@@ -46,6 +46,7 @@ fn tagged_buffers<T: Bits>(ctx: &Arc<Context>) -> Vec<Arc<Buffer>> {
         .map(|&(name, index)| {
             let tag = 1000 + index;
             let bytes: Vec<u8> = match name {
+                "R_DOT" | "Q_DOT" => bytemuck::cast_slice(&[tag as f32; 4]).to_vec(),
                 "R_COORDS" | "Q_COORDS" | "Q_LIMITS" => {
                     bytemuck::cast_slice(&[T::from_f64(tag as f64); 4]).to_vec()
                 }
@@ -89,6 +90,7 @@ where
         thr: T::from_f64(0.1),
         window: T::from_f64(-2.5e-7),
         thr_reject: T::from_f64(3.75),
+        dot_cutoff: T::from_f64(0.0625),
     };
     let buffers = tagged_buffers::<T>(&ctx);
     let ranges: Vec<_> = buffers.iter().map(|b| b.all()).collect();
@@ -116,6 +118,7 @@ where
         "thr, window"
     );
     assert_eq!(seen[3][..2], reject, "thr_reject");
+    assert_eq!(seen[3][2..], p.dot_cutoff.bits(), "dot_cutoff");
     // Flags: the compiled kernel's values are Rust's.
     assert_eq!(
         seen[4],
@@ -127,7 +130,11 @@ where
         ],
         "flags as the kernel sees them"
     );
-    assert_eq!(seen[5][0], flags::FLAG_REORDER, "FLAG_REORDER");
+    assert_eq!(
+        seen[5][..2],
+        [flags::FLAG_REORDER, flags::FLAG_DOT_FILTER],
+        "FLAG_REORDER, FLAG_DOT_FILTER"
+    );
     assert_eq!(
         seen[10],
         [p.lists, p.shift, p.radius, p.rank_lo],
@@ -138,7 +145,7 @@ where
         [p.rank_hi, p.k, flags::FLAG_KNN, flags::FLAG_Q_IDS],
         "rank_hi, k, FLAG_KNN, FLAG_Q_IDS"
     );
-    assert_eq!(flags::ALL.len(), 7, "a new flag needs a line in this test");
+    assert_eq!(flags::ALL.len(), 8, "a new flag needs a line in this test");
     // Bindings: each GLSL buffer reads the buffer Rust bound at its binding number.
     let tag = |b: u32| 1000 + b;
     let coord = |b: u32| T::from_f64(tag(b) as f64).bits();
@@ -157,6 +164,9 @@ where
         "R_IDS, Q_IDS, Q_CELLS, META"
     );
     assert_eq!(seen[9][0], tag(binding::COUNTERS), "COUNTERS");
+    let f32_tag = |b: u32| (tag(b) as f32).to_bits();
+    assert_eq!(seen[9][1], f32_tag(binding::R_DOT), "R_DOT");
+    assert_eq!(seen[9][2], f32_tag(binding::Q_DOT), "Q_DOT");
     assert_eq!(seen[12][..2], coord(binding::Q_LIMITS), "Q_LIMITS");
     assert_eq!(seen[12][2], tag(binding::Q_RADII), "Q_RADII");
     let ctx = shared_context();
@@ -166,7 +176,7 @@ where
     assert_eq!(results, [0x5EE0, 0x5EE1], "RESULTS");
     assert_eq!(
         binding::COUNT,
-        13,
+        15,
         "a new binding needs a line in this test"
     );
 }

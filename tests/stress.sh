@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-${SIMJOIN_STRESS_RUNS:-10}}
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
 export SIMJOIN_VALIDATION=1
-bins=(vk_kernels gpu_join gpu_device_index gpu_lifetimes engine_lifecycle kernel_interface)
+bins=(vk_kernels gpu_join gpu_device_index gpu_dot_filter gpu_lifetimes engine_lifecycle kernel_interface)
 cargo test --release --no-run -p simjoin "${bins[@]/#/--test=}" 2>/dev/null >/dev/null
 logs=target/stress; mkdir -p "$logs"
 load() { while :; do :; done; }

@@ -73,6 +73,11 @@ def run_gpu_mode(args) -> int:
                         f"  pairs={row['pairs']} device={row.get('device')} {row['message']}")  # fmt: skip
                     for phase, secs in row.get("phases", []):
                         log(f"        {phase:<40} {secs:.4f} s")
+                    if "bytes_to_device" in row:
+                        log(f"        bytes to device {row['bytes_to_device']:,}, from device {row['bytes_from_device']:,}")
+                    for note in row.get("notes", []):
+                        if note.startswith(("overlap", "GPU dot-product filter")):
+                            log(f"        {note}")
                 reference = check_agreement(rows, systems, 0.0)
                 points.append({"eps": eps, "pairs": reference,
                                "selectivity": wl.selectivity(reference, n) if reference is not None else None,
@@ -98,17 +103,32 @@ def gpu_markdown(results: dict) -> str:
              f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
     for w in results["workloads"]:
         lines += [f"## {w['workload']}: {w['description']}, n = {w['n']:,}", "",
-                  "| eps | selectivity | pairs | system | seconds | wall | batches | phases (s) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| eps | selectivity | pairs | system | seconds | wall | batches | MB to / from device | overlap | phases (s) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for p in w["points"]:
             for key, r in p["systems"].items():
                 sel = f"{p['selectivity']:.3g}" if p["selectivity"] is not None else "?"
                 if r["status"] != "ok":
                     pairs = f"{p['pairs']:,}" if p["pairs"] is not None else "?"
-                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | {r['message']} |")
+                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | | | {r['message']} |")
                     continue
                 phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
                 agree = "" if r.get("agrees", True) else " **WRONG COUNT**"
+                moved = (f"{r['bytes_to_device'] / 1e6:.3g} / {r['bytes_from_device'] / 1e6:.3g}"
+                         if "bytes_to_device" in r else "")  # fmt: skip
                 lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {r.get('device', key)} | "
-                             f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | {phases} |")  # fmt: skip
+                             f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
+                             f"{moved} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def overlap(notes: list[str]) -> str:
+    """The overlap figure of a GPU join's report: busy time of its phases (GPU clock where
+    timestamps exist) over the batch loop's wall time; '' when the report has none."""
+    for note in notes:
+        m = re.match(r"overlap: .* = ([0-9.]+);", note)
+        if m:
+            return m.group(1)
+        if note.startswith("overlap (host clock"):
+            return "host clock only"
+    return ""

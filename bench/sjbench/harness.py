@@ -126,7 +126,7 @@ def summarise(outcome: Outcome) -> dict:
     first = outcome.runs[0] if outcome.runs else {}
     if "wall" in first:  # simjoin: keep what --stats said about the run
         row["wall_median"] = statistics.median(r["wall"] for r in outcome.runs)
-        for key in ("backend", "device", "algorithm", "batches", "notes"):
+        for key in ("backend", "device", "algorithm", "batches", "notes", "index_build", "bytes_to_device", "bytes_from_device"):
             if key in first:
                 row[key] = first[key]
         row["phases"] = median_phases([r.get("phases") for r in outcome.runs])

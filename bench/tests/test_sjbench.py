@@ -246,7 +246,9 @@ def test_gpu_mode_needs_numpy_only_and_reports_phases(tmp_path, monkeypatch):
     for mod in ("scipy", "sklearn", "faiss", "matplotlib"):
         monkeypatch.setitem(sys.modules, mod, None)  # importing it now raises ImportError
     stats = {"pairs": 7, "seconds": 0.25, "backend": "vulkan", "device": "Fake GPU", "algorithm": "grid",
-             "batches": 3, "phases": [{"name": "index build", "seconds": 0.05}, {"name": "search kernels", "seconds": 0.2}]}  # fmt: skip
+             "batches": 3, "phases": [{"name": "index build", "seconds": 0.05}, {"name": "search kernels", "seconds": 0.2}],
+             "bytes_to_device": 2_000_000, "bytes_from_device": 500_000,
+             "notes": ["overlap: (GPU search 0.2 s over 3 dispatches + GPU copies 0.01 s + host reads and assembly 0.05 s) / batch loop 0.21 s = 1.24; 2.5 batches in flight on average; 1 compute queue(s)"]}  # fmt: skip
     binary = fake_simjoin(tmp_path, f"""if [ "$1" = info ]; then
   echo 'Vulkan devices:'; echo '  [0] Fake GPU (discrete), Vulkan 1.3.0, driver x'
 else
@@ -264,4 +266,7 @@ fi
     rows = [p["systems"]["simjoin-gpu"] for p in result["workloads"][0]["points"]]
     assert len(rows) == 2 and all(r["status"] == "ok" and r["batches"] == 3 for r in rows)
     assert rows[0]["phases"] == [["index build", 0.05], ["search kernels", 0.2]]
-    assert "search kernels 0.2" in (out / "gpu-fake-gpu.md").read_text()
+    assert rows[0]["bytes_to_device"] == 2_000_000 and rows[0]["bytes_from_device"] == 500_000
+    md = (out / "gpu-fake-gpu.md").read_text()
+    assert "search kernels 0.2" in md
+    assert "| 2 / 0.5 | 1.24 |" in md

@@ -12,7 +12,8 @@
 //! The bound, for points a, b with real distance D (of their T values):
 //! - each point is stored as x~ = f32(x - m) for a centre m (x - m taken in f64), so
 //!   |x~ - (x - m)| <= (u32 + 2 u64) |x - m| per coordinate and, with D~ = |x~_a - x~_b|,
-//!   D >= D~ - c_a - c_b where c_p = 1.01 u32 |x~_p| (+ an underflow term);
+//!   D >= D~ - c_a - c_b where c_p = 1.01 u32 |x~_p| (+ an underflow term, which also
+//!   covers flushing subnormal x~ to zero: `centred`);
 //! - F = n_a + n_b - 2 x~_a.x~_b, evaluated in f32 in any order, with or without FMA (n_p is
 //!   |x~_p|^2 rounded once to f32), is within E = kappa (n_a + n_b) + sigma of D~^2: the dot
 //!   product's gamma_d sum|x~_a x~_b| <= gamma_d (n_a + n_b) / 2 plus three final roundings
@@ -24,6 +25,12 @@
 //! with c and n, so one G built from a block's maxima serves every pair of the block.
 //! A NaN F (overflow) is never a rejection; data whose centred norms could overflow f32,
 //! and thresholds so small that underflow terms matter, do not use the filter at all.
+//!
+//! The GPU grid join (src/gpu/dot_filter.rs) uses this bound too, with one G for the whole
+//! join from the maxima over all points, and row-major copies (`centred_rows`). GPUs may
+//! flush subnormals to zero: copies hold none (`centred`, `point_terms`), and each flushed
+//! product or sum is off by less than f32::MIN_POSITIVE, 2d + 5 of them in F at most, which
+//! sigma covers.
 
 // `!(a <= b)` is deliberate here: it is also true when a is NaN, which must reject.
 #![allow(clippy::neg_cmp_op_on_partial_ord)]
@@ -105,7 +112,6 @@ impl FilterPoints {
             n2_parts.push(n);
             (cols_rest, n2_rest) = (cr, nr);
         }
-        let tiny = dim as f64 * f32::from_bits(1) as f64 * 2.0;
         let ok = packed
             .par_iter_mut()
             .zip(leaves.par_iter())
@@ -114,7 +120,7 @@ impl FilterPoints {
                 for c in 0..dim {
                     let src = &store.column(c)[r.clone()];
                     for (dst, &x) in cols[c * leaf.stride..].iter_mut().zip(src) {
-                        *dst = (x.to_f64() - center[c]) as f32;
+                        *dst = centred(x.to_f64(), center[c]);
                     }
                 }
                 for i in 0..leaf.len {
@@ -124,13 +130,12 @@ impl FilterPoints {
                             v * v
                         })
                         .sum();
-                    // Also catches infinite coordinates (f64 values beyond f32's range).
-                    if !(q.sqrt() <= MAX_NORM) {
+                    let Some((n, err)) = point_terms(q, dim) else {
                         return false;
-                    }
-                    n2[i] = q as f32;
-                    leaf.max_err = leaf.max_err.max(1.01 * U32 * q.sqrt() + tiny);
-                    leaf.max_n2 = leaf.max_n2.max(n2[i] as f64);
+                    };
+                    n2[i] = n;
+                    leaf.max_err = leaf.max_err.max(err);
+                    leaf.max_n2 = leaf.max_n2.max(n as f64);
                 }
                 true
             });
@@ -159,6 +164,63 @@ impl FilterPoints {
     pub fn max_n2(&self) -> f64 {
         self.leaves.iter().fold(0.0, |m, l| l.max_n2.max(m))
     }
+}
+
+/// A coordinate's filter copy: f32(x - m), subnormals flushed to zero (as a GPU may).
+#[inline]
+pub(crate) fn centred(x: f64, m: f64) -> f32 {
+    let v = (x - m) as f32;
+    if v.abs() < f32::MIN_POSITIVE {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// A point's n2 (|x~|^2 rounded once to f32, subnormal flushed) and centring error bound
+/// c_p, from its copy's squared norm `q` summed in f64; None when the norm is too large
+/// (or infinite: f64 coordinates beyond f32's range).
+#[inline]
+pub(crate) fn point_terms(q: f64, dim: usize) -> Option<(f32, f64)> {
+    if !(q.sqrt() <= MAX_NORM) {
+        return None;
+    }
+    let n2 = q as f32;
+    let n2 = if n2 < f32::MIN_POSITIVE { 0.0 } else { n2 };
+    // The underflow term: |flushed x~ - (x - m)| < MIN_POSITIVE per coordinate.
+    Some((
+        n2,
+        1.01 * U32 * q.sqrt() + dim as f64 * f32::MIN_POSITIVE as f64,
+    ))
+}
+
+/// Row-major filter copies of row-major `coords` (for the GPU kernels): point i's `dim`
+/// centred coordinates then its n2, at `i * (dim + 1)`; with the largest c_p and n2.
+/// None where `FilterPoints::build` would refuse the data.
+pub(crate) fn centred_rows<T: Coord>(
+    coords: &[T],
+    dim: usize,
+    center: &[f64],
+) -> Option<(Vec<f32>, f64, f64)> {
+    let mut rows = vec![0.0f32; coords.len() / dim.max(1) * (dim + 1)];
+    rows.par_chunks_mut(dim + 1)
+        .zip(coords.par_chunks(dim.max(1)))
+        .map(|(row, x)| {
+            let mut q = 0.0f64;
+            for c in 0..dim {
+                row[c] = centred(x[c].to_f64(), center[c]);
+                q += row[c] as f64 * row[c] as f64;
+            }
+            let (n2, err) = point_terms(q, dim)?;
+            row[dim] = n2;
+            Some((err, n2 as f64))
+        })
+        .try_fold(
+            || (0.0f64, 0.0f64),
+            |(e, n), p| p.map(|(pe, pn)| (e.max(pe), n.max(pn))),
+        )
+        .try_reduce(|| (0.0, 0.0), |a, b| Some((a.0.max(b.0), a.1.max(b.1))))
+        .map(|(err, n2)| (rows, err, n2))
 }
 
 /// The join's constants of the bound.

@@ -6,7 +6,7 @@
 //! GPU kernels, return the same pair set.
 
 mod brute;
-mod dot_filter;
+pub(crate) mod dot_filter;
 mod ego;
 mod emit;
 mod grid;

@@ -26,6 +26,11 @@ use std::time::Instant;
 pub(super) const SLOTS: usize = 3;
 /// Default result buffer: 2^24 pairs (128 MiB), less where the binding limit is smaller.
 const DEFAULT_RESULT_PAIRS: u64 = 1 << 24;
+/// Timestamp slots a join's timer needs (see `Run::timer`).
+pub(super) const TIMER_SLOTS: u32 = 4 * SLOTS as u32;
+/// Words of the counters buffer: [result slots taken, some query stopped, filter
+/// rejections (2 words), candidates through the filter (2 words)].
+const COUNTER_WORDS: usize = 6;
 /// Smallest result buffer tried when device memory runs out.
 const MIN_RESULT_PAIRS: u64 = 1 << 10;
 
@@ -33,7 +38,7 @@ const MIN_RESULT_PAIRS: u64 = 1 << 10;
 pub(super) struct Slot {
     stream: Stream,
     results: Arc<Buffer>,
-    /// [pairs written or attempted, some query stopped early].
+    /// COUNTER_WORDS words.
     counters: Arc<Buffer>,
     /// Continuation state per query of the batch (uvec4).
     states: Arc<Buffer>,
@@ -71,8 +76,14 @@ pub(super) struct Times {
     pub loop_wall: f64,
     /// Sum over batches of submit-to-done seconds (observed on the host).
     pub busy: f64,
-    /// Sum of the search dispatches' GPU time (timestamps), when the queue has them.
+    /// Sum of the search dispatches' GPU time (timestamps), when the queue has them, and
+    /// the number of dispatches it sums.
     pub gpu_search: Option<f64>,
+    pub gpu_searches: usize,
+    /// The estimation pass's dispatches on the GPU clock.
+    pub gpu_estimate: Option<f64>,
+    /// The result copies into pinned buffers on the GPU clock (discrete GPUs).
+    pub gpu_copies: Option<f64>,
 }
 
 /// What the batch loop counted, for the report.
@@ -84,12 +95,16 @@ pub(super) struct Counts {
     pub overflowed: usize,
     /// Bytes read back (counters, query states, pairs).
     pub bytes_down: u64,
+    /// Dot-product filter (batches, not the estimation): candidates rejected, and tested.
+    pub dot_rejected: u64,
+    pub dot_tested: u64,
 }
 
 /// What every dispatch of one join shares.
 pub(super) struct Run<'a, T: Coord> {
     pub kernel: Kernel,
-    /// Two timestamp slots per batch slot (around its search dispatch), where supported.
+    /// Timestamps where supported (TIMER_SLOTS): two per batch slot around its search
+    /// dispatch, then two per batch slot around its result copy.
     pub timer: Option<Arc<GpuTimer>>,
     pub data: &'a DeviceData,
     /// The parameters every dispatch shares; the batch fields are set per dispatch.
@@ -122,7 +137,8 @@ fn new_slot(
     let result_bytes = if counting { 8 } else { capacity * 8 };
     let state_bytes = max_points as u64 * 16;
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
-    let counters = Buffer::new(ctx, 8, Memory::Device, "join counters")?;
+    let counter_bytes = 4 * COUNTER_WORDS as u64;
+    let counters = Buffer::new(ctx, counter_bytes, Memory::Device, "join counters")?;
     let states = Buffer::new(ctx, state_bytes, Memory::Device, "join query states")?;
     // `SIMJOIN_GPU_STAGING=1` takes the discrete-GPU path (copies into pinned buffers) on
     // a unified-memory device too, so that tests on lavapipe cover it.
@@ -138,7 +154,7 @@ fn new_slot(
     Ok(Slot {
         stream: Stream::new(ctx, index)?,
         results_host: pinned(result_bytes, "pinned results")?,
-        counters_host: pinned(8, "pinned counters")?,
+        counters_host: pinned(counter_bytes, "pinned counters")?,
         states_host: pinned(state_bytes, "pinned query states")?,
         results,
         counters,
@@ -201,6 +217,7 @@ pub(super) fn estimate<T: Coord>(
     max_points: usize,
     batch_points: Option<usize>,
     counts: &mut Counts,
+    gpu_seconds: &mut Option<f64>,
 ) -> Result<BatchPlan>
 where
     JoinParams<T>: bytemuck::Pod,
@@ -216,6 +233,9 @@ where
     loop {
         submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
         counts.dispatches += 1;
+        if let (Some(timer), Some(gpu)) = (&run.timer, gpu_seconds.as_mut()) {
+            *gpu += timer.seconds(0, 1)?;
+        }
         fresh = false;
         let head = read_words(
             slot.counters_host.as_ref().unwrap_or(&slot.counters),
@@ -288,14 +308,18 @@ where
                     times.wait_search += t.elapsed().as_secs_f64();
                     if let (Some(timer), Some(gpu)) = (&run.timer, times.gpu_search.as_mut()) {
                         *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
+                        times.gpu_searches += 1;
                     }
                     let t = Instant::now();
                     let head = read_words(
                         slot.counters_host.as_ref().unwrap_or(&slot.counters),
-                        2,
+                        COUNTER_WORDS,
                         counts,
                     )?;
                     let (slots_taken, incomplete) = (head[0] as usize, head[1] != 0);
+                    let wide = |at: usize| head[at] as u64 | (head[at + 1] as u64) << 32;
+                    counts.dot_rejected += wide(2);
+                    counts.dot_tested += wide(4);
                     if slots_taken > capacity {
                         counts.overflowed += 1;
                     }
@@ -311,8 +335,15 @@ where
                         if let (Some(host), true) = (&slot.results_host, pairs > 0) {
                             // Copy exactly the pairs found to the pinned buffer.
                             slot.stream.barrier()?;
+                            let stamp = copy_stamps(run, s);
+                            if let Some((timer, first)) = stamp {
+                                slot.stream.timestamp(timer, first)?;
+                            }
                             slot.stream
                                 .copy(&slot.results, 0, host, 0, pairs as u64 * 8)?;
+                            if let Some((timer, first)) = stamp {
+                                slot.stream.timestamp(timer, first + 1)?;
+                            }
                             let ticket = slot.stream.submit()?;
                             slot.state = SlotState::Downloading {
                                 queries,
@@ -340,6 +371,11 @@ where
                     let t = Instant::now();
                     ticket.wait()?;
                     times.download += t.elapsed().as_secs_f64();
+                    if let (Some((timer, first)), Some(gpu)) =
+                        (copy_stamps(run, s), times.gpu_copies.as_mut())
+                    {
+                        *gpu += timer.seconds(first, first + 1)?;
+                    }
                     deliver(slot, pairs, &mut sink, counts, times)?;
                     (queries, incomplete, submitted)
                 }
@@ -361,6 +397,11 @@ where
     }
     times.loop_wall = t_loop.elapsed().as_secs_f64();
     Ok(())
+}
+
+/// The timer and first of the two timestamp slots around batch slot `s`'s result copy.
+fn copy_stamps<'a, T: Coord>(run: &'a Run<'_, T>, s: usize) -> Option<(&'a Arc<GpuTimer>, u32)> {
+    run.timer.as_ref().map(|t| (t, 2 * (SLOTS + s) as u32))
 }
 
 /// Hands the first `pairs` results of `slot` to the sink.
@@ -403,7 +444,8 @@ fn submit_search<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
-    slot.stream.fill(&slot.counters, 0, 8, 0)?;
+    slot.stream
+        .fill(&slot.counters, 0, 4 * COUNTER_WORDS as u64, 0)?;
     if fresh {
         slot.stream.fill(&slot.states, 0, threads as u64 * 16, 0)?;
     }
@@ -426,7 +468,8 @@ where
     }
     if let Some(host) = &slot.counters_host {
         slot.stream.barrier()?;
-        slot.stream.copy(&slot.counters, 0, host, 0, 8)?;
+        slot.stream
+            .copy(&slot.counters, 0, host, 0, 4 * COUNTER_WORDS as u64)?;
         if counting {
             let states_host = slot.states_host.as_ref().expect("pinned with the counters");
             slot.stream

@@ -4,13 +4,14 @@
 //! (`interface::binding`).
 
 use super::device_index;
+use super::dot_filter;
 use super::index::{plan_grid, GridIndex};
 use super::interface::{binding, flags};
 use crate::backend::Job;
 use crate::dataset::{Coords, Dataset};
 use crate::error::{Error, Result};
 use crate::grid::GridGeometry;
-use crate::metric::Coord;
+use crate::metric::{threshold, Coord};
 use crate::options::IndexBuild;
 use crate::result::JoinReport;
 use crate::vk::{Buffer, BufferRange, Context, Ticket, Uploads};
@@ -27,6 +28,9 @@ pub(super) struct DeviceData {
     pub q_ids: Option<Arc<Buffer>>,
     pub q_cells: Option<Arc<Buffer>>,
     pub meta: Arc<Buffer>,
+    /// The dot-product filter's copies (`dot_filter.rs`), when it runs.
+    pub r_dot: Option<Arc<Buffer>>,
+    pub q_dot: Option<Arc<Buffer>>,
 }
 
 impl DeviceData {
@@ -62,6 +66,18 @@ impl DeviceData {
             // LSS kNN only (glsl/lss.glsl): stand-ins.
             (binding::Q_LIMITS, self.meta.all()),
             (binding::Q_RADII, self.meta.all()),
+            (
+                binding::R_DOT,
+                self.r_dot.as_ref().unwrap_or(&self.meta).all(),
+            ),
+            (
+                binding::Q_DOT,
+                self.q_dot
+                    .as_ref()
+                    .or(self.r_dot.as_ref())
+                    .unwrap_or(&self.meta)
+                    .all(),
+            ),
         ];
         b.sort_by_key(|(i, _)| *i);
         debug_assert!(b.iter().enumerate().all(|(i, (n, _))| i as u32 == *n));
@@ -126,6 +142,10 @@ pub(super) struct Prepared {
     pub index_build: Option<IndexBuild>,
     /// Bytes read back while preparing.
     pub bytes_down: u64,
+    /// The dot-product filter's cutoff G when it runs (FLAG_DOT_FILTER is set).
+    pub dot_cutoff: Option<f32>,
+    /// A device-built index's kernels on the GPU clock, where the queue has timestamps.
+    pub gpu_index_build: Option<f64>,
 }
 
 /// Below this many points (indexed + queries), `IndexBuild::Auto` builds on the host: the
@@ -227,7 +247,7 @@ pub(super) fn prepare_grid<T: Coord>(
     let cannot = device_index::unsupported_because(ctx, r.len(), nq, dim, k, size_of::<T>());
     let (build, why) = choose_build(ctx, opts.index_build, r.len() + nq, cannot)?;
     let queries = (!self_join).then_some(&q);
-    let (data, n_cells, bytes_down) = match build {
+    let (data, n_cells, bytes_down, gpu_index_build) = match build {
         IndexBuild::Device => {
             let built = device_index::build::<T>(
                 ctx,
@@ -238,7 +258,12 @@ pub(super) fn prepare_grid<T: Coord>(
                 plan.sort_dim,
                 &plan.variance_order,
             )?;
-            (built.data, built.n_cells, built.bytes_down)
+            (
+                built.data,
+                built.n_cells,
+                built.bytes_down,
+                built.gpu_seconds,
+            )
         }
         _ => {
             let (data, n_cells) = host_index::<T>(
@@ -249,7 +274,7 @@ pub(super) fn prepare_grid<T: Coord>(
                 plan.sort_dim,
                 &plan.variance_order,
             )?;
-            (data, n_cells, 0)
+            (data, n_cells, 0, None)
         }
     };
     // The host's part of the uploads (writes into staging or mapped memory); the copies
@@ -274,6 +299,21 @@ pub(super) fn prepare_grid<T: Coord>(
     if swap {
         bits |= flags::FLAG_SWAP;
     }
+    let mut data = data;
+    let thr = threshold::<T>(opts.metric, eps);
+    let dot = dot_filter::prepare(
+        &mut uploads,
+        &r,
+        queries,
+        opts.metric,
+        thr,
+        &mut report.notes,
+    )?;
+    let dot_cutoff = dot.map(|f| {
+        bits |= flags::FLAG_DOT_FILTER;
+        (data.r_dot, data.q_dot) = (Some(f.r_dot), f.q_dot);
+        f.cutoff
+    });
     Ok(Prepared {
         data,
         n_cells,
@@ -285,6 +325,8 @@ pub(super) fn prepare_grid<T: Coord>(
         uploads,
         index_build: Some(build),
         bytes_down,
+        dot_cutoff,
+        gpu_index_build,
     })
 }
 
@@ -358,6 +400,8 @@ fn host_index<T: Coord>(
             q_ids,
             q_cells: Some(q_cells),
             meta,
+            r_dot: None,
+            q_dot: None,
         },
         idx.cell_keys.len() as u32,
     ))
@@ -388,6 +432,8 @@ pub(super) fn prepare_brute<T: Coord>(
         q_ids: None,
         q_cells: None,
         meta: upload(&mut uploads, &dummy, "unused")?,
+        r_dot: None,
+        q_dot: None,
     };
     *upload_seconds += uploads.host_seconds();
     Ok(Prepared {
@@ -401,6 +447,8 @@ pub(super) fn prepare_brute<T: Coord>(
         uploads,
         index_build: None,
         bytes_down: 0,
+        dot_cutoff: None,
+        gpu_index_build: None,
     })
 }
 

@@ -26,7 +26,8 @@ use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
 use crate::vk::{
-    scan, shaders, sort, Buffer, Context, KernelSpec, Memory, PooledBuffer, Stream, Uploads,
+    scan, shaders, sort, Buffer, Context, GpuSpans, KernelSpec, Memory, PooledBuffer, Stream,
+    Ticket, Uploads,
 };
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
@@ -40,6 +41,8 @@ const PACK_CELL: u32 = 0;
 const PACK_CELL_SORT: u32 = 1;
 const NO_SORT_DIM: u32 = u32::MAX;
 const WORKGROUP: u32 = 64;
+/// Submissions of one build (timed on the GPU clock).
+const BUILD_SUBMITS: u32 = 4;
 
 /// Matches `Axis` in glsl/grid_index.comp.
 #[repr(C)]
@@ -109,9 +112,35 @@ struct Builder<'c> {
     /// The two counts the host needs (non-empty cells, mask coordinates).
     totals: PooledBuffer,
     words: u32,
+    /// Timestamps around each submission's work.
+    spans: Option<GpuSpans>,
 }
 
 impl Builder<'_> {
+    /// Opens a timed span for the work recorded from here on.
+    fn begin(&mut self) -> Result<()> {
+        match &mut self.spans {
+            Some(spans) => spans.begin(&mut self.stream),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the span and submits the work recorded so far.
+    fn submit(&mut self) -> Result<Ticket> {
+        if let Some(spans) = &mut self.spans {
+            spans.end(&mut self.stream)?;
+        }
+        self.stream.submit()
+    }
+
+    /// `submit`, waiting for the work and releasing what it held.
+    fn finish(&mut self) -> Result<()> {
+        if let Some(spans) = &mut self.spans {
+            spans.end(&mut self.stream)?;
+        }
+        self.stream.finish()
+    }
+
     fn buffer(&self, bytes: u64, name: &str) -> Result<Arc<Buffer>> {
         Buffer::new(self.ctx, bytes, Memory::Device, name)
     }
@@ -212,6 +241,8 @@ pub(super) struct Built {
     pub n_cells: u32,
     /// Bytes read back (the two counts).
     pub bytes_down: u64,
+    /// The build's submissions on the GPU clock, where the queue has timestamps.
+    pub gpu_seconds: Option<f64>,
 }
 
 /// Builds the index of `r` (and the sorted queries `q` of an A ⋈ B) over `geom` on the
@@ -247,13 +278,16 @@ pub(super) fn build<T: Coord>(
     let r_raw = uploads.upload(coords_of::<T>(r), "indexed points (input order)")?;
     let r_uploaded = uploads.submit()?;
 
+    let stream = Stream::new(ctx, 0)?;
     let mut b = Builder {
         ctx,
-        stream: Stream::new(ctx, 0)?,
+        spans: GpuSpans::new(&stream, BUILD_SUBMITS),
+        stream,
         totals: uploads.pool().acquire(16, Memory::Readback)?,
         words,
     };
     b.stream.wait_for(&r_uploaded);
+    b.begin()?;
     let keys_params = |raw: &Arc<Buffer>, cells: &Arc<Buffer>, len: usize| Params {
         coords: raw.device_address(),
         axes: axes.device_address(),
@@ -332,7 +366,8 @@ pub(super) fn build<T: Coord>(
     let r_coords = b.gather(&r_raw, &order, n, row_words, "indexed points")?;
     let r_cells = b.gather(&cells_raw, &order, n, k, "query cells")?;
     let cell_numbers = b.number_heads(&keys, n, shift, 0)?;
-    let cells_counted = b.stream.submit()?;
+    let cells_counted = b.submit()?;
+    b.begin()?;
 
     // A ⋈ B: the queries go up while R is sorted, and are sorted by (cell, id) while the
     // host waits for the cell count.
@@ -358,7 +393,8 @@ pub(super) fn build<T: Coord>(
             b.sort(&q_keys, &q_ids, nq)?;
             let q_coords = b.gather(q_raw, &q_ids, nq, row_words, "query points")?;
             let q_cells = b.gather(&q_cells_raw, &q_ids, nq, k, "query cells")?;
-            b.stream.submit()?;
+            b.submit()?;
+            b.begin()?;
             Some((q_coords, q_ids, q_cells))
         }
         None => None,
@@ -401,7 +437,8 @@ pub(super) fn build<T: Coord>(
     )?;
     b.sort(&mask_keys, &mask_values, elements)?;
     let mask_numbers = b.number_heads(&mask_keys, elements, 0, 1)?;
-    b.stream.finish()?;
+    b.finish()?;
+    b.begin()?;
     let mask_len = b.total(1)? as usize;
 
     // meta: cells per axis, mask offsets (written by MASKS), variance order, mask coordinates.
@@ -431,7 +468,7 @@ pub(super) fn build<T: Coord>(
         &p,
         &[&mask_keys, &mask_numbers, &meta],
     )?;
-    b.stream.finish()?;
+    b.finish()?;
 
     let (q_coords, q_ids, q_cells) = match queries {
         Some((c, i, cells)) => (Some(c), Some(i), cells),
@@ -447,8 +484,11 @@ pub(super) fn build<T: Coord>(
             q_ids,
             q_cells: Some(q_cells),
             meta,
+            r_dot: None,
+            q_dot: None,
         },
         n_cells: n_cells as u32,
         bytes_down: 16,
+        gpu_seconds: b.spans.as_ref().map(|s| s.seconds()).transpose()?,
     })
 }

@@ -70,6 +70,7 @@ join_interface! {
         FLAG_REORDER = 16, "Grid: reject in variance order first (REORDER).";
         FLAG_KNN = 32, "LSS kNN: per-query limits (q_limits) and box radii (q_radii); candidates written as (index, accumulator); with FLAG_SELF only the query itself is excluded.";
         FLAG_Q_IDS = 64, "LSS: query position -> query id through q_ids (else the position is the id).";
+        FLAG_DOT_FILTER = 128, "Grid, Euclidean: reject by the f32 dot-product filter (cpu/dot_filter.rs's bound, cutoff dot_cutoff) before the exact test; counts in counters[2..6].";
     }
     bindings {
         R_COORDS = 0;
@@ -85,6 +86,8 @@ join_interface! {
         STATES = 10;
         Q_LIMITS = 11;
         Q_RADII = 12;
+        R_DOT = 13;
+        Q_DOT = 14;
     }
     params {
         q_begin: u32, "First query position of the batch.";
@@ -105,6 +108,7 @@ join_interface! {
         thr: T, "metric::threshold(metric, eps).";
         window: T, "SORTIDU half-window: > any |q_u - r_u| of a matching pair.";
         thr_reject: T, "thr * (1 + metric::reject_margin), rounded up: REORDER rejections.";
+        dot_cutoff: T, "FLAG_DOT_FILTER: the f32 cutoff G (FilterBound::cutoff; exact in T): F > G rejects.";
     }
 }
 

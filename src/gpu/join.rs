@@ -3,7 +3,7 @@
 //! and writes the report. The kernels are glsl/grid_join_*.comp and brute_join_*.comp;
 //! their interface is `interface.rs`.
 
-use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, SLOTS};
+use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
 use super::device_data::{prepare_brute, prepare_grid, Prepared};
 use super::interface::{binding, JoinParams};
 use super::plan::estimate_stride;
@@ -157,7 +157,12 @@ where
     if budget != 0 {
         // The least a thread must do to make progress: load, masks, one probe, one candidate.
         let (d, k, l) = (dim as u32, prepared.k, log_cells);
-        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1;
+        let filter = if prepared.dot_cutoff.is_some() {
+            2 * d
+        } else {
+            0
+        };
+        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter;
         if least > budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run this join: {d} dimensions with {k} indexed \
@@ -180,8 +185,9 @@ where
     let stride = estimate_stride(nq);
     let n_samples = nq.div_ceil(stride);
     let max_points = MAX_BATCH_POINTS.max(n_samples).min(nq);
-    let timer = GpuTimer::new(ctx, 2 * SLOTS as u32).ok();
-    times.gpu_search = timer.as_ref().map(|_| 0.0);
+    let timer = GpuTimer::new(ctx, TIMER_SLOTS).ok();
+    let gpu_clock = timer.as_ref().map(|_| 0.0);
+    (times.gpu_search, times.gpu_estimate, times.gpu_copies) = (gpu_clock, gpu_clock, gpu_clock);
     let (mut slots, capacity, max_points) = make_slots(
         ctx,
         opts.result_buffer_pairs,
@@ -208,6 +214,7 @@ where
             thr,
             window: T::from_f64(T::from_f64(opts.eps).to_f64() * (1.0 + WINDOW_WIDEN)),
             thr_reject: reject_threshold(thr, dim),
+            dot_cutoff: T::from_f64(prepared.dot_cutoff.unwrap_or(0.0) as f64),
             lists: 0,
             shift: 0,
             radius: 0,
@@ -227,6 +234,7 @@ where
         max_points,
         opts.batch_points,
         &mut counts,
+        &mut times.gpu_estimate,
     )?;
     times.estimate = t_est.elapsed().as_secs_f64();
     report.notes.push(format!(
@@ -240,23 +248,22 @@ where
     let batches = plan.ranges.len();
     run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)?;
 
+    if let Some(g) = prepared.dot_cutoff {
+        report.notes.push(format!(
+            "GPU dot-product filter rejected {} of {} candidates ({:.1}%), cutoff {g:e}",
+            counts.dot_rejected,
+            counts.dot_tested,
+            100.0 * counts.dot_rejected as f64 / counts.dot_tested.max(1) as f64
+        ));
+    }
     report.pairs = counts.pairs;
     report.batches = batches;
     report.index_build = prepared.index_build;
     report.bytes_to_device = prepared.uploads.bytes();
     report.bytes_from_device = prepared.bytes_down + counts.bytes_down;
-    report.phases = vec![
-        ("index build".into(), index_build),
-        ("upload".into(), times.upload),
-        ("estimation".into(), times.estimate),
-        (
-            "search kernels (GPU timestamps)".into(),
-            times.gpu_search.unwrap_or(f64::NAN),
-        ),
-        ("waiting on search (host)".into(), times.wait_search),
-        ("result transfers".into(), times.download),
-        ("assembly (sink)".into(), times.assemble),
-    ];
+    // Every upload has completed: the batches waited for them.
+    let gpu_upload = prepared.uploads.gpu_seconds()?;
+    report.phases = phases(&times, index_build, prepared.gpu_index_build, gpu_upload);
     report.notes.push(format!(
         "{} dispatches: {batches} batches, {} resumed ({} after a full result buffer){}",
         counts.dispatches,
@@ -269,19 +276,71 @@ where
         }
     ));
     if times.loop_wall > 0.0 {
-        // Overlap: how much of the batch loop the device spent searching (kernels of one
-        // queue run one after another), and the host work done meanwhile.
-        let busy = times.gpu_search.map_or("no timestamps".to_string(), |g| {
-            format!("GPU searching {:.0}% of it", 100.0 * g / times.loop_wall)
-        });
-        report.notes.push(format!(
-            "overlap: batch loop {:.4} s, {busy}; {:.2} batches in flight on average; host \
-             transfers + assembly {:.4} s; {} compute queue(s)",
-            times.loop_wall,
-            times.busy / times.loop_wall,
-            times.download + times.assemble,
-            ctx.compute_queue_count()
-        ));
+        report
+            .notes
+            .push(overlap_note(&times, ctx.compute_queue_count()));
     }
     Ok(report)
+}
+
+/// The report's phases, each labelled with the clock that measured it: the GPU's
+/// (timestamps on the compute queues) where the device has them, else the host's.
+fn phases(
+    t: &Times,
+    index_build: f64,
+    gpu_index_build: Option<f64>,
+    gpu_upload: Option<f64>,
+) -> Vec<(String, f64)> {
+    let clock = |gpu: Option<f64>, host: f64, what: &str| match gpu {
+        Some(g) => (format!("{what} (GPU clock)"), g),
+        None => (format!("{what} (host clock)"), host),
+    };
+    let mut p = vec![
+        // Planning, the host build or the device build's recording and waits, uploads'
+        // host side excluded.
+        ("index build (host clock)".into(), index_build),
+    ];
+    if let Some(g) = gpu_index_build {
+        p.push(("index build kernels (GPU clock)".into(), g));
+    }
+    p.extend([("upload: staging writes (host clock)".into(), t.upload)]);
+    if let Some(g) = gpu_upload {
+        // 0 where the device maps its memory: the data was written in place.
+        p.push(("upload copies (GPU clock)".into(), g));
+    }
+    p.extend([
+        clock(t.gpu_estimate, t.estimate, "estimation"),
+        clock(t.gpu_search, t.busy, "search, sum over batches"),
+        clock(t.gpu_copies, t.download, "result copies"),
+        ("waiting on search (host clock)".into(), t.wait_search),
+        ("result reads (host clock)".into(), t.download),
+        ("assembly (host clock)".into(), t.assemble),
+        ("batch loop wall (host clock)".into(), t.loop_wall),
+    ]);
+    p
+}
+
+/// Overlap in the batch loop: the busy time of its phases (device search and copies on
+/// the GPU clock, host reads and assembly) over its wall time; above 1 means they ran
+/// at once.
+fn overlap_note(t: &Times, queues: usize) -> String {
+    let host = t.download + t.assemble;
+    match (t.gpu_search, t.gpu_copies) {
+        (Some(search), Some(copies)) => format!(
+            "overlap: (GPU search {search:.4} s over {} dispatches + GPU copies {copies:.4} s + \
+             host reads and assembly {host:.4} s) / batch loop {:.4} s = {:.2}; {:.2} batches \
+             in flight on average; {queues} compute queue(s)",
+            t.gpu_searches,
+            t.loop_wall,
+            (search + copies + host) / t.loop_wall,
+            t.busy / t.loop_wall,
+        ),
+        _ => format!(
+            "overlap (host clock, no GPU timestamps): batches in flight on average {:.2} \
+             (submit-to-done over batch loop {:.4} s); host reads and assembly {host:.4} s; \
+             {queues} compute queue(s)",
+            t.busy / t.loop_wall,
+            t.loop_wall,
+        ),
+    }
 }

@@ -167,6 +167,8 @@ impl<'c> Lss<'c> {
             (binding::STATES, or(&b.states)),
             (binding::Q_LIMITS, or(&b.q_limits)),
             (binding::Q_RADII, or(&b.q_radii)),
+            (binding::R_DOT, self.dummy.all()),
+            (binding::Q_DOT, self.dummy.all()),
         ];
         v.sort_by_key(|(i, _)| *i);
         debug_assert!(v.iter().enumerate().all(|(i, (n, _))| i as u32 == *n));
@@ -478,6 +480,7 @@ pub(super) fn params_zero<T: Coord>() -> JoinParams<T> {
         thr: T::ZERO,
         window: T::ZERO,
         thr_reject: T::ZERO,
+        dot_cutoff: T::ZERO,
         lists: 0,
         shift: 0,
         radius: 0,

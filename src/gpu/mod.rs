@@ -7,6 +7,8 @@
 //!   and M (per-dimension masks); points sorted by cell, then by the SORTIDU dimension.
 //! - `device_index`: the same index arrays built on the device (glsl/grid_index.comp with
 //!   the engine's sort and scan), chosen automatically except for tiny inputs.
+//! - `dot_filter`: Euclidean joins from 8 dimensions reject candidates by the CPU's f32
+//!   dot-product filter and its proven bound before the exact test.
 //! - `plan`: batch sizes from an estimation pass over a sample of the queries (>= 3).
 //! - `join`: the driver: uploads, estimation, three slots (stream + result buffer + pinned
 //!   read-back) in flight, continuations when a result buffer fills up or a software
@@ -19,6 +21,7 @@
 mod batch;
 pub(crate) mod device_data;
 mod device_index;
+mod dot_filter;
 pub(crate) mod index;
 pub mod interface;
 mod join;

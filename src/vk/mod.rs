@@ -79,7 +79,7 @@ pub use device_choice::hardware_gpu_present;
 pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
 pub use stream::{Stream, Ticket};
-pub use timer::GpuTimer;
+pub use timer::{GpuSpans, GpuTimer};
 pub use transfer::Uploads;
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in

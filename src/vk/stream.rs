@@ -649,6 +649,11 @@ impl Stream {
 
     /// Records a timestamp into `slot` of `timer`, taken when all earlier commands of this
     /// stream have finished. The timer must outlive the submission.
+    /// Whether this stream's queue writes timestamps.
+    pub fn has_timestamps(&self) -> bool {
+        self.ctx.timestamp_bits(self.queue) > 0
+    }
+
     pub fn timestamp(&mut self, timer: &Arc<GpuTimer>, slot: u32) -> Result<()> {
         if !Arc::ptr_eq(&timer.ctx, &self.ctx) || slot >= timer.slots {
             return Err(Error::invalid(format!(

@@ -2,6 +2,7 @@
 //! [`super::Stream::timestamp`], read once the writing submission has completed.
 
 use super::context::Context;
+use super::stream::Stream;
 use super::vkr;
 use crate::error::{Error, Result};
 use ash::vk;
@@ -76,6 +77,58 @@ impl GpuTimer {
         };
         let (a, b) = (ticks(from)?, ticks(to)?);
         Ok(b.wrapping_sub(a) as f64 * self.ctx.limits().timestamp_period_ns as f64 * 1e-9)
+    }
+}
+
+/// Summed spans of GPU time on one stream: `begin` and `end` timestamps around the work
+/// of each submission, read once that work has completed. Spans past the first
+/// `max_spans` are not timed.
+pub struct GpuSpans {
+    timer: Arc<GpuTimer>,
+    /// Slots used by closed spans.
+    next: u32,
+    open: bool,
+}
+
+impl GpuSpans {
+    /// None where `stream`'s queue has no timestamps.
+    pub fn new(stream: &Stream, max_spans: u32) -> Option<GpuSpans> {
+        if !stream.has_timestamps() {
+            return None;
+        }
+        let timer = GpuTimer::new(stream.context(), 2 * max_spans).ok()?;
+        Some(GpuSpans {
+            timer,
+            next: 0,
+            open: false,
+        })
+    }
+
+    /// Opens a span at this point of `stream`'s recording (no-op while one is open).
+    pub fn begin(&mut self, stream: &mut Stream) -> Result<()> {
+        if self.open || self.next + 2 > self.timer.slots {
+            return Ok(());
+        }
+        stream.timestamp(&self.timer, self.next)?;
+        self.open = true;
+        Ok(())
+    }
+
+    /// Closes the open span, if any (call before submitting).
+    pub fn end(&mut self, stream: &mut Stream) -> Result<()> {
+        if self.open {
+            stream.timestamp(&self.timer, self.next + 1)?;
+            self.next += 2;
+            self.open = false;
+        }
+        Ok(())
+    }
+
+    /// Seconds in the closed spans (their submissions must have completed).
+    pub fn seconds(&self) -> Result<f64> {
+        (0..self.next)
+            .step_by(2)
+            .try_fold(0.0, |sum, s| Ok(sum + self.timer.seconds(s, s + 1)?))
     }
 }
 

@@ -5,6 +5,7 @@
 use super::context::Context;
 use super::memory::{Buffer, Memory, PooledBuffer, StagingPool};
 use super::stream::{Stream, Ticket};
+use super::timer::GpuSpans;
 use crate::error::Result;
 use bytemuck::Pod;
 use std::sync::Arc;
@@ -75,12 +76,19 @@ pub struct Uploads {
     staged: Vec<PooledBuffer>,
     bytes: u64,
     host_seconds: f64,
+    /// The copies' time on the GPU clock, where the transfer queue has timestamps.
+    spans: Option<GpuSpans>,
 }
+
+/// Submissions of one job's uploads whose copies are timed (a join makes a handful).
+const TIMED_SUBMITS: u32 = 16;
 
 impl Uploads {
     pub fn new(ctx: &Arc<Context>, pool: &Arc<StagingPool>) -> Result<Uploads> {
+        let stream = Stream::transfer(ctx)?;
         Ok(Uploads {
-            stream: Stream::transfer(ctx)?,
+            spans: GpuSpans::new(&stream, TIMED_SUBMITS),
+            stream,
             pool: pool.clone(),
             staged: Vec::new(),
             bytes: 0,
@@ -111,6 +119,9 @@ impl Uploads {
         }
         let staging = self.pool.acquire(bytes, Memory::Upload)?;
         staging.write(0, data)?;
+        if let Some(spans) = &mut self.spans {
+            spans.begin(&mut self.stream)?;
+        }
         self.stream.copy(&staging, 0, &buffer, 0, bytes)?;
         self.staged.push(staging);
         Ok(buffer)
@@ -118,7 +129,16 @@ impl Uploads {
 
     /// Submits the copies recorded since the last call; the ticket covers all so far.
     pub fn submit(&mut self) -> Result<Ticket> {
+        if let Some(spans) = &mut self.spans {
+            spans.end(&mut self.stream)?;
+        }
         self.stream.submit()
+    }
+
+    /// Seconds the copies took on the GPU clock (0 where data was written in place), once
+    /// every submission has completed; None where the transfer queue has no timestamps.
+    pub fn gpu_seconds(&self) -> Result<Option<f64>> {
+        self.spans.as_ref().map(|s| s.seconds()).transpose()
     }
 
     /// Seconds the host spent in [`Uploads::upload`] (allocating, writing, recording).

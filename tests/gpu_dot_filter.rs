@@ -1,0 +1,323 @@
+//! The GPU grid join's dot-product filter (src/gpu/dot_filter.rs, the bound of
+//! src/cpu/dot_filter.rs) on the cases of tests/cpu_high_dim.rs: pairs within an ulp of
+//! eps, data far from the origin, spreads far wider than eps (the filter must stand down),
+//! magnitudes beyond f32, duplicates, A ⋈ B both ways, f32 and f64, one batch and forced
+//! batching with a tiny result buffer. Every pair set is compared exactly with the
+//! oracle, on lavapipe with validation on. `without_the_filter` and `filter_forced_on`
+//! rerun every case in a child process with SIMJOIN_GPU_DOT_FILTER=0 and =1, so the
+//! unfiltered and the filtered GPU runs agree with each other as with the oracle;
+//! `device_built_index` reruns them over the index built on the device.
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use common::{assert_no_validation_errors, Rng, CHILD_ENV};
+use simjoin::{oracle, Algorithm, Backend, Dataset, Engine, JoinOptions, Metric, Pair};
+use std::sync::OnceLock;
+
+const FILTER_ON: &str = "GPU dot-product filter on";
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    common::gpu_test_setup();
+    ENGINE.get_or_init(Engine::new)
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Expect {
+    Filter,
+    NoFilter,
+    /// Either (the data's f32 rounding decides).
+    Any,
+}
+
+/// Whether this process runs with the filter forced (then expectations are not checked).
+fn forced() -> bool {
+    std::env::var_os("SIMJOIN_GPU_DOT_FILTER").is_some()
+}
+
+/// Runs the GPU grid join; returns the sorted pairs and the report's notes.
+fn gpu_join(a: &Dataset, b: Option<&Dataset>, eps: f64, batched: bool) -> (Vec<Pair>, String) {
+    let mut o = JoinOptions::new(eps);
+    o.backend = Backend::Gpu;
+    o.algorithm = Algorithm::Grid;
+    o.metric = Metric::Euclidean;
+    o.sorted = true;
+    if batched {
+        o.batch_points = Some(37);
+        o.result_buffer_pairs = Some(50);
+    }
+    let r = match b {
+        Some(b) => engine().join(a, b, &o),
+        None => engine().self_join(a, &o),
+    }
+    .unwrap_or_else(|e| panic!("GPU join failed: {e}"));
+    let notes = r.report.notes.join("; ");
+    (r.pairs().unwrap().to_vec(), notes)
+}
+
+/// The filter's counts from the report: (rejected, tested).
+fn filter_counts(notes: &str) -> Option<(u64, u64)> {
+    let rest = notes.split("GPU dot-product filter rejected ").nth(1)?;
+    let mut words = rest.split_whitespace();
+    let rejected = words.next()?.parse().ok()?;
+    let tested = words.nth(1)?.parse().ok()?;
+    Some((rejected, tested))
+}
+
+/// Self-join (or A ⋈ B) on the GPU, unbatched and batched, against the oracle; checks
+/// whether the filter ran. Returns the unbatched run's notes.
+fn check(a: &Dataset, b: Option<&Dataset>, eps: f64, expect: Expect, what: &str) -> String {
+    let want = match b {
+        Some(b) => oracle::join(a, b, Metric::Euclidean, eps),
+        None => oracle::self_join(a, Metric::Euclidean, eps),
+    };
+    let mut first = String::new();
+    for batched in [false, true] {
+        let (got, notes) = gpu_join(a, b, eps, batched);
+        if got != want {
+            let missing = want
+                .iter()
+                .filter(|p| got.binary_search(p).is_err())
+                .count();
+            let extra = got
+                .iter()
+                .filter(|p| want.binary_search(p).is_err())
+                .count();
+            panic!(
+                "{what} {:?} d={} n={} batched {batched}: {} pairs, want {} ({missing} missing, \
+                 {extra} extra); {notes}",
+                a.precision(),
+                a.dim(),
+                a.len(),
+                got.len(),
+                want.len()
+            );
+        }
+        let ran = notes.contains(FILTER_ON);
+        if !forced() && expect != Expect::Any {
+            assert_eq!(ran, expect == Expect::Filter, "{what}: filter use; {notes}");
+        }
+        if ran {
+            let (rejected, tested) = filter_counts(&notes).expect("the filter's counts");
+            assert!(rejected <= tested, "{notes}");
+        }
+        if !batched {
+            first = notes;
+        }
+    }
+    assert_no_validation_errors();
+    first
+}
+
+fn each_precision(x: &[f64], d: usize, mut f: impl FnMut(&Dataset)) {
+    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+    f(&Dataset::from_f64(x, d).unwrap());
+    f(&Dataset::from_f32(&x32, d).unwrap());
+}
+
+/// Base points plus partners at distance eps * (1 + k * 2^-24) for k in -3..=3 (as in
+/// tests/cpu_high_dim.rs).
+fn threshold_pairs(n: usize, d: usize, eps: f64, scale: f64, offset: f64, seed: u64) -> Vec<f64> {
+    let mut r = Rng(seed);
+    let mut x = Vec::with_capacity(2 * n * d);
+    for i in 0..n {
+        let base: Vec<f64> = (0..d).map(|_| offset + scale * r.unit()).collect();
+        let dir: Vec<f64> = (0..d).map(|_| r.normal()).collect();
+        let len = dir.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let k = (i % 7) as f64 - 3.0;
+        let dist = eps * (1.0 + k * f32::EPSILON as f64 / 2.0);
+        x.extend_from_slice(&base);
+        x.extend(base.iter().zip(&dir).map(|(b, v)| b + v / len * dist));
+    }
+    x
+}
+
+#[test]
+fn pairs_an_ulp_from_eps() {
+    for (d, n) in [(8, 150), (16, 120), (33, 90), (64, 60)] {
+        let eps = 0.05 * (d as f64).sqrt();
+        let x = threshold_pairs(n, d, eps, 1.0, 0.0, d as u64);
+        each_precision(&x, d, |data| {
+            check(data, None, eps, Expect::Filter, "ulp pairs");
+            check(
+                data,
+                None,
+                eps * (1.0 + 1e-9),
+                Expect::Filter,
+                "ulp pairs eps+",
+            );
+        });
+    }
+}
+
+#[test]
+fn far_from_the_origin() {
+    for (d, offset, scale, eps) in [
+        (16, 1000.0, 1.0, 0.4),
+        (32, -5.0e4, 20.0, 9.0),
+        (24, 1.0e6, 1e-3, 2e-4),
+    ] {
+        let x = threshold_pairs(80, d, eps, scale, offset, 11);
+        let data = Dataset::from_f64(&x, d).unwrap();
+        check(&data, None, eps, Expect::Filter, "offset f64");
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let expect = if offset > 1e5 {
+            Expect::Any
+        } else {
+            Expect::Filter
+        };
+        let data = Dataset::from_f32(&x32, d).unwrap();
+        check(&data, None, eps, expect, "offset f32");
+    }
+}
+
+#[test]
+fn spread_far_wider_than_eps() {
+    let d = 16;
+    let mut r = Rng(3);
+    let mut x: Vec<f64> = (0..200 * d).map(|_| 1e4 * r.unit()).collect();
+    for i in 0..30 {
+        for j in 0..d {
+            let v = x[i * d + j] + 0.01 * r.normal();
+            x.push(v);
+        }
+    }
+    each_precision(&x, d, |data| {
+        check(data, None, 0.05, Expect::NoFilter, "wide spread");
+    });
+    let mut y: Vec<f64> = (0..200 * d).map(|_| 5.0 * r.unit()).collect();
+    for i in 0..40 {
+        for j in 0..d {
+            let v = y[i * d + j] + 0.02 * r.normal();
+            y.push(v);
+        }
+    }
+    each_precision(&y, d, |data| {
+        check(data, None, 0.1, Expect::Filter, "50 eps spread");
+    });
+}
+
+#[test]
+fn magnitudes_beyond_f32_and_tiny_eps() {
+    let d = 12;
+    let mut r = Rng(5);
+    let mut base: Vec<f64> = (0..100 * d).map(|_| 1e150 * (1.0 + r.unit())).collect();
+    for i in 0..20 * d {
+        base.push(base[i] + 3e149 * r.normal());
+    }
+    let data = Dataset::from_f64(&base, d).unwrap();
+    check(&data, None, 6e149, Expect::NoFilter, "1e150");
+    let mut x: Vec<f64> = (0..150 * d).map(|_| r.unit()).collect();
+    x[5] = 1e25;
+    let data = Dataset::from_f64(&x, d).unwrap();
+    check(&data, None, 0.6, Expect::NoFilter, "outlier");
+    let tiny: Vec<f64> = (0..150 * d).map(|_| 1e-20 * r.unit()).collect();
+    each_precision(&tiny, d, |data| {
+        check(data, None, 6e-21, Expect::NoFilter, "tiny");
+    });
+}
+
+#[test]
+fn duplicates_ragged_sizes_and_a_join_b() {
+    let d = 40;
+    let mut r = Rng(9);
+    let distinct: Vec<f64> = (0..5 * d).map(|_| r.unit()).collect();
+    for n in [2usize, 3, 17, 129] {
+        let x: Vec<f64> = (0..n)
+            .flat_map(|i| {
+                let k = (i * 7 + i / 3) % 5;
+                distinct[k * d..(k + 1) * d].to_vec()
+            })
+            .collect();
+        let y: Vec<f64> = (0..(n + 5) * d).map(|_| r.unit()).collect();
+        let (x32, y32): (Vec<f32>, Vec<f32>) = (
+            x.iter().map(|&v| v as f32).collect(),
+            y.iter().map(|&v| v as f32).collect(),
+        );
+        let sets = [
+            (
+                Dataset::from_f64(&x, d).unwrap(),
+                Dataset::from_f64(&y, d).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, d).unwrap(),
+                Dataset::from_f32(&y32, d).unwrap(),
+            ),
+        ];
+        for (a, b) in &sets {
+            check(a, None, 0.05, Expect::Filter, "duplicates");
+            check(a, None, 1e-4, Expect::NoFilter, "duplicates, tiny eps");
+            check(b, None, 1.3, Expect::Filter, "uniform");
+            check(a, Some(b), 1.4, Expect::Filter, "A⋈B");
+            check(b, Some(a), 1.4, Expect::Filter, "B⋈A");
+        }
+    }
+}
+
+/// GPU-JOIN's data (exponential, lambda = 40): the filter runs and rejects most candidates.
+#[test]
+fn exponential_like_the_benchmark_and_the_filter_rejects() {
+    for (d, eps) in [(16, 0.05), (32, 0.1), (64, 0.18)] {
+        let mut r = Rng(d as u64);
+        let x: Vec<f64> = (0..400 * d)
+            .map(|_| (-(1.0 - r.unit()).ln() / 40.0).min(1.0))
+            .collect();
+        each_precision(&x, d, |data| {
+            let notes = check(data, None, eps, Expect::Filter, "exponential");
+            if std::env::var("SIMJOIN_GPU_DOT_FILTER").as_deref() != Ok("0") {
+                let (rejected, tested) = filter_counts(&notes).expect("the filter's counts");
+                assert!(tested > 0 && rejected > tested / 4, "{notes}");
+            }
+        });
+    }
+}
+
+/// Low dimensions: no filter unless forced (the forced-on child runs it here too).
+#[test]
+fn low_dimensions() {
+    let d = 3;
+    let mut r = Rng(17);
+    let x: Vec<f64> = (0..500 * d).map(|_| r.unit()).collect();
+    each_precision(&x, d, |data| {
+        check(data, None, 0.05, Expect::NoFilter, "3-D");
+    });
+}
+
+/// Every test above in a child process with `env` set.
+fn rerun_with(env: &[(&str, &str)], me: &str) {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    common::gpu_test_setup();
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.env(CHILD_ENV, "1")
+        .args(["--skip", "without_the_filter", "--skip", "filter_forced_on"])
+        .args(["--skip", "device_built_index", "--test-threads", "2"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && log.contains("7 passed"),
+        "{me} failed:\n{log}"
+    );
+}
+
+#[test]
+fn without_the_filter() {
+    rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "0")], "the unfiltered run");
+}
+
+#[test]
+fn filter_forced_on() {
+    rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "1")], "the forced filter");
+}
+
+/// The filter reads its copies through the point lookup, whichever side built it.
+#[test]
+fn device_built_index() {
+    rerun_with(&[("SIMJOIN_GPU_INDEX", "device")], "the device-built index");
+}
