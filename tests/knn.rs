@@ -30,7 +30,12 @@ fn distances(r: &simjoin::KnnResult) -> Vec<f64> {
 fn check(engine: &Engine, data: &Dataset, query: Option<&Dataset>, k: usize, what: &str) {
     for metric in METRICS {
         let (want_i, want_d) = simjoin::oracle::knn(data, query, k, metric);
-        for algorithm in [Algorithm::Auto, Algorithm::KdTree, Algorithm::Brute] {
+        for algorithm in [
+            Algorithm::Auto,
+            Algorithm::KdTree,
+            Algorithm::Grid,
+            Algorithm::Brute,
+        ] {
             let r = engine
                 .knn(data, query, k, &opts(metric, algorithm))
                 .unwrap_or_else(|e| panic!("{what} {metric} {algorithm}: {e}"));

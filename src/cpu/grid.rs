@@ -140,7 +140,7 @@ impl<T: Coord> GridIndex<T> {
 
     /// Slot range of the non-empty cells with linear ids in `lo..=hi`.
     #[inline]
-    fn slots(&self, lo: u64, hi: u64) -> (usize, usize) {
+    pub(crate) fn slots(&self, lo: u64, hi: u64) -> (usize, usize) {
         if let Some(start) = &self.dense {
             return (start[lo as usize] as usize, start[hi as usize + 1] as usize);
         }

@@ -31,14 +31,16 @@ const CHUNK: usize = 512;
 const FILTER_MIN_DIM: usize = 10;
 
 mod filtered;
+mod grid;
 
 pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
     let algorithm = match job.opts.algorithm {
         Algorithm::Auto | Algorithm::KdTree => Algorithm::KdTree,
         Algorithm::Brute => Algorithm::Brute,
+        Algorithm::Grid => Algorithm::Grid,
         other => {
             return Err(Error::unsupported(format!(
-                "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree or brute)"
+                "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree, grid or brute)"
             )))
         }
     };
@@ -105,6 +107,20 @@ fn knn<T: DistanceType, M: MetricKind>(
             break 'search;
         }
         let t0 = Instant::now();
+        if algorithm == Algorithm::Grid {
+            let geom = grid::geometry(&job.data, k)?;
+            notes.push(grid::search::<T, M>(
+                &geom,
+                data,
+                query,
+                dim,
+                k,
+                &mut indices,
+                &mut acc,
+            )?);
+            phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
+            break 'search;
+        }
         if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
         {
             if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
@@ -135,7 +151,7 @@ fn knn<T: DistanceType, M: MetricKind>(
             }
         };
         let self_join = query.is_none();
-        let thr_margin = 1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13;
+        let (thr_margin, slack) = prune_margins::<T>(dim);
         // Results in query-order position, gathered into rows afterwards.
         let mut pos_idx = alloc(rows * k, 0u32, "index array")?;
         let mut pos_acc = alloc(rows * k, T::ZERO, "distance array")?;
@@ -151,7 +167,7 @@ fn knn<T: DistanceType, M: MetricKind>(
                     heap: Heap::new(k),
                     off: vec![0.0; dim],
                     margin: thr_margin,
-                    slack: (dim + 2) as f64 * 1e-44,
+                    slack,
                     _m: std::marker::PhantomData,
                 };
                 let first = c * CHUNK;
@@ -165,20 +181,7 @@ fn knn<T: DistanceType, M: MetricKind>(
                     s.heap.drain_sorted(oi, oa);
                 }
             });
-        // Gather rows: row r is query qids[p] for some position p.
-        let mut row_of = vec![0u32; rows];
-        for (p, &id) in qids.iter().enumerate() {
-            row_of[id as usize] = p as u32;
-        }
-        indices
-            .par_chunks_mut(k)
-            .zip(acc.par_chunks_mut(k))
-            .zip(row_of.par_iter())
-            .for_each(|((oi, oa), &p)| {
-                let p = p as usize;
-                oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
-                oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
-            });
+        gather_rows(&qids, k, &pos_idx, &pos_acc, &mut indices, &mut acc);
         phases.push(("search".to_string(), t1.elapsed().as_secs_f64()));
     }
     finish_distances(M::METRIC, &mut acc);
@@ -194,6 +197,42 @@ fn knn<T: DistanceType, M: MetricKind>(
             ..Default::default()
         },
     })
+}
+
+/// The pruning rule's constants for `dim` dimensions: a region at lower bound `rd` (f64)
+/// may hold a candidate that enters a full heap iff `rd <= worst * margin + slack`.
+/// Rounding: the canonical accumulator of a point at real distance D is at least
+/// D (1 - (d+1)u) and a bound computed in f64 is at most the real one (1 + 1e-13); `margin`
+/// covers both. `slack` covers terms that underflow to zero in T (f32 squares below ~1e-45).
+fn prune_margins<T: Coord>(dim: usize) -> (f64, f64) {
+    (
+        1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13,
+        (dim + 2) as f64 * 1e-44,
+    )
+}
+
+/// Copies answers computed in query order (position p is query `qids[p]`) into rows.
+fn gather_rows<T: Coord>(
+    qids: &[u32],
+    k: usize,
+    pos_idx: &[u32],
+    pos_acc: &[T],
+    indices: &mut [u32],
+    acc: &mut [T],
+) {
+    let mut row_of = vec![0u32; qids.len()];
+    for (p, &id) in qids.iter().enumerate() {
+        row_of[id as usize] = p as u32;
+    }
+    indices
+        .par_chunks_mut(k)
+        .zip(acc.par_chunks_mut(k))
+        .zip(row_of.par_iter())
+        .for_each(|((oi, oa), &p)| {
+            let p = p as usize;
+            oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
+            oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
+        });
 }
 
 /// A node: an inner node splits on `dim` at `split` (left: coordinate <= split, right:
@@ -477,9 +516,7 @@ struct Searcher<'t, T, M> {
 
 impl<T: Coord, M: MetricKind> Searcher<'_, T, M> {
     /// Whether a region at lower bound `rd` (f64) may hold a candidate that enters the
-    /// heap. Rounding: the canonical accumulator of a point at real distance D is at least
-    /// D (1 - (d+1)u) and `rd` at most the real bound (1 + 1e-13); `margin` covers both.
-    /// `slack` covers terms that underflow to zero in T (f32 squares below ~1e-45).
+    /// heap (see `prune_margins`).
     #[inline(always)]
     fn may_enter(&self, rd: f64) -> bool {
         !self.heap.full() || rd <= self.heap.worst().to_f64() * self.margin + self.slack
