@@ -13,6 +13,7 @@
 use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
+use crate::grid::GridGeometry;
 use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
 use crate::metric::{accumulate, reject_margin, Coord};
 use crate::options::{Algorithm, Metric};
@@ -29,35 +30,81 @@ const CHUNK: usize = 512;
 /// From this many dimensions, Euclidean kNN compares leaves of queries with leaves of
 /// points through the f32 dot-product filter (`filtered`), confirming survivors exactly.
 const FILTER_MIN_DIM: usize = 10;
+/// `auto` considers the grid up to this many dimensions (measured: it loses from 4-D on,
+/// where its 3 indexed dimensions bound too little).
+const GRID_AUTO_MAX_DIM: usize = 3;
+/// `auto` leaves the grid when a point's cell holds more than this many times the points
+/// evenly spread data would put there (measured: uniform ~1 wins, exponential 3-D ~190
+/// loses; clusters in between).
+const GRID_AUTO_MAX_CROWDING: f64 = 8.0;
 
 mod filtered;
 mod grid;
 
 pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
-    let algorithm = match job.opts.algorithm {
-        Algorithm::Auto | Algorithm::KdTree => Algorithm::KdTree,
-        Algorithm::Brute => Algorithm::Brute,
-        Algorithm::Grid => Algorithm::Grid,
+    let mut notes = Vec::new();
+    let (algorithm, geom) = match job.opts.algorithm {
+        Algorithm::KdTree => (Algorithm::KdTree, None),
+        Algorithm::Brute => (Algorithm::Brute, None),
+        Algorithm::Grid => (Algorithm::Grid, Some(grid::geometry(&job.data, job.k)?.0)),
+        Algorithm::Auto => choose(job, &mut notes)?,
         other => {
             return Err(Error::unsupported(format!(
                 "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree, grid or brute)"
             )))
         }
     };
+    let plan = Plan {
+        algorithm,
+        geom: geom.as_ref(),
+    };
     let mut result = match (job.data.coords(), job.query.map(|q| q.coords())) {
-        (Coords::F32(d), None) => by_metric::<f32>(job, d, None, algorithm),
-        (Coords::F32(d), Some(Coords::F32(q))) => by_metric::<f32>(job, d, Some(q), algorithm),
-        (Coords::F64(d), None) => by_metric::<f64>(job, d, None, algorithm),
-        (Coords::F64(d), Some(Coords::F64(q))) => by_metric::<f64>(job, d, Some(q), algorithm),
+        (Coords::F32(d), None) => by_metric::<f32>(job, d, None, plan),
+        (Coords::F32(d), Some(Coords::F32(q))) => by_metric::<f32>(job, d, Some(q), plan),
+        (Coords::F64(d), None) => by_metric::<f64>(job, d, None, plan),
+        (Coords::F64(d), Some(Coords::F64(q))) => by_metric::<f64>(job, d, Some(q), plan),
         _ => Err(Error::invalid(
             "data and queries must have the same precision",
         )),
     }?;
+    notes.append(&mut result.report.notes);
+    result.report.notes = notes;
     result.report.backend = "cpu".into();
     result.report.device = format!("cpu ({threads} threads)");
     result.report.algorithm = algorithm;
     result.report.batches = 1;
     Ok(result)
+}
+
+/// `auto`: the grid where it measured faster than the k-d tree (bench/KNN_RESULTS.md: up
+/// to 3-D on evenly spread data, 1.3-1.7x), else the k-d tree. Skewed or clustered data
+/// crowd the grid's cells (sized from the bounding box), which a sample measures.
+fn choose(job: &KnnJob, notes: &mut Vec<String>) -> Result<(Algorithm, Option<GridGeometry>)> {
+    let dim = job.data.dim();
+    if dim > GRID_AUTO_MAX_DIM {
+        notes.push(format!(
+            "auto: k-d tree, {dim} dimensions > {GRID_AUTO_MAX_DIM} (the grid wins only below)"
+        ));
+        return Ok((Algorithm::KdTree, None));
+    }
+    let (geom, crowd) = grid::geometry(&job.data, job.k)?;
+    if crowd > GRID_AUTO_MAX_CROWDING {
+        notes.push(format!(
+            "auto: k-d tree, the data crowd the grid's cells {crowd:.1}x more than evenly spread points (> {GRID_AUTO_MAX_CROWDING})"
+        ));
+        return Ok((Algorithm::KdTree, None));
+    }
+    notes.push(format!(
+        "auto: grid, {dim} dimensions, cells crowded {crowd:.1}x evenly spread points"
+    ));
+    Ok((Algorithm::Grid, Some(geom)))
+}
+
+/// The algorithm to run, and the grid's geometry when it is the grid.
+#[derive(Clone, Copy)]
+struct Plan<'g> {
+    algorithm: Algorithm,
+    geom: Option<&'g GridGeometry>,
 }
 
 /// The distances array of the input precision.
@@ -79,12 +126,12 @@ fn by_metric<T: DistanceType>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,
-    algorithm: Algorithm,
+    plan: Plan,
 ) -> Result<KnnResult> {
     match job.opts.metric {
-        Metric::Euclidean => knn::<T, Euclid>(job, data, query, algorithm),
-        Metric::Manhattan => knn::<T, Manhattan>(job, data, query, algorithm),
-        Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, algorithm),
+        Metric::Euclidean => knn::<T, Euclid>(job, data, query, plan),
+        Metric::Manhattan => knn::<T, Manhattan>(job, data, query, plan),
+        Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, plan),
     }
 }
 
@@ -92,8 +139,9 @@ fn knn<T: DistanceType, M: MetricKind>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,
-    algorithm: Algorithm,
+    plan: Plan,
 ) -> Result<KnnResult> {
+    let algorithm = plan.algorithm;
     let dim = job.data.dim();
     let k = job.k;
     let rows = job.rows();
@@ -107,10 +155,9 @@ fn knn<T: DistanceType, M: MetricKind>(
             break 'search;
         }
         let t0 = Instant::now();
-        if algorithm == Algorithm::Grid {
-            let geom = grid::geometry(&job.data, k)?;
+        if let Some(geom) = plan.geom {
             notes.push(grid::search::<T, M>(
-                &geom,
+                geom,
                 data,
                 query,
                 dim,

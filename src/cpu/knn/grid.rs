@@ -26,11 +26,13 @@ use rayon::prelude::*;
 /// Most dimensions indexed: 3 keeps a ring's rows ((2R+1)^2 of them) cheap to enumerate.
 const MAX_INDEXED: usize = 3;
 /// Points per cell, as a share of k / 3^g (g indexed dimensions): 1 puts about k points in
-/// a cell's 3^g neighbourhood. Measured on uniform 2-D and 3-D, k = 1 to 64 (see
-/// bench/KNN_RESULTS.md).
-const NEIGHBOURHOOD_SHARE: f64 = 1.0;
+/// a cell's 3^g neighbourhood. Measured on uniform 2-D and 3-D, 300k points, k = 1 to 64:
+/// 2 to 4 best (0.5 and 16 up to 25% slower).
+const NEIGHBOURHOOD_SHARE: f64 = 2.0;
 /// Fewest points per cell on average (small k would otherwise make most cells empty).
 const MIN_CELL_POINTS: f64 = 0.5;
+/// Points sampled to measure crowding.
+const SAMPLE: usize = 1 << 16;
 /// Relative rounding allowance of a cell boundary: cell coordinates are `floor((x -
 /// origin) / width)` in f64, so a point may sit a few ulps of (|origin| + |x|) outside its
 /// cell's exact slab; the gaps are shrunk by this much of the magnitudes involved.
@@ -38,13 +40,18 @@ const BOUNDARY_TOL: f64 = 8.0 * f64::EPSILON;
 
 /// The grid for a kNN of `k` over `data`: the min(d, MAX_INDEXED) dimensions of highest
 /// variance, square cells whose width gives each about `NEIGHBOURHOOD_SHARE * k / 3^g`
-/// points if the points filled their bounding box evenly. An axis narrower than a cell
-/// leaves the density estimate (it has one cell).
-pub(super) fn geometry(data: &Dataset, k: usize) -> Result<GridGeometry> {
+/// points if the points filled their bounding box evenly (an axis narrower than a cell
+/// leaves that estimate: it has one cell). Returns the grid and its crowding (see
+/// [`crowding`]) over that of evenly spread points: near 1 for uniform data, large for
+/// clusters and skew, where cells sized from the bounding box are far too wide where the
+/// points are (shrinking them was measured slower still: sparse regions then need many
+/// rings).
+pub(super) fn geometry(data: &Dataset, k: usize) -> Result<(GridGeometry, f64)> {
     let (lo, hi, var) = bounds_and_variance(data, None);
     let order = order_by_variance(&var);
     let g = data.dim().min(MAX_INDEXED);
     let dims = &order[..g];
+    let n = data.len().max(1) as f64;
     let per_cell = (NEIGHBOURHOOD_SHARE * k as f64 / 3f64.powi(g as i32)).max(MIN_CELL_POINTS);
     let mut extents: Vec<f64> = dims
         .iter()
@@ -55,15 +62,38 @@ pub(super) fn geometry(data: &Dataset, k: usize) -> Result<GridGeometry> {
     while !extents.is_empty() {
         // In logarithms: products of extents may overflow.
         let log_volume: f64 = extents.iter().map(|e| e.ln()).sum();
-        width =
-            ((log_volume + (per_cell / data.len().max(1) as f64).ln()) / extents.len() as f64).exp();
+        width = ((log_volume + (per_cell / n).ln()) / extents.len() as f64).exp();
         let before = extents.len();
         extents.retain(|&e| e > width);
         if extents.len() == before {
             break;
         }
     }
-    GridGeometry::new(dims, &lo, &hi, width)
+    let geom = GridGeometry::new(dims, &lo, &hi, width)?;
+    // Evenly spread points crowd a cell like a Poisson count: per_cell + 1 per point.
+    let crowd = crowding(data, &geom) / (per_cell + 1.0);
+    Ok((geom, crowd))
+}
+
+/// The grid's crowding: the mean number of points in a point's cell (the cost of a scan
+/// per query), estimated from an evenly strided sample of at most `SAMPLE` points.
+fn crowding(data: &Dataset, geom: &GridGeometry) -> f64 {
+    let n = data.len();
+    let step = n.div_ceil(SAMPLE).max(1);
+    let mut counts = std::collections::HashMap::<Vec<u64>, u64>::new();
+    let mut cell = vec![0; geom.k()];
+    for i in (0..n).step_by(step) {
+        geom.point_coords(data, i, &mut cell);
+        *counts.entry(cell.clone()).or_default() += 1;
+    }
+    let s = counts.values().sum::<u64>() as f64;
+    if s == 0.0 {
+        return 0.0;
+    }
+    // A sample of fraction f sees count c as Binomial(c, f): E[c_s^2] = f^2 c^2 + f(1-f) c.
+    let f = s / n as f64;
+    let sq: f64 = counts.values().map(|&c| (c * c) as f64).sum();
+    ((sq - (1.0 - f) * s) / (f * s)).max(1.0)
 }
 
 /// Searches every query into row-major `indices` / `acc` (accumulators). Returns a note.
@@ -118,7 +148,14 @@ pub(super) fn search<T: Coord, M: MetricKind>(
                 s.heap.drain_sorted(oi, oa);
             }
         });
-    gather_rows(&queries.store.ids[..rows], k, &pos_idx, &pos_acc, indices, acc);
+    gather_rows(
+        &queries.store.ids[..rows],
+        k,
+        &pos_idx,
+        &pos_acc,
+        indices,
+        acc,
+    );
     Ok(format!(
         "grid: indexed dims {:?}, cell width {:.3e}, cells per dim {:?}, {} non-empty cells",
         geom.dims,
@@ -222,7 +259,8 @@ impl<T: Coord, M: MetricKind> Search<'_, T, M> {
                 base *= g.cells[last];
                 let x = self.cell[last];
                 let (mut lo, mut hi) = self.span(last, r);
-                let near = |s: &Self, c: u64| s.may_enter(combine::<M>(rd, term::<M>(s.gap(last, c))));
+                let near =
+                    |s: &Self, c: u64| s.may_enter(combine::<M>(rd, term::<M>(s.gap(last, c))));
                 if surface {
                     // Trim the row's ends that the bound excludes (the gap grows outwards).
                     while lo < x && !near(self, lo) {
@@ -279,22 +317,30 @@ impl<T: Coord, M: MetricKind> Search<'_, T, M> {
             open
         };
         let (heap, ids, skip) = (&mut self.heap, &self.idx.store.ids, self.skip);
-        scan_acc::<T, M>(&self.q, &self.idx.store, s0, s1, thr, self.early, |b, acc, mask| {
-            let mut m = mask;
-            while m != 0 {
-                let l = m.trailing_zeros() as usize;
-                m &= m - 1;
-                let id = ids[b + l];
-                if id != skip {
-                    heap.offer((acc[l], id));
+        scan_acc::<T, M>(
+            &self.q,
+            &self.idx.store,
+            s0,
+            s1,
+            thr,
+            self.early,
+            |b, acc, mask| {
+                let mut m = mask;
+                while m != 0 {
+                    let l = m.trailing_zeros() as usize;
+                    m &= m - 1;
+                    let id = ids[b + l];
+                    if id != skip {
+                        heap.offer((acc[l], id));
+                    }
                 }
-            }
-            if heap.full() {
-                heap.worst()
-            } else {
-                open
-            }
-        });
+                if heap.full() {
+                    heap.worst()
+                } else {
+                    open
+                }
+            },
+        );
     }
 }
 
