@@ -522,7 +522,15 @@ fn knn_npz_and_csv_match_the_oracle() {
     for algorithm in ["kdtree", "grid", "brute"] {
         let out = stdout_ok(&run(
             &dir,
-            &["knn", "x.npy", "--k", "3", "--algorithm", algorithm, "--stats"],
+            &[
+                "knn",
+                "x.npy",
+                "--k",
+                "3",
+                "--algorithm",
+                algorithm,
+                "--stats",
+            ],
         ));
         let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
         assert_eq!(v["algorithm"], algorithm);
