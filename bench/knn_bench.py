@@ -4,7 +4,8 @@ NearestNeighbors(n_jobs=-1) and FAISS IndexFlatL2, on the same data in the same 
 
 Every system computes the self-kNN of the data set (each point's k nearest other points) and
 hands back NumPy arrays: that is what is timed (index build included), median of --repeats.
-Peers that return the point itself (cKDTree, FAISS) are asked for k + 1. Agreement: the
+`simjoin` is `algorithm="auto"` (the k-d tree, or the grid in up to 3-D on evenly spread data);
+`simjoin-grid` forces the grid kNN (skipped above --grid-max-dim). Peers that return the point itself (cKDTree, FAISS) are asked for k + 1. Agreement: the
 fraction of rows whose neighbour index set equals simjoin's (FAISS computes distances as
 |x|^2 + |y|^2 - 2x.y in float32, so rows with near-ties may differ).
 
@@ -60,6 +61,13 @@ def run_simjoin(X, k):
     return i
 
 
+def run_simjoin_grid(X, k):
+    import simjoin
+
+    d, i = simjoin.knn(X, k, backend="cpu", algorithm="grid")
+    return i
+
+
 def run_ckdtree(X, k):
     from scipy.spatial import cKDTree
 
@@ -91,6 +99,7 @@ def run_faiss(X, k):
 
 SYSTEMS = {
     "simjoin": run_simjoin,
+    "simjoin-grid": run_simjoin_grid,
     "scipy-ckdtree": run_ckdtree,
     "sklearn": run_sklearn,
     "faiss-flat": run_faiss,
@@ -125,19 +134,26 @@ def main():
     ap.add_argument("--budget", type=float, default=60.0, help="stop repeating after this many seconds")
     ap.add_argument("--faiss-max-work", type=float, default=2e10,
                     help="skip FAISS's brute force above n^2 * d of this (it would take minutes)")
+    ap.add_argument("--grid-max-dim", type=int, default=8,
+                    help="skip simjoin's grid kNN above this many dimensions (it indexes 3; minutes in 16-D+)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args()
+    load_start = [round(x, 2) for x in os.getloadavg()]
     rows = []
     for name in args.workloads:
         kind, dim, n = WORKLOADS[name]
         n = args.n or (n // 20 if args.quick else n)
         X = generate(kind, n, dim, args.seed)
-        row = {"workload": name, "n": n, "dim": dim, "k": args.k, "systems": {}}
+        row = {"workload": name, "n": n, "dim": dim, "k": args.k, "systems": {},
+               "load_average_1min": round(os.getloadavg()[0], 2)}
         ref = None
         for system in args.systems:
             if system == "faiss-flat" and float(n) * n * dim > args.faiss_max_work:
                 row["systems"][system] = {"skipped": f"n^2 d = {float(n) * n * dim:.1e} > --faiss-max-work"}
+                continue
+            if system == "simjoin-grid" and dim > args.grid_max_dim:
+                row["systems"][system] = {"skipped": f"{dim} dimensions > --grid-max-dim"}
                 continue
             try:
                 seconds, runs, out = timed(SYSTEMS[system], X, args.k, args.repeats, args.budget)
@@ -152,7 +168,7 @@ def main():
             row["systems"][system] = entry
             print(f"{name} n={n} {system}: {seconds:.3f} s ({runs} runs) {entry.get('agreement', '')}",
                   file=sys.stderr)
-        peers = [v["seconds"] for s, v in row["systems"].items() if s != "simjoin" and "seconds" in v]
+        peers = [v["seconds"] for s, v in row["systems"].items() if not s.startswith("simjoin") and "seconds" in v]
         sj = row["systems"].get("simjoin", {}).get("seconds")
         if peers and sj:
             row["best_peer_over_simjoin"] = round(min(peers) / sj, 2)
@@ -160,6 +176,7 @@ def main():
     machine = {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
+        "load_average_start": load_start,
         "load_average_end": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
     }
@@ -171,7 +188,7 @@ def main():
         "# kNN join: simjoin vs scipy, scikit-learn, FAISS",
         "",
         f"Self-kNN, k = {args.k}, float32 data, NumPy arrays out, index build included; median seconds "
-        f"({machine['cores']} cores, load average at the end {machine['load_average_end']}).",
+        f"({machine['cores']} cores, load average at the start {load_start}, at the end {machine['load_average_end']}).",
         f"Command: `{result['command']}`.",
         "",
         "| workload | n | " + " | ".join(args.systems) + " | best peer / simjoin |",

@@ -6,9 +6,11 @@ bench/results/ (JSON, Markdown, PNG) and the generated part of BENCHMARKS.md.
     python3 bench/run.py                 # full comparison (~20 min on 2 cores)
     python3 bench/run.py --quick         # smoke test (~1 min)
     python3 bench/run.py gpu --device 0  # simjoin only on one Vulkan device, 2M and 10M points
+    python3 bench/run.py lss --device 0  # the LSS paper's experiments: GPU LSS vs GPU grid join
+    python3 bench/run.py lss --device lavapipe --scale 0.125 --max-n 64000  # reduced, software
 
 The comparison mode creates bench/.venv and installs bench/requirements.txt on first use.
-The gpu mode needs only numpy and runs with whatever python3 starts it.
+The gpu and lss modes need only numpy and run with whatever python3 starts them.
 """
 
 import hashlib
@@ -43,7 +45,7 @@ def ensure_venv() -> None:
 
 
 if __name__ == "__main__":
-    gpu_mode = len(sys.argv) > 1 and sys.argv[1] == "gpu"
+    gpu_mode = len(sys.argv) > 1 and sys.argv[1] in ("gpu", "lss")
     if not gpu_mode and not in_venv() and not os.environ.get("SIMJOIN_BENCH_NO_VENV"):
         ensure_venv()
     sys.path.insert(0, str(HERE))

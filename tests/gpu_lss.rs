@@ -598,12 +598,30 @@ fn knn_errors_and_edge_cases() {
         assert_eq!(r.row(0), &[0]);
         assert_eq!(r.distance(0, 0), 5.5);
     }
-    // Algorithms the GPU has not: unsupported.
-    let o = knn_opts(Metric::Euclidean, Algorithm::KdTree, None);
-    assert_eq!(
-        e.knn(&data, None, 1, &o).unwrap_err().kind(),
-        ErrorKind::Unsupported
-    );
+    // Algorithms the GPU has not (the CPU's k-d tree and grid): unsupported, naming the
+    // CPU backend; with backend auto they run there, with the CPU's answer.
+    for algorithm in [Algorithm::KdTree, Algorithm::Grid] {
+        let o = knn_opts(Metric::Euclidean, algorithm, None);
+        let err = e.knn(&data, None, 1, &o).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unsupported);
+        assert!(err.to_string().contains("CPU backend"), "{err}");
+        let auto = KnnOptions {
+            backend: Backend::Auto,
+            ..o.clone()
+        };
+        let cpu = KnnOptions {
+            backend: Backend::Cpu,
+            ..o
+        };
+        let x: Vec<f32> = (0..300).map(|i| ((i * 37) % 101) as f32 * 0.25).collect();
+        let pts = Dataset::from_f32(&x, 3).unwrap();
+        let a = e.knn(&pts, None, 5, &auto).unwrap();
+        let c = e.knn(&pts, None, 5, &cpu).unwrap();
+        assert_eq!(
+            (a.indices, a.report.backend),
+            (c.indices, "cpu".to_string())
+        );
+    }
     assert_no_validation_errors();
 }
 

@@ -30,7 +30,12 @@ fn distances(r: &simjoin::KnnResult) -> Vec<f64> {
 fn check(engine: &Engine, data: &Dataset, query: Option<&Dataset>, k: usize, what: &str) {
     for metric in METRICS {
         let (want_i, want_d) = simjoin::oracle::knn(data, query, k, metric);
-        for algorithm in [Algorithm::Auto, Algorithm::KdTree, Algorithm::Brute] {
+        for algorithm in [
+            Algorithm::Auto,
+            Algorithm::KdTree,
+            Algorithm::Grid,
+            Algorithm::Brute,
+        ] {
             let r = engine
                 .knn(data, query, k, &opts(metric, algorithm))
                 .unwrap_or_else(|e| panic!("{what} {metric} {algorithm}: {e}"));
@@ -205,4 +210,65 @@ fn high_dim_ties_duplicates_and_huge_norms() {
     let huge: Vec<f64> = (0..300 * 16).map(|_| (rng.unit() - 0.5) * 1e25).collect();
     let d = Dataset::from_f64(&huge, 16).unwrap();
     check(&engine, &d, None, 8, "huge norms");
+}
+
+#[test]
+fn grid_edge_cases() {
+    // The grid kNN (also run by `check` on every data set above) where its geometry is
+    // stressed: queries far outside the data's box, lattices on cell edges far from the
+    // origin (rounding of cell assignment), one axis much narrower than a cell, k = n - 1.
+    let engine = Engine::new();
+    let mut rng = Rng(23);
+    for dim in [1, 2, 3, 4] {
+        let data = uniform(&mut rng, 400, dim);
+        let far: Vec<f64> = (0..60 * dim).map(|_| rng.unit() * 11.0 - 5.0).collect();
+        let dd = Dataset::from_f64(&data, dim).unwrap();
+        let dq = Dataset::from_f64(&far, dim).unwrap();
+        for k in [1, 17, 400] {
+            check(
+                &engine,
+                &dd,
+                Some(&dq),
+                k,
+                &format!("far queries {dim}-D k={k}"),
+            );
+        }
+        check(&engine, &dd, None, 399, &format!("{dim}-D k=n-1"));
+    }
+    // A lattice of step 1/8 around 1e6 (f64) and 1000 (f32): cell edges fall on points.
+    let mut lat64 = Vec::new();
+    let mut lat32 = Vec::new();
+    for i in 0..20 {
+        for j in 0..20 {
+            lat64.extend([1e6 + i as f64 / 8.0, -1e6 + j as f64 / 8.0]);
+            lat32.extend([1000.0 + i as f32 / 8.0, j as f32 / 8.0]);
+        }
+    }
+    for k in [1, 4, 8, 12] {
+        check(
+            &engine,
+            &Dataset::from_f64(&lat64, 2).unwrap(),
+            None,
+            k,
+            "lattice 1e6",
+        );
+        check(
+            &engine,
+            &Dataset::from_f32(&lat32, 2).unwrap(),
+            None,
+            k,
+            "lattice 1e3",
+        );
+    }
+    // Flat data: the third axis spans 1e-9, far below any cell width.
+    let flat: Vec<f64> = (0..500)
+        .flat_map(|i| [rng.unit(), rng.unit(), 1e-9 * (i % 3) as f64])
+        .collect();
+    check(
+        &engine,
+        &Dataset::from_f64(&flat, 3).unwrap(),
+        None,
+        9,
+        "flat 3-D",
+    );
 }

@@ -351,7 +351,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      help="join precision (default f64, as generated); --with-cpu uses the same")  # fmt: skip
     gpu.add_argument("--with-cpu", action="store_true", help="also run simjoin's CPU backend (checks the pair count)")
     gpu.add_argument("--out", default=str(BENCH_DIR / "out/gpu"))
-    if not argv or argv[0] not in ("compare", "gpu", "-h", "--help"):
+    lss = sub.add_parser("lss", help="the LSS paper's experiments: GPU LSS join vs GPU grid join on one Vulkan device")
+    add_common(lss)
+    lss.add_argument("--device", required=True,
+                     help="Vulkan device index or name substring, or 'lavapipe' (the software driver)")  # fmt: skip
+    lss.add_argument("--experiments", type=csv, default=["n", "eps", "lists"], help="comma list of: n, eps, lists")
+    lss.add_argument("--scale", type=float, default=1.0, help="multiply the fixed sizes (256k for eps, 64k for lists)")
+    lss.add_argument("--max-n", type=int, default=1_000_000, help="cap of the n sweep (1k to 1M)")
+    lss.add_argument("--timeout", type=float, default=300.0)
+    lss.add_argument("--no-cpu", action="store_true", help="don't run simjoin's CPU grid join (the pair-count reference)")
+    lss.add_argument("--out", default=str(BENCH_DIR / "out/lss"))
+    if not argv or argv[0] not in ("compare", "gpu", "lss", "-h", "--help"):
         argv = ["compare", *argv]
     args = p.parse_args(argv)
     args.eps = parse_eps(args.eps)
@@ -402,6 +412,10 @@ def main(argv: list[str]) -> int:
         from .gpu_mode import run_gpu_mode
 
         return run_gpu_mode(args)
+    if args.mode == "lss":
+        from .lss_mode import run_lss_mode
+
+        return run_lss_mode(args)
     have_cli = Path(args.simjoin_bin).exists()
     if not have_cli:
         log(f"warning: no simjoin binary at {args.simjoin_bin}: simjoin systems will report errors")

@@ -105,10 +105,11 @@ SIMJOIN_PRECISION = None  # None: as stored (f64); "f32" joins in single precisi
 PAIRS_SCRATCH = Path(tempfile.gettempdir()) / f"simjoin-bench-{os.getpid()}-pairs.npy"
 
 
-def simjoin_command(binary: Path, data: Path, eps: float, backend: str, algorithm: str) -> list[str]:
+def simjoin_command(binary: Path, data: Path, eps: float, backend: str, algorithm: str,
+                    extra: list[str] | None = None) -> list[str]:  # fmt: skip
     cmd = [
         str(binary), "self-join", str(data), "--eps", repr(eps),
-        "--backend", backend, "--algorithm", algorithm, "--stats",
+        "--backend", backend, "--algorithm", algorithm, "--stats", *(extra or []),
     ]  # fmt: skip
     if SIMJOIN_OUTPUT == "pairs":
         cmd += ["--output", str(PAIRS_SCRATCH)]
@@ -139,6 +140,7 @@ def run_simjoin_cli(
     algorithm: str = "auto",
     device: str | None = None,
     env_extra: dict | None = None,
+    extra: list[str] | None = None,
 ) -> Outcome:
     """Runs the CLI `repeats` times. `seconds` is the join as simjoin reports it (index build
     to results in memory, file I/O excluded: the same span the peers are timed over);
@@ -147,7 +149,7 @@ def run_simjoin_cli(
     if device is not None:
         env["SIMJOIN_DEVICE"] = device
     env.update(env_extra or {})
-    cmd = simjoin_command(binary, data, eps, backend, algorithm)
+    cmd = simjoin_command(binary, data, eps, backend, algorithm, extra)
     if backend == "gpu" and VULKAN_WARMUP:
         # One untimed run first: the driver's shader cache is cold in a fresh process tree,
         # and pipeline compilation is a one-off cost a long-lived process pays once.

@@ -270,3 +270,29 @@ fi
     md = (out / "gpu-fake-gpu.md").read_text()
     assert "search kernels 0.2" in md
     assert "| 2 / 0.5 | 1.24 |" in md
+
+
+def test_lss_suite_points_scale_and_report():
+    """The lss suite's points: the paper's sizes at scale 1, shrunk by --scale and --max-n;
+    its report names a software device as such."""
+    from sjbench.harness import parse_args
+    from sjbench.lss_mode import experiments, lss_markdown
+
+    full = experiments(parse_args(["lss", "--device", "0"]))
+    assert [p["n"] for p in full if p["experiment"] == "n"] == [1_000, 4_000, 16_000, 64_000, 256_000, 1_000_000]
+    assert {p["n"] for p in full if p["experiment"] == "eps"} == {256_000}
+    assert [p["eps"] for p in full if p["experiment"] == "eps"][0] == 0.01
+    small = experiments(parse_args(["lss", "--device", "lavapipe", "--scale", "0.0625", "--max-n", "16000"]))
+    assert max(p["n"] for p in small if p["experiment"] == "n") == 16_000
+    assert {p["n"] for p in small if p["experiment"] == "lists"} == {4_000}
+    row = {"status": "ok", "median": 1.0, "pairs": 0, "agrees": True, "notes": ["3 Z-order lists"]}
+    results = {
+        "machine": {"date_utc": "d", "host": "h", "cpu": "c", "cores": 2, "simjoin_commit": "x",
+                    "load_average_start": [1, 1, 1]},
+        "device": {"name": "llvmpipe"}, "software": True,
+        "options": {"scale": 0.0625, "max_n": 16000, "repeats": 1},
+        "points": [{"experiment": "n", "n": 1000, "eps": 0.1, "lists": [None],
+                    "systems": {"lss": row, "grid": dict(row, median=2.0)}}],
+    }  # fmt: skip
+    md = lss_markdown(results)
+    assert "not GPU performance" in md and "| 1,000 | 0.1 | 0 | 1 | 2 | 2.00 |" in md

@@ -70,6 +70,9 @@ struct JoinArgs {
     /// auto, grid, ego, brute or lss.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
+    /// LSS: number of shifted Z-order lists (default: automatic).
+    #[arg(long)]
+    lss_lists: Option<usize>,
     /// Write the pairs to FILE (.npy: (m, 2) uint32; .csv: "i,j" lines; .parquet: columns
     /// i and j), sorted unless --unsorted. Without it, only the pair count is printed.
     #[arg(long, short)]
@@ -115,9 +118,12 @@ struct KnnArgs {
     /// auto, gpu or cpu.
     #[arg(long, default_value = "auto")]
     backend: Backend,
-    /// auto, kdtree (CPU), lss (GPU) or brute.
+    /// auto, kdtree (CPU), grid (CPU), lss (GPU) or brute.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
+    /// LSS: number of shifted Z-order lists (default: automatic).
+    #[arg(long)]
+    lss_lists: Option<usize>,
     /// Write the neighbours to FILE: .npz (arrays `indices` (m, k) uint32 and `distances`
     /// (m, k)) or .csv (lines "query,rank,neighbor,distance"). Without it, a summary.
     #[arg(long, short)]
@@ -220,6 +226,7 @@ fn options(args: &JoinArgs) -> JoinOptions {
     opts.metric = args.metric;
     opts.backend = args.backend;
     opts.algorithm = args.algorithm;
+    opts.lss_lists = args.lss_lists;
     opts
 }
 
@@ -293,7 +300,7 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
         metric: args.metric,
         backend: args.backend,
         algorithm: args.algorithm,
-        ..Default::default()
+        lss_lists: args.lss_lists,
     };
     anyhow::ensure!(args.k >= 1, "--k must be at least 1");
     if let Some(path) = &args.output {

@@ -513,12 +513,28 @@ fn knn_npz_and_csv_match_the_oracle() {
             assert_eq!(d, want_d[e], "distances read back exactly");
         }
     }
-    // --stats: one JSON object.
+    // --stats: one JSON object. Evenly spread 3-D points: auto takes the grid.
     let out = stdout_ok(&run(&dir, &["knn", "x.npy", "--k", "3", "--stats"]));
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(v["rows"], 300);
     assert_eq!(v["k"], 3);
-    assert_eq!(v["algorithm"], "kdtree");
+    assert_eq!(v["algorithm"], "grid");
+    for algorithm in ["kdtree", "grid", "brute"] {
+        let out = stdout_ok(&run(
+            &dir,
+            &[
+                "knn",
+                "x.npy",
+                "--k",
+                "3",
+                "--algorithm",
+                algorithm,
+                "--stats",
+            ],
+        ));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["algorithm"], algorithm);
+    }
     // Errors: k too large, k = 0, bad output extension, mismatched query dimensions.
     assert_error(&run(&dir, &["knn", "x.npy", "--k", "300"]), "larger than");
     assert_error(&run(&dir, &["knn", "x.npy", "--k", "0"]), "k");

@@ -144,7 +144,7 @@ impl<T: Coord> GridIndex<T> {
     /// `lo`, so the search gallops forward from there instead of bisecting the whole list
     /// (sparse grids: the binary searches were 37% of a 3-D join of 10^5 clustered points).
     #[inline]
-    fn slots(&self, lo: u64, hi: u64, from: &mut usize) -> (usize, usize) {
+    pub(crate) fn slots(&self, lo: u64, hi: u64, from: &mut usize) -> (usize, usize) {
         if let Some(start) = &self.dense {
             return (start[lo as usize] as usize, start[hi as usize + 1] as usize);
         }

@@ -13,6 +13,7 @@
 use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
+use crate::grid::GridGeometry;
 use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
 use crate::metric::{accumulate, reject_margin, Coord};
 use crate::options::{Algorithm, Metric};
@@ -29,33 +30,81 @@ const CHUNK: usize = 512;
 /// From this many dimensions, Euclidean kNN compares leaves of queries with leaves of
 /// points through the f32 dot-product filter (`filtered`), confirming survivors exactly.
 const FILTER_MIN_DIM: usize = 10;
+/// `auto` considers the grid up to this many dimensions (measured: it loses from 4-D on,
+/// where its 3 indexed dimensions bound too little).
+const GRID_AUTO_MAX_DIM: usize = 3;
+/// `auto` leaves the grid when a point's cell holds more than this many times the points
+/// evenly spread data would put there (measured: uniform ~1 wins, exponential 3-D ~190
+/// loses; clusters in between).
+const GRID_AUTO_MAX_CROWDING: f64 = 8.0;
 
 mod filtered;
+mod grid;
 
 pub(crate) fn run(job: &KnnJob, threads: usize) -> Result<KnnResult> {
-    let algorithm = match job.opts.algorithm {
-        Algorithm::Auto | Algorithm::KdTree => Algorithm::KdTree,
-        Algorithm::Brute => Algorithm::Brute,
+    let mut notes = Vec::new();
+    let (algorithm, geom) = match job.opts.algorithm {
+        Algorithm::KdTree => (Algorithm::KdTree, None),
+        Algorithm::Brute => (Algorithm::Brute, None),
+        Algorithm::Grid => (Algorithm::Grid, Some(grid::geometry(&job.data, job.k)?.0)),
+        Algorithm::Auto => choose(job, &mut notes)?,
         other => {
             return Err(Error::unsupported(format!(
-                "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree or brute)"
+                "the CPU backend has no '{other}' kNN algorithm (use auto, kdtree, grid or brute)"
             )))
         }
     };
+    let plan = Plan {
+        algorithm,
+        geom: geom.as_ref(),
+    };
     let mut result = match (job.data.coords(), job.query.map(|q| q.coords())) {
-        (Coords::F32(d), None) => by_metric::<f32>(job, d, None, algorithm),
-        (Coords::F32(d), Some(Coords::F32(q))) => by_metric::<f32>(job, d, Some(q), algorithm),
-        (Coords::F64(d), None) => by_metric::<f64>(job, d, None, algorithm),
-        (Coords::F64(d), Some(Coords::F64(q))) => by_metric::<f64>(job, d, Some(q), algorithm),
+        (Coords::F32(d), None) => by_metric::<f32>(job, d, None, plan),
+        (Coords::F32(d), Some(Coords::F32(q))) => by_metric::<f32>(job, d, Some(q), plan),
+        (Coords::F64(d), None) => by_metric::<f64>(job, d, None, plan),
+        (Coords::F64(d), Some(Coords::F64(q))) => by_metric::<f64>(job, d, Some(q), plan),
         _ => Err(Error::invalid(
             "data and queries must have the same precision",
         )),
     }?;
+    notes.append(&mut result.report.notes);
+    result.report.notes = notes;
     result.report.backend = "cpu".into();
     result.report.device = format!("cpu ({threads} threads)");
     result.report.algorithm = algorithm;
     result.report.batches = 1;
     Ok(result)
+}
+
+/// `auto`: the grid where it measured faster than the k-d tree (bench/KNN_RESULTS.md: up
+/// to 3-D on evenly spread data, 1.3-1.7x), else the k-d tree. Skewed or clustered data
+/// crowd the grid's cells (sized from the bounding box), which a sample measures.
+fn choose(job: &KnnJob, notes: &mut Vec<String>) -> Result<(Algorithm, Option<GridGeometry>)> {
+    let dim = job.data.dim();
+    if dim > GRID_AUTO_MAX_DIM {
+        notes.push(format!(
+            "auto: k-d tree, {dim} dimensions > {GRID_AUTO_MAX_DIM} (the grid wins only below)"
+        ));
+        return Ok((Algorithm::KdTree, None));
+    }
+    let (geom, crowd) = grid::geometry(&job.data, job.k)?;
+    if crowd > GRID_AUTO_MAX_CROWDING {
+        notes.push(format!(
+            "auto: k-d tree, the data crowd the grid's cells {crowd:.1}x more than evenly spread points (> {GRID_AUTO_MAX_CROWDING})"
+        ));
+        return Ok((Algorithm::KdTree, None));
+    }
+    notes.push(format!(
+        "auto: grid, {dim} dimensions, cells crowded {crowd:.1}x evenly spread points"
+    ));
+    Ok((Algorithm::Grid, Some(geom)))
+}
+
+/// The algorithm to run, and the grid's geometry when it is the grid.
+#[derive(Clone, Copy)]
+struct Plan<'g> {
+    algorithm: Algorithm,
+    geom: Option<&'g GridGeometry>,
 }
 
 /// The distances array of the input precision.
@@ -77,12 +126,12 @@ fn by_metric<T: DistanceType>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,
-    algorithm: Algorithm,
+    plan: Plan,
 ) -> Result<KnnResult> {
     match job.opts.metric {
-        Metric::Euclidean => knn::<T, Euclid>(job, data, query, algorithm),
-        Metric::Manhattan => knn::<T, Manhattan>(job, data, query, algorithm),
-        Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, algorithm),
+        Metric::Euclidean => knn::<T, Euclid>(job, data, query, plan),
+        Metric::Manhattan => knn::<T, Manhattan>(job, data, query, plan),
+        Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, plan),
     }
 }
 
@@ -90,8 +139,9 @@ fn knn<T: DistanceType, M: MetricKind>(
     job: &KnnJob,
     data: &[T],
     query: Option<&[T]>,
-    algorithm: Algorithm,
+    plan: Plan,
 ) -> Result<KnnResult> {
+    let algorithm = plan.algorithm;
     let dim = job.data.dim();
     let k = job.k;
     let rows = job.rows();
@@ -105,6 +155,19 @@ fn knn<T: DistanceType, M: MetricKind>(
             break 'search;
         }
         let t0 = Instant::now();
+        if let Some(geom) = plan.geom {
+            notes.push(grid::search::<T, M>(
+                geom,
+                data,
+                query,
+                dim,
+                k,
+                &mut indices,
+                &mut acc,
+            )?);
+            phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
+            break 'search;
+        }
         if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
         {
             if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
@@ -135,7 +198,7 @@ fn knn<T: DistanceType, M: MetricKind>(
             }
         };
         let self_join = query.is_none();
-        let thr_margin = 1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13;
+        let (thr_margin, slack) = prune_margins::<T>(dim);
         // Results in query-order position, gathered into rows afterwards.
         let mut pos_idx = alloc(rows * k, 0u32, "index array")?;
         let mut pos_acc = alloc(rows * k, T::ZERO, "distance array")?;
@@ -151,7 +214,7 @@ fn knn<T: DistanceType, M: MetricKind>(
                     heap: Heap::new(k),
                     off: vec![0.0; dim],
                     margin: thr_margin,
-                    slack: (dim + 2) as f64 * 1e-44,
+                    slack,
                     _m: std::marker::PhantomData,
                 };
                 let first = c * CHUNK;
@@ -165,20 +228,7 @@ fn knn<T: DistanceType, M: MetricKind>(
                     s.heap.drain_sorted(oi, oa);
                 }
             });
-        // Gather rows: row r is query qids[p] for some position p.
-        let mut row_of = vec![0u32; rows];
-        for (p, &id) in qids.iter().enumerate() {
-            row_of[id as usize] = p as u32;
-        }
-        indices
-            .par_chunks_mut(k)
-            .zip(acc.par_chunks_mut(k))
-            .zip(row_of.par_iter())
-            .for_each(|((oi, oa), &p)| {
-                let p = p as usize;
-                oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
-                oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
-            });
+        gather_rows(&qids, k, &pos_idx, &pos_acc, &mut indices, &mut acc);
         phases.push(("search".to_string(), t1.elapsed().as_secs_f64()));
     }
     finish_distances(M::METRIC, &mut acc);
@@ -194,6 +244,42 @@ fn knn<T: DistanceType, M: MetricKind>(
             ..Default::default()
         },
     })
+}
+
+/// The pruning rule's constants for `dim` dimensions: a region at lower bound `rd` (f64)
+/// may hold a candidate that enters a full heap iff `rd <= worst * margin + slack`.
+/// Rounding: the canonical accumulator of a point at real distance D is at least
+/// D (1 - (d+1)u) and a bound computed in f64 is at most the real one (1 + 1e-13); `margin`
+/// covers both. `slack` covers terms that underflow to zero in T (f32 squares below ~1e-45).
+fn prune_margins<T: Coord>(dim: usize) -> (f64, f64) {
+    (
+        1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13,
+        (dim + 2) as f64 * 1e-44,
+    )
+}
+
+/// Copies answers computed in query order (position p is query `qids[p]`) into rows.
+fn gather_rows<T: Coord>(
+    qids: &[u32],
+    k: usize,
+    pos_idx: &[u32],
+    pos_acc: &[T],
+    indices: &mut [u32],
+    acc: &mut [T],
+) {
+    let mut row_of = vec![0u32; qids.len()];
+    for (p, &id) in qids.iter().enumerate() {
+        row_of[id as usize] = p as u32;
+    }
+    indices
+        .par_chunks_mut(k)
+        .zip(acc.par_chunks_mut(k))
+        .zip(row_of.par_iter())
+        .for_each(|((oi, oa), &p)| {
+            let p = p as usize;
+            oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
+            oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
+        });
 }
 
 /// A node: an inner node splits on `dim` at `split` (left: coordinate <= split, right:
@@ -477,9 +563,7 @@ struct Searcher<'t, T, M> {
 
 impl<T: Coord, M: MetricKind> Searcher<'_, T, M> {
     /// Whether a region at lower bound `rd` (f64) may hold a candidate that enters the
-    /// heap. Rounding: the canonical accumulator of a point at real distance D is at least
-    /// D (1 - (d+1)u) and `rd` at most the real bound (1 + 1e-13); `margin` covers both.
-    /// `slack` covers terms that underflow to zero in T (f32 squares below ~1e-45).
+    /// heap (see `prune_margins`).
     #[inline(always)]
     fn may_enter(&self, rd: f64) -> bool {
         !self.heap.full() || rd <= self.heap.worst().to_f64() * self.margin + self.slack

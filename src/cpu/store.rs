@@ -187,6 +187,45 @@ pub(crate) fn scan_cols_blocks<T: Coord, M: MetricKind>(
     early: bool,
     mut hit: impl FnMut(usize, u32),
 ) {
+    scan_cols_acc::<T, M>(q, cols, stride, lo, hi, thr, early, |s, _, mask| {
+        hit(s, mask);
+        thr
+    })
+}
+
+/// `scan_blocks` with the accumulators and a moving threshold (the kNN's k-th distance):
+/// `hit(s, acc, mask)` gets the block's accumulators and returns the threshold for the
+/// blocks after it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_acc<T: Coord, M: MetricKind>(
+    q: &[T],
+    store: &Store<T>,
+    lo: usize,
+    hi: usize,
+    thr: T,
+    early: bool,
+    hit: impl FnMut(usize, &[T; LANES], u32) -> T,
+) {
+    assert!(q.len() <= store.dim && hi <= store.n);
+    scan_cols_acc::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
+}
+
+/// The one distance kernel: LANES candidates at a time, each in canonical column order,
+/// a block dropped early (with `early`) once every lane exceeds the threshold (exact:
+/// partial sums never decrease).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scan_cols_acc<T: Coord, M: MetricKind>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    lo: usize,
+    hi: usize,
+    mut thr: T,
+    early: bool,
+    mut hit: impl FnMut(usize, &[T; LANES], u32) -> T,
+) {
     let dim = q.len();
     // Every load below reads column c < dim at slots < hi + LANES <= stride.
     assert!(hi + LANES <= stride && dim * stride <= cols.len());
@@ -217,7 +256,7 @@ pub(crate) fn scan_cols_blocks<T: Coord, M: MetricKind>(
             mask &= (1u32 << (hi - s)) - 1;
         }
         if mask != 0 {
-            hit(s, mask);
+            thr = hit(s, &acc, mask);
         }
         s += LANES;
     }

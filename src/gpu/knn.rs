@@ -48,10 +48,11 @@ pub(super) fn run(ctx: &Arc<Context>, job: &KnnJob) -> Result<KnnResult> {
     let algorithm = match job.opts.algorithm {
         Algorithm::Auto | Algorithm::Lss => Algorithm::Lss,
         Algorithm::Brute => Algorithm::Brute,
+        // The grid and k-d tree kNN are CPU algorithms: the GPU's own index for kNN is LSS.
         other => {
             return Err(Error::unsupported(format!(
-            "the GPU backend has no '{other}' kNN algorithm (use lss or brute, or the CPU backend)"
-        )))
+                "'{other}' kNN runs on the CPU backend (backend=cpu, or auto); the GPU backend has lss and brute"
+            )))
         }
     };
     match job.data.precision() {

@@ -56,7 +56,7 @@ def test_a_to_b_and_brute():
     rng = np.random.default_rng(3)
     X = rng.random((500, 4))
     Q = rng.random((80, 4)) * 1.2
-    for algorithm in ("auto", "kdtree", "brute"):
+    for algorithm in ("auto", "kdtree", "grid", "brute"):
         d, i = simjoin.knn(X, 12, query=Q, algorithm=algorithm)
         wd, wi = oracle(X, 12, query=Q)
         np.testing.assert_array_equal(i, wi)

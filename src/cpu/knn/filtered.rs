@@ -16,7 +16,7 @@ use super::{key_less, Heap, Tree};
 use crate::cpu::dot_filter::{self, FilterBound, FilterPoints};
 use crate::cpu::store::Store;
 use crate::error::Result;
-use crate::metric::{accumulate, reject_margin, Coord};
+use crate::metric::{accumulate, Coord};
 use crate::options::Metric;
 use rayon::prelude::*;
 
@@ -112,8 +112,7 @@ pub(super) fn search<T: Coord>(
     let queries = qside.as_ref().unwrap_or(&points);
     let self_join = query.is_none();
     let fma = dot_filter::fma_available();
-    let margin = 1.0 + 2.0 * reject_margin::<T>(dim) + 1e-13;
-    let slack = (dim + 2) as f64 * 1e-44;
+    let (margin, slack) = super::prune_margins::<T>(dim);
     // Leaves of identical points are not split: size the live masks for the largest.
     let widest = points
         .leaves

@@ -301,7 +301,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     float64). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
     like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan" or
     "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
-    "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
+    "grid" (CPU), "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
     The arrays view the engine's memory (no copy); it is freed with the last of them.
     """
     output = str(output).lower()
