@@ -197,6 +197,7 @@ pub(crate) fn point_terms(q: f64, dim: usize) -> Option<(f32, f64)> {
 /// Row-major filter copies of row-major `coords` (for the GPU kernels): point i's `dim`
 /// centred coordinates then its n2, at `i * (dim + 1)`; with the largest c_p and n2.
 /// None where `FilterPoints::build` would refuse the data.
+#[cfg(feature = "gpu")]
 pub(crate) fn centred_rows<T: Coord>(
     coords: &[T],
     dim: usize,
