@@ -3,15 +3,16 @@
 scipy's cKDTree, on the same data in the same run.
 
 Per workload (uniform points in [0, 1]^d, float64, seeded), each row the median of --reps:
-- CLI `self-join --stats`: the engine's own seconds (index + join, pairs in memory, not
-  sorted) and, with `--output pairs.npy`, the write phase alone and its GB/s;
-- Python `simjoin.self_join`: unsorted pairs, sorted pairs (the default), the CSR, the CSR
-  with distances, the count (each call from NumPy input to the NumPy/SciPy result);
+- CLI `self-join --stats`: the join counting only, and with `--output pairs.npy` the
+  writer's seconds and GB/s, unsorted (streamed while the join runs) and sorted;
+- Python `simjoin.self_join`: unsorted pairs (the base of the ratios: the join with its pairs
+  in memory), sorted pairs (the default), the CSR, the CSR with distances, the count (each
+  call from NumPy input to the NumPy/SciPy result);
 - Super-EGO (../shared/peers/super-ego, built here for the workload's dimension; its own
   timer: EGO sort + join, pairs kept in memory per thread, with all the machine's threads);
 - cKDTree(X).query_pairs(eps, output_type="ndarray") (tree build included).
-All systems must agree on the pair count. Ratios: each Python path over the engine's join
-seconds, and the best peer over simjoin's sorted pairs.
+All systems must agree on the pair count. Ratios: each Python path over the unsorted call,
+and the best peer over simjoin's sorted pairs.
 
 usage: python3 bench/results_bench.py [--n 1000000] [--reps 3] [--out bench/RESULTS_BENCH.md]
 Needs numpy, scipy and the simjoin package (tests/run.sh's venv has them), g++ for
@@ -65,10 +66,10 @@ def cli_binary():
     return exe
 
 
-def cli_stats(exe, data, eps, out=None):
+def cli_stats(exe, data, eps, out=None, extra=()):
     cmd = [exe, "self-join", data, "--eps", repr(eps), "--backend", "cpu", "--stats"]
     if out:
-        cmd += ["--output", out]
+        cmd += ["--output", out, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -110,24 +111,29 @@ def workload(name, dim, eps, n, reps, exe, work):
     rows = []
 
     cli = [cli_stats(exe, data, eps) for _ in range(reps)]
-    join_s = statistics.median(c["seconds"] for c in cli)
+    count_s = statistics.median(c["seconds"] for c in cli)
     pairs = cli[0]["pairs"]
-    rows.append(("CLI --stats join seconds (index + join, pairs in memory, unsorted)", join_s, None))
+    rows.append(("CLI --stats, no --output: the join counting only (index + join)", count_s, None))
 
     out = os.path.join(work, "pairs.npy")
-    writes = []
-    for _ in range(reps):
-        s = cli_stats(exe, data, eps, out)
-        writes.append(s["write_seconds"])
-        size = os.path.getsize(out)
-        os.remove(out)
-    write_s = statistics.median(writes)
-    rows.append((f"CLI --output pairs.npy: the write phase alone ({size / write_s / 1e9:.2f} GB/s)",
-                 write_s, None))
+    for label, extra in [("--unsorted: the writer's seconds", ["--unsorted"]),
+                         ("(sorted): sort + write seconds", [])]:
+        writes = []
+        for _ in range(reps):
+            s = cli_stats(exe, data, eps, out, extra)
+            writes.append(s["write_seconds"])
+            size = os.path.getsize(out)
+            os.remove(out)
+        w = statistics.median(writes)
+        rows.append((f"CLI --output pairs.npy {label} ({size / w / 1e9:.2f} GB/s)", w, None))
 
     simjoin.self_join(x[:1000], eps, backend="cpu")  # engine start outside the timers
+    # The base of the ratios: the join with its pairs in memory, as NumPy (the unsorted
+    # call: index, join, and the zero-copy hand-over).
+    join_s, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", sorted=False), reps)
+    assert count_of(r) == pairs
+    rows.append(("Python self_join(X, eps, sorted=False): the join, pairs in memory", join_s, 1.0))
     for label, kw in [
-        ("Python self_join(X, eps, sorted=False)", dict(sorted=False)),
         ("Python self_join(X, eps) (sorted, the default)", {}),
         ('Python self_join(X, eps, output="csr")', dict(output="csr")),
         ('Python self_join(X, eps, output="csr", return_distance=True)',
@@ -156,7 +162,7 @@ def workload(name, dim, eps, n, reps, exe, work):
     assert len(r) == pairs, (len(r), pairs)
     peers["cKDTree"] = t
     rows.append(('scipy cKDTree(X).query_pairs(eps, output_type="ndarray")', t, None))
-    sorted_s = rows[3][1]
+    sorted_s = rows[4][1]
     best = min(peers.values())
     return rows, pairs, join_s, sorted_s, best
 
