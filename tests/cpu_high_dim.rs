@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{each_precision, threshold_pairs, Rng};
 use simjoin::{oracle, Algorithm, Backend, Dataset, Engine, JoinOptions, Metric, Pair};
 
 const FILTER_NOTE: &str = "dot-product filter (";
@@ -78,30 +78,6 @@ fn check(data: &Dataset, other: Option<&Dataset>, eps: f64, expect: Expect, what
             }
         }
     }
-}
-
-/// Calls `f` with `x` as an f64 dataset and as an f32 one.
-fn each_precision(x: &[f64], d: usize, mut f: impl FnMut(&Dataset)) {
-    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    f(&Dataset::from_f64(x, d).unwrap());
-    f(&Dataset::from_f32(&x32, d).unwrap());
-}
-
-/// Base points plus partners at distance eps * (1 + k * 2^-24) for k in -3..=3, along
-/// random directions, so many pairs sit within an ulp or two of the threshold.
-fn threshold_pairs(n: usize, d: usize, eps: f64, scale: f64, offset: f64, seed: u64) -> Vec<f64> {
-    let mut r = Rng(seed);
-    let mut x = Vec::with_capacity(2 * n * d);
-    for i in 0..n {
-        let base: Vec<f64> = (0..d).map(|_| offset + scale * r.unit()).collect();
-        let dir: Vec<f64> = (0..d).map(|_| r.normal()).collect();
-        let len = dir.iter().map(|v| v * v).sum::<f64>().sqrt();
-        let k = (i % 7) as f64 - 3.0;
-        let dist = eps * (1.0 + k * f32::EPSILON as f64 / 2.0);
-        x.extend_from_slice(&base);
-        x.extend(base.iter().zip(&dir).map(|(b, v)| b + v / len * dist));
-    }
-    x
 }
 
 #[test]

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{assert_no_validation_errors, Rng, CHILD_ENV};
+use common::{assert_no_validation_errors, each_precision, threshold_pairs, Rng, CHILD_ENV};
 use simjoin::{oracle, Algorithm, Backend, Dataset, Engine, JoinOptions, Metric, Pair};
 use std::sync::OnceLock;
 
@@ -108,29 +108,6 @@ fn check(a: &Dataset, b: Option<&Dataset>, eps: f64, expect: Expect, what: &str)
     }
     assert_no_validation_errors();
     first
-}
-
-fn each_precision(x: &[f64], d: usize, mut f: impl FnMut(&Dataset)) {
-    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    f(&Dataset::from_f64(x, d).unwrap());
-    f(&Dataset::from_f32(&x32, d).unwrap());
-}
-
-/// Base points plus partners at distance eps * (1 + k * 2^-24) for k in -3..=3 (as in
-/// tests/cpu_high_dim.rs).
-fn threshold_pairs(n: usize, d: usize, eps: f64, scale: f64, offset: f64, seed: u64) -> Vec<f64> {
-    let mut r = Rng(seed);
-    let mut x = Vec::with_capacity(2 * n * d);
-    for i in 0..n {
-        let base: Vec<f64> = (0..d).map(|_| offset + scale * r.unit()).collect();
-        let dir: Vec<f64> = (0..d).map(|_| r.normal()).collect();
-        let len = dir.iter().map(|v| v * v).sum::<f64>().sqrt();
-        let k = (i % 7) as f64 - 3.0;
-        let dist = eps * (1.0 + k * f32::EPSILON as f64 / 2.0);
-        x.extend_from_slice(&base);
-        x.extend(base.iter().zip(&dir).map(|(b, v)| b + v / len * dist));
-    }
-    x
 }
 
 #[test]
