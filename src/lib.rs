@@ -29,6 +29,7 @@ pub mod metric;
 pub mod options;
 #[doc(hidden)]
 pub mod oracle;
+mod huge;
 mod radix;
 pub mod result;
 pub mod stats;

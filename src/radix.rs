@@ -73,8 +73,8 @@ pub fn build_csr(
     let by_row = |e: &Pair| u64::from(e[0] & low);
 
     // Bucket b holds rows b << row_shift.. : its own run of offsets and of neighbours.
-    let mut offsets = vec![0u64; rows + 1];
-    let mut neighbors = vec![0u32; total];
+    let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
+    let mut neighbors = crate::huge::zeroed(total, 0u32);
     let rows_per_bucket = 1usize << row_shift;
     let bucket_rows =
         |b: usize| (b * rows_per_bucket).min(rows)..((b + 1) * rows_per_bucket).min(rows);
@@ -201,7 +201,7 @@ fn scatter(
     starts.push(acc);
 
     // Zeroed allocation: the pages are mapped lazily, touched once by the scatter.
-    let mut out: Vec<Pair> = vec![[0, 0]; acc];
+    let mut out: Vec<Pair> = crate::huge::zeroed(acc, [0, 0]);
     let dst = OutPtr(out.as_mut_ptr());
     pairs
         .par_chunks(chunk)

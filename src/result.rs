@@ -53,6 +53,7 @@ impl PairSink for CollectSink {
                     self.pairs.len() + chunk.len()
                 )
             })?;
+            crate::huge::advise(&mut self.pairs);
         }
         self.pairs.extend_from_slice(chunk);
         Ok(())
@@ -278,6 +279,7 @@ fn distances_of(
                 format!("cannot allocate {len} distances"),
             )
         })?;
+        crate::huge::advise(&mut out);
         match output {
             Entries::Pairs(p) => p
                 .par_iter()
