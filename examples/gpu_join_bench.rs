@@ -1,5 +1,6 @@
 //! GPU join benchmark (run by hand, never as a test): synthetic data, one join per repeat,
-//! per-phase times, batches, overlap, and the median wall time; optionally the CPU backend
+//! per-phase times, batches, overlap, the median wall time against the transfer bound
+//! (result bytes over the measured device -> host bandwidth); optionally the CPU backend
 //! on the same data for a ratio measured in the same run.
 //!
 //! ```text
@@ -156,6 +157,7 @@ fn main() -> simjoin::Result<()> {
     );
     let engine = Engine::new();
     let mut walls = Vec::new();
+    let mut from_device = None;
     for rep in 0..args.repeat.max(1) {
         let t = Instant::now();
         let result = engine.self_join(&data, &opts)?;
@@ -174,6 +176,7 @@ fn main() -> simjoin::Result<()> {
             "    bytes to device {}, from device {}",
             r.bytes_to_device, r.bytes_from_device
         );
+        from_device = Some(r.bytes_from_device);
         // Each phase names its clock (GPU timestamps or host); the overlap is a note.
         for (phase, secs) in &r.phases {
             println!("    {phase:<40} {secs:.4} s");
@@ -187,6 +190,18 @@ fn main() -> simjoin::Result<()> {
         "gpu median wall: {gpu:.4} s over {} runs",
         args.repeat.max(1)
     );
+    // The transfer bound: no join that returns its pairs beats its result bytes over the
+    // measured device -> host bandwidth.
+    if let Some(bytes) = from_device.filter(|&b| b > 0) {
+        let ctx = simjoin::vk::Context::new(&Default::default())?;
+        let bw = ctx.transfer_bandwidth(bytes.clamp(64 << 20, 1 << 30), 3)?;
+        let bound = bytes as f64 / bw.download;
+        println!(
+            "transfer bound: {bytes} bytes from the device at {:.3} GB/s = {bound:.4} s; the join takes {:.3}x that",
+            bw.download / 1e9,
+            gpu / bound
+        );
+    }
     if args.cpu {
         opts.backend = Backend::Cpu;
         opts.algorithm = Algorithm::Auto;

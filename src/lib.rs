@@ -24,12 +24,12 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod grid;
+mod huge;
 pub mod knn;
 pub mod metric;
 pub mod options;
 #[doc(hidden)]
 pub mod oracle;
-mod huge;
 mod radix;
 pub mod result;
 pub mod stats;

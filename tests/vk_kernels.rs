@@ -154,6 +154,26 @@ fn buffers_mapped_upload_download_and_staging_copies() {
     assert_no_validation_errors();
 }
 
+/// `Context::transfer_bandwidth` (the transfer bound of bench/run.py gpu): an exactly
+/// checked round trip and finite positive rates, on the mapped path and, in a child
+/// process with SIMJOIN_GPU_STAGING=1, through pinned buffers and queue copies.
+#[test]
+fn transfer_bandwidth_round_trip() {
+    let ctx = shared_context();
+    let b = ctx.transfer_bandwidth(3 << 20, 2).unwrap();
+    assert_eq!(b.bytes, 3 << 20);
+    for rate in [b.upload, b.download] {
+        assert!(rate.is_finite() && rate > 0.0, "{b:?}");
+    }
+    assert_no_validation_errors();
+    if std::env::var_os(CHILD_ENV).is_none() {
+        run_in_child(
+            "transfer_bandwidth_round_trip",
+            &[("SIMJOIN_GPU_STAGING", "1")],
+        );
+    }
+}
+
 #[test]
 fn bad_buffer_access_is_a_clear_error() {
     let ctx = shared_context();

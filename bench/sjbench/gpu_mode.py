@@ -14,7 +14,7 @@ import numpy as np
 
 from . import workloads as wl
 from .harness import check_agreement, log, machine_info, summarise, System
-from .runner import list_vulkan_devices, run_simjoin_cli
+from .runner import list_vulkan_devices, measure_bandwidth, run_simjoin_cli
 
 
 def pick_device(devices: list[dict], wanted: str) -> dict | None:
@@ -37,12 +37,15 @@ def run_gpu_mode(args) -> int:
     if args.with_cpu:
         systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
                               lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "cpu", "auto")))  # fmt: skip
+    # The transfer bound: result bytes over the measured device -> host bandwidth.
+    bandwidth = measure_bandwidth(binary, args.device)
+    log(f"bandwidth: {bandwidth}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    results = {"mode": "gpu", "machine": machine_info(args), "device": device,
+    results = {"mode": "gpu", "machine": machine_info(args), "device": device, "bandwidth": bandwidth,
                "options": {"device": args.device, "precision": args.precision or "f64", "repeats": args.repeats, "timeout_s": args.timeout, "sizes": args.sizes,
                            "selectivities": args.selectivities, "seed": args.seed},
                "workloads": []}  # fmt: skip
@@ -75,6 +78,11 @@ def run_gpu_mode(args) -> int:
                         log(f"        {phase:<40} {secs:.4f} s")
                     if "bytes_to_device" in row:
                         log(f"        bytes to device {row['bytes_to_device']:,}, from device {row['bytes_from_device']:,}")
+                        bound = transfer_bound(row, bandwidth)
+                        if bound is not None:
+                            row["transfer_bound_s"] = bound
+                            log(f"        transfer bound {bound:.4g} s (results at {bandwidth['download_gbps']} GB/s); "
+                                f"join = {row['median'] / bound:.3g}x the bound")  # fmt: skip
                     for note in row.get("notes", []):
                         if note.startswith(("overlap", "GPU dot-product filter")):
                             log(f"        {note}")
@@ -93,6 +101,14 @@ def run_gpu_mode(args) -> int:
     return 1 if any(r.get("agrees") is False for w in results["workloads"] for p in w["points"] for r in p["systems"].values()) else 0
 
 
+def transfer_bound(row: dict, bandwidth: dict | None) -> float | None:
+    """Seconds the join's device -> host bytes take at the measured bandwidth: no join that
+    returns its pairs can be faster."""
+    if not bandwidth or row.get("median") is None or not row.get("bytes_from_device"):
+        return None
+    return row["bytes_from_device"] / (bandwidth["download_gbps"] * 1e9)
+
+
 def gpu_markdown(results: dict) -> str:
     m = results["machine"]
     dev = results["device"] or {"name": f"{results['options'].get('device')} (not listed by `simjoin info`)"}
@@ -101,23 +117,30 @@ def gpu_markdown(results: dict) -> str:
              f"{results['options'].get('precision', 'f64')} coordinates. "
              f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
              f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
+    bw = results.get("bandwidth")
+    if bw:
+        lines += [f"Measured copy bandwidth (`simjoin info --bandwidth {bw['mib']}`): host->device {bw['upload_gbps']} GB/s, "
+                  f"device->host {bw['download_gbps']} GB/s. `bound` = the join's bytes from the device at that rate; "
+                  f"`x bound` = seconds / bound.", ""]  # fmt: skip
     for w in results["workloads"]:
         lines += [f"## {w['workload']}: {w['description']}, n = {w['n']:,}", "",
-                  "| eps | selectivity | pairs | system | seconds | wall | batches | MB to / from device | overlap | phases (s) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| eps | selectivity | pairs | system | seconds | wall | batches | MB to / from device | bound (s) | x bound | overlap | phases (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for p in w["points"]:
             for key, r in p["systems"].items():
                 sel = f"{p['selectivity']:.3g}" if p["selectivity"] is not None else "?"
                 if r["status"] != "ok":
                     pairs = f"{p['pairs']:,}" if p["pairs"] is not None else "?"
-                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | | | {r['message']} |")
+                    lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | | | | | {r['message']} |")
                     continue
                 phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
                 agree = "" if r.get("agrees", True) else " **WRONG COUNT**"
                 moved = (f"{r['bytes_to_device'] / 1e6:.3g} / {r['bytes_from_device'] / 1e6:.3g}"
                          if "bytes_to_device" in r else "")  # fmt: skip
+                b = r.get("transfer_bound_s")
+                bound, x_bound = (f"{b:.3g}", f"{r['median'] / b:.3g}") if b else ("", "")
                 lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {r.get('device', key)} | "
                              f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
-                             f"{moved} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip
+                             f"{moved} | {bound} | {x_bound} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines) + "\n"
 

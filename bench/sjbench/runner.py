@@ -203,6 +203,23 @@ def list_vulkan_devices(binary: Path, env_extra: dict | None = None) -> list[dic
     return parse_info(proc.stdout) if proc.returncode == 0 else []
 
 
+BANDWIDTH_LINE = re.compile(r"bandwidth on (.*): host->device ([0-9.]+) GB/s, device->host ([0-9.]+) GB/s \(([0-9]+) MiB")
+
+
+def measure_bandwidth(binary: Path, device: str, mib: int = 256) -> dict | None:
+    """Host <-> device copy bandwidth of one device (`simjoin info --bandwidth`), in GB/s:
+    the bound on a GPU join's transfers. None when it cannot be measured."""
+    try:
+        proc = subprocess.run([str(binary), "info", "--bandwidth", str(mib), "--device", device],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = BANDWIDTH_LINE.search(proc.stdout)
+    if proc.returncode != 0 or not m:
+        return None
+    return {"device": m[1], "upload_gbps": float(m[2]), "download_gbps": float(m[3]), "mib": int(m[4])}
+
+
 def is_software(device: dict) -> bool:
     """lavapipe (llvmpipe) and other CPU-backed Vulkan implementations."""
     name = device.get("name", "").lower()

@@ -51,7 +51,7 @@ enum Command {
     /// (the pairs are streamed, never kept): labels 0, 1, ... per cluster, -1 for noise.
     Dbscan(dbscan::DbscanArgs),
     /// Vulkan devices, their queues and limits, and the backend `auto` chooses.
-    Info,
+    Info(InfoArgs),
     /// Generates seeded clustered data and runs a real join on it.
     Demo(DemoArgs),
 }
@@ -182,7 +182,7 @@ fn main() {
         Command::Join { a, b, join } => run_join(&[a, b], &join),
         Command::Knn(args) => run_knn(&args),
         Command::Dbscan(args) => dbscan::run(&args),
-        Command::Info => info(),
+        Command::Info(args) => info(&args),
         Command::Demo(args) => run_demo(&args),
     };
     if let Err(e) = outcome {
@@ -573,7 +573,19 @@ fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is not a usable size"))
 }
 
-fn info() -> Result<()> {
+#[derive(Args)]
+struct InfoArgs {
+    /// Also measure host <-> device copy bandwidth with buffers of this many MiB (the
+    /// bound on a GPU join's transfers: bench/run.py gpu divides result bytes by it).
+    #[arg(long, value_name = "MIB")]
+    bandwidth: Option<u64>,
+    /// The device to measure (index or name substring; default: SIMJOIN_DEVICE, else the
+    /// best device).
+    #[arg(long)]
+    device: Option<String>,
+}
+
+fn info(args: &InfoArgs) -> Result<()> {
     println!("simjoin {}", env!("CARGO_PKG_VERSION"));
     let devices = simjoin::devices()?;
     if devices.is_empty() {
@@ -601,7 +613,34 @@ fn info() -> Result<()> {
         "backend auto chooses: {} ({})",
         result.report.backend, result.report.device
     );
+    if let Some(mib) = args.bandwidth {
+        bandwidth(mib, args.device.clone())?;
+    }
     Ok(())
+}
+
+#[cfg(feature = "gpu")]
+fn bandwidth(mib: u64, device: Option<String>) -> Result<()> {
+    anyhow::ensure!(mib >= 1, "--bandwidth needs at least 1 MiB");
+    let ctx = simjoin::vk::Context::new(&simjoin::vk::ContextOptions {
+        device,
+        validation: None,
+    })?;
+    let b = ctx.transfer_bandwidth(mib << 20, 3)?;
+    // One line, parsed by bench/sjbench/runner.py.
+    println!(
+        "bandwidth on {}: host->device {:.3} GB/s, device->host {:.3} GB/s ({} MiB, best of 3)",
+        ctx.device_name(),
+        b.upload / 1e9,
+        b.download / 1e9,
+        mib
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "gpu"))]
+fn bandwidth(_mib: u64, _device: Option<String>) -> Result<()> {
+    anyhow::bail!("this simjoin was built without the gpu feature: no device to measure")
 }
 
 fn run_demo(args: &DemoArgs) -> Result<()> {

@@ -420,6 +420,18 @@ fn demo_saves_its_data_and_self_join_agrees() {
 fn info_names_the_auto_backend() {
     let out = stdout_ok(&run(&std::env::temp_dir(), &["info"]));
     assert!(out.contains("backend auto chooses: "), "{out}");
+    // The copy bandwidth of the default device (lavapipe in CI), as bench/run.py gpu reads it.
+    if !out.contains("Vulkan devices: none found") {
+        let out = stdout_ok(&run(&std::env::temp_dir(), &["info", "--bandwidth", "4"]));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("bandwidth on "))
+            .unwrap_or_else(|| panic!("no bandwidth line: {out}"));
+        assert!(
+            line.contains("GB/s, device->host") && line.ends_with("(4 MiB, best of 3)"),
+            "{line}"
+        );
+    }
 }
 
 /// Every `simjoin ...` line of the README's CLI example runs as written.

@@ -254,7 +254,8 @@ impl Buffer {
 
     /// Reads `count` elements starting at element `first` of a mapped buffer.
     pub fn read_vec<T: Pod>(&self, first: usize, count: usize) -> Result<Vec<T>> {
-        let mut out = vec![T::zeroed(); count];
+        // Fresh zeroed pages, on huge pages when large (results come back this way).
+        let mut out = crate::huge::zeroed(count, T::zeroed());
         self.read(first, &mut out)?;
         Ok(out)
     }

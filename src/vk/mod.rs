@@ -80,7 +80,7 @@ pub use kernel::{Kernel, KernelSpec};
 pub use memory::{Buffer, BufferRange, Memory, PooledBuffer, StagingPool};
 pub use stream::{Stream, Ticket};
 pub use timer::{GpuSpans, GpuTimer};
-pub use transfer::Uploads;
+pub use transfer::{Bandwidth, Uploads};
 
 /// SPIR-V for every `glsl/*.comp`, compiled by build.rs: `shaders::NAME` (file stem in
 /// upper case) is the module's bytes.

@@ -62,6 +62,79 @@ impl Context {
     }
 }
 
+/// Copy bandwidth between host memory and a device, as a join's transfers meet it.
+#[derive(Clone, Copy, Debug)]
+pub struct Bandwidth {
+    /// Bytes moved per measurement.
+    pub bytes: u64,
+    /// Host -> device: a host array into a device-local buffer (written in place where
+    /// device memory is mapped, else through a pinned buffer and a copy), bytes per second.
+    pub upload: f64,
+    /// Device -> host: a device-local buffer into a host array, the way join results come
+    /// back (read in place where mapped, else copied into a pinned buffer and read from
+    /// there), bytes per second.
+    pub download: f64,
+}
+
+impl Context {
+    /// Measures [`Bandwidth`] with buffers of `bytes`, best of `reps` (buffers allocated
+    /// outside the timing, as a join's three result slots are). The bound a join's
+    /// transfers cannot beat: its bytes over these rates.
+    pub fn transfer_bandwidth(self: &Arc<Self>, bytes: u64, reps: usize) -> Result<Bandwidth> {
+        let bytes = bytes.max(4) & !3;
+        let words = (bytes / 4) as usize;
+        let host: Vec<u32> = (0..words as u32).collect();
+        let device = Buffer::new(self, bytes, Memory::Device, "bandwidth probe")?;
+        // SIMJOIN_GPU_STAGING=1: the pinned path on a unified-memory device too (tests).
+        let staged =
+            !device.is_mapped() || std::env::var("SIMJOIN_GPU_STAGING").is_ok_and(|v| v == "1");
+        let pinned = if !staged {
+            None
+        } else {
+            Some((
+                Buffer::new(self, bytes, Memory::Upload, "bandwidth probe upload")?,
+                Buffer::new(self, bytes, Memory::Readback, "bandwidth probe readback")?,
+            ))
+        };
+        let mut stream = Stream::new(self, 0)?;
+        let (mut up, mut down) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..reps.max(1) {
+            let t = std::time::Instant::now();
+            match &pinned {
+                None => device.write(0, &host)?,
+                Some((upload, _)) => {
+                    upload.write(0, &host)?;
+                    // Orders the copy after the previous round's reads of `device`.
+                    stream.barrier()?;
+                    stream.copy(upload, 0, &device, 0, bytes)?;
+                    stream.submit()?.wait()?;
+                }
+            }
+            up = up.min(t.elapsed().as_secs_f64());
+            let t = std::time::Instant::now();
+            let back: Vec<u32> = match &pinned {
+                None => device.read_vec(0, words)?,
+                Some((_, readback)) => {
+                    stream.barrier()?;
+                    stream.copy(&device, 0, readback, 0, bytes)?;
+                    stream.submit()?.wait()?;
+                    readback.read_vec(0, words)?
+                }
+            };
+            down = down.min(t.elapsed().as_secs_f64());
+            // The round trip must be exact, or the figures measure nothing.
+            if back != host {
+                return Err(anyhow::anyhow!("the bandwidth probe read back other data").into());
+            }
+        }
+        Ok(Bandwidth {
+            bytes,
+            upload: bytes as f64 / up,
+            download: bytes as f64 / down,
+        })
+    }
+}
+
 /// The uploads of one job: device-local buffers filled from host data, written in place
 /// where device memory is mapped, else through pinned staging buffers from a reused
 /// [`StagingPool`] and copied on this job's one transfer stream. Copies run once
