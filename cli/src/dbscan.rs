@@ -2,10 +2,10 @@
 //! labels written as .npy (1-D int64) or .csv (header `label`, then line i + 2 holds point
 //! i's label), or a one-line summary; `--stats` prints one JSON object.
 
-use crate::input::{read_points, Precision};
+use crate::input::read_points;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use simjoin::{Algorithm, Backend, DbscanOptions, Engine, EngineOptions, Metric};
+use simjoin::{Algorithm, DbscanOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,12 +20,8 @@ pub struct DbscanArgs {
     /// Neighbours, the point itself included, that make a core point (>= 1).
     #[arg(long, default_value_t = 5, allow_negative_numbers = true)]
     min_samples: i64,
-    /// euclidean, manhattan or chebyshev.
-    #[arg(long, default_value = "euclidean")]
-    metric: Metric,
-    /// auto, gpu or cpu.
-    #[arg(long, default_value = "auto")]
-    backend: Backend,
+    #[command(flatten)]
+    run: crate::RunArgs,
     /// The join's algorithm: auto, grid, ego, brute or lss (the labels are the same).
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
@@ -36,15 +32,6 @@ pub struct DbscanArgs {
     /// Print one JSON object: clusters, noise points, core points, pairs, seconds, backend.
     #[arg(long)]
     stats: bool,
-    /// Coordinate precision (default: as stored; text files are read as f64).
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    /// CPU worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Vulkan device index or name substring.
-    #[arg(long)]
-    device: Option<String>,
 }
 
 fn check_output_path(path: &Path) -> Result<()> {
@@ -97,21 +84,17 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
     let opts = DbscanOptions {
         eps: args.eps,
         min_samples: usize::try_from(args.min_samples)?,
-        metric: args.metric,
-        backend: args.backend,
+        metric: args.run.metric,
+        backend: args.run.backend,
         algorithm: args.algorithm,
     };
     opts.validate()?;
     if let Some(path) = &args.output {
         check_output_path(path)?;
     }
-    let engine = Engine::with_options(EngineOptions {
-        device: args.device.clone(),
-        threads: args.threads,
-        validation: None,
-    })?;
+    let engine = args.run.engine()?;
     let read_start = Instant::now();
-    let points = read_points(&args.input)?.with_precision(args.precision);
+    let points = read_points(&args.input)?.with_precision(args.run.precision);
     let data = points
         .dataset()
         .with_context(|| args.input.display().to_string())?;

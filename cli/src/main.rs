@@ -56,17 +56,44 @@ enum Command {
     Demo(DemoArgs),
 }
 
+/// What every computing command shares: the metric, where it runs, how input is read.
+#[derive(Args)]
+pub(crate) struct RunArgs {
+    /// euclidean, manhattan or chebyshev.
+    #[arg(long, default_value = "euclidean")]
+    pub metric: Metric,
+    /// auto, gpu or cpu.
+    #[arg(long, default_value = "auto")]
+    pub backend: Backend,
+    /// Coordinate precision (default: as stored; text files are read as f64).
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
+    /// CPU worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Vulkan device index or name substring.
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+impl RunArgs {
+    /// The engine for a command: its device and CPU threads from the command line.
+    pub fn engine(&self) -> Result<Engine> {
+        Ok(Engine::with_options(EngineOptions {
+            device: self.device.clone(),
+            threads: self.threads,
+            validation: None,
+        })?)
+    }
+}
+
 #[derive(Args)]
 struct JoinArgs {
     /// Distance threshold (> 0): a pair matches when dist <= eps.
     #[arg(long, allow_negative_numbers = true)]
     eps: f64,
-    /// euclidean, manhattan or chebyshev.
-    #[arg(long, default_value = "euclidean")]
-    metric: Metric,
-    /// auto, gpu or cpu.
-    #[arg(long, default_value = "auto")]
-    backend: Backend,
+    #[command(flatten)]
+    run: RunArgs,
     /// auto, grid, ego, brute or lss.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
@@ -91,15 +118,6 @@ struct JoinArgs {
     /// Print one JSON object with the pair count, timings and what ran.
     #[arg(long)]
     stats: bool,
-    /// Coordinate precision for the join (default: as stored; text files are read as f64).
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    /// CPU worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Vulkan device index or name substring.
-    #[arg(long)]
-    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -112,12 +130,8 @@ struct KnnArgs {
     /// Query points (default: INPUT itself, each point's own entry excluded).
     #[arg(long)]
     query: Option<PathBuf>,
-    /// euclidean, manhattan or chebyshev.
-    #[arg(long, default_value = "euclidean")]
-    metric: Metric,
-    /// auto, gpu or cpu.
-    #[arg(long, default_value = "auto")]
-    backend: Backend,
+    #[command(flatten)]
+    run: RunArgs,
     /// auto, kdtree (CPU), grid (CPU), lss (GPU) or brute.
     #[arg(long, default_value = "auto")]
     algorithm: Algorithm,
@@ -131,15 +145,6 @@ struct KnnArgs {
     /// Print one JSON object with timings and what ran.
     #[arg(long)]
     stats: bool,
-    /// Coordinate precision (default: as stored; text files are read as f64).
-    #[arg(long, value_enum)]
-    precision: Option<Precision>,
-    /// CPU worker threads (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Vulkan device index or name substring.
-    #[arg(long)]
-    device: Option<String>,
 }
 
 #[derive(Args)]
@@ -223,20 +228,11 @@ impl Progress {
 
 fn options(args: &JoinArgs) -> JoinOptions {
     let mut opts = JoinOptions::new(args.eps);
-    opts.metric = args.metric;
-    opts.backend = args.backend;
+    opts.metric = args.run.metric;
+    opts.backend = args.run.backend;
     opts.algorithm = args.algorithm;
     opts.lss_lists = args.lss_lists;
     opts
-}
-
-/// The engine for a command: its device and CPU threads come from the command line.
-fn engine(args: &JoinArgs) -> Result<Engine> {
-    Ok(Engine::with_options(EngineOptions {
-        device: args.device.clone(),
-        threads: args.threads,
-        validation: None,
-    })?)
 }
 
 /// Runs a self-join (one input) or A ⋈ B (two inputs), printing the count, the stats, or
@@ -245,14 +241,14 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     let opts = options(args);
     // Check everything that needs no data first, so a typo fails fast.
     opts.validate()?;
-    let engine = engine(args)?;
+    let engine = args.run.engine()?;
     if let Some(path) = &args.output {
         output::check_output_path(path, args.distances)?;
     }
     let read_start = Instant::now();
     let sets: Vec<Points> = inputs
         .iter()
-        .map(|p| read_points(p).map(|x| x.with_precision(args.precision)))
+        .map(|p| read_points(p).map(|x| x.with_precision(args.run.precision)))
         .collect::<Result<_>>()?;
     let datasets: Vec<Dataset> = sets
         .iter()
@@ -297,8 +293,8 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
 
 fn run_knn(args: &KnnArgs) -> Result<()> {
     let opts = simjoin::KnnOptions {
-        metric: args.metric,
-        backend: args.backend,
+        metric: args.run.metric,
+        backend: args.run.backend,
         algorithm: args.algorithm,
         lss_lists: args.lss_lists,
     };
@@ -306,13 +302,9 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
     if let Some(path) = &args.output {
         output::check_knn_output_path(path)?;
     }
-    let engine = Engine::with_options(EngineOptions {
-        device: args.device.clone(),
-        threads: args.threads,
-        validation: None,
-    })?;
+    let engine = args.run.engine()?;
     let read_start = Instant::now();
-    let data = read_points(&args.input)?.with_precision(args.precision);
+    let data = read_points(&args.input)?.with_precision(args.run.precision);
     let query = match &args.query {
         // Queries take the data's precision (the join needs one).
         Some(p) => Some(read_points(p)?.with_precision(Some(data.precision()))),
@@ -354,7 +346,7 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
             "points": dset.len(),
             "queries": qset.map_or(dset.len(), |q| q.len()),
             "dim": dset.dim(),
-            "metric": args.metric.name(),
+            "metric": args.run.metric.name(),
             "read_seconds": read_seconds,
             "write_seconds": write_seconds,
         });
