@@ -2,9 +2,23 @@
 # CI gates beside the tests: formatting, clippy with warnings denied (every `unsafe` block
 # must carry a SAFETY comment: clippy::undocumented_unsafe_blocks), rustdoc with warnings
 # denied, a build with the MSRV Cargo.toml declares, and the library without the `gpu`
-# feature (no shaderc, no Vulkan) built and tested on its own.
+# feature (no shaderc, no Vulkan) built and tested on its own; and the README's layout
+# table naming every top-level folder and every file of src/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+echo "== README layout table names every top-level folder and every file directly in src/"
+layout=$(awk '/^## Layout/{on=1; next} /^## /{on=0} on' README.md)
+missing=0
+tracked=$(git ls-files)
+dirs=$(grep / <<<"$tracked" | grep -v '^\.' | cut -d/ -f1 | sort -u | sed 's|$|/|')
+src_dirs=$(grep '^src/[^/]*/' <<<"$tracked" | cut -d/ -f1-2 | sort -u | sed 's|$|/|')
+for path in $dirs $src_dirs $(grep '^src/[^/]*\.rs$' <<<"$tracked"); do
+  if ! grep -qF "\`$path" <<<"$layout"; then
+    echo "README.md's Layout table does not name $path"; missing=1
+  fi
+done
+[ "$missing" = 0 ]
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
