@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -146,31 +147,41 @@ def run_one(system, n, dim, eps, min_samples, out, args):
     err_f = open(os.path.join(out, f"{system}.err"), "w+")
     proc = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, text=True)
     killed = []
+    # The watchers never reap the child (Popen.poll would, and os.wait4 below would then
+    # fail with ChildProcessError): they stop polling once `finished` is set, which happens
+    # after the child has exited but before it is reaped, under the lock they kill with --
+    # so a kill never reaches a reaped child's pid, which the system may have reused.
+    finished = threading.Event()
+    lock = threading.Lock()
+
+    def stop(why):
+        with lock:
+            if not finished.is_set():
+                killed.append(why)
+                os.kill(proc.pid, signal.SIGKILL)
 
     def watch():
         limit_kib = args.mem_limit * 1024 * 1024
-        while proc.poll() is None:
+        while not finished.wait(0.1):
             if time.perf_counter() - start > args.time_limit:
-                killed.append(f"over the time limit ({args.time_limit:.0f} s)")
-                proc.kill()
-                return
+                return stop(f"over the time limit ({args.time_limit:.0f} s)")
             if rss_kib(proc.pid) > limit_kib:
-                killed.append(f"over the memory limit ({args.mem_limit:.0f} GiB resident)")
-                proc.kill()
-                return
-            time.sleep(0.1)
+                return stop(f"over the memory limit ({args.mem_limit:.0f} GiB resident)")
 
     polled = [0]
 
     def watch_rss():
-        while proc.poll() is None:
+        while not finished.wait(0.1):
             polled[0] = max(polled[0], rss_kib(proc.pid))
-            time.sleep(0.1)
 
     threading.Thread(target=watch_rss, daemon=True).start()
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
+    # Wait for the exit without reaping (WNOWAIT), stop the watchers, then reap with
     # os.wait4: this child's own rusage (peak resident memory in KiB on Linux).
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    with lock:
+        finished.set()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     watcher.join()
