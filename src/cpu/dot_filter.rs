@@ -23,6 +23,11 @@
 //!
 //! Hence F > G = (sqrt(t_real) + c_a + c_b)^2 + E implies D^2 > t_real: no match. G grows
 //! with c and n, so one G built from a block's maxima serves every pair of the block.
+//!
+//! The kNN kernel (`survivors_shifted`) evaluates F as n_b + sum(-2 x~_a x~_b) in f32 (d
+//! roundings, error <= gamma_d (n_b + 2 sum|x~_a x~_b|) <= 2 gamma_d (n_a + n_b)) and then
+//! adds n_a exactly, by comparing with G - n_a rounded up (`cutoff_less_own`): one more
+//! order of the same sum, inside E's spare (2 gamma_d + 2 u32 < kappa).
 //! A NaN F (overflow) is never a rejection; data whose centred norms could overflow f32,
 //! and thresholds so small that underflow terms matter, do not use the filter at all.
 //!
@@ -258,21 +263,39 @@ impl FilterBound {
     /// G for a block whose points have centring errors <= `err_a`, `err_b` and norms
     /// <= `n2_a`, `n2_b`, rounded up to f32.
     pub fn cutoff(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64) -> f32 {
+        round_up_f32(self.g(err_a, err_b, n2_a, n2_b))
+    }
+
+    /// The kNN kernel's cutoff (`survivors_shifted`): G - n_a for the query a whose n2 is
+    /// `own` (<= `n2_a`), rounded up to f32. `F - n_a > G - n_a` is `F > G`; the f64
+    /// subtraction's own rounding (< 2^-53 (G + n_a)) is covered by adding 1e-9 (G + n_a).
+    pub fn cutoff_less_own(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64, own: f32) -> f32 {
+        let g = self.g(err_a, err_b, n2_a, n2_b);
+        let own = own as f64;
+        round_up_f32(g - own + 1e-9 * (g + own))
+    }
+
+    /// G in f64, from above.
+    fn g(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64) -> f64 {
         let r = self.root + err_a + err_b;
         // (1 + 1e-9) covers this f64 arithmetic's own rounding.
-        let g = (r * r + self.kappa * (n2_a + n2_b) + self.sigma) * (1.0 + 1e-9);
-        let g32 = g as f32;
-        if (g32 as f64) < g {
-            f32::from_bits(g32.to_bits() + 1)
-        } else {
-            g32
-        }
+        (r * r + self.kappa * (n2_a + n2_b) + self.sigma) * (1.0 + 1e-9)
     }
 
     /// Whether the filter can reject anything for data whose centred norms reach
     /// `max_n2`: when the error term alone exceeds the threshold, it cannot.
     pub fn useful(&self, max_n2: f64) -> bool {
         2.0 * self.kappa * max_n2 < self.root * self.root
+    }
+}
+
+/// The f32 value nearest to `x` from above (x finite or infinite, not NaN).
+fn round_up_f32(x: f64) -> f32 {
+    let v = x as f32;
+    if (v as f64) < x {
+        v.next_up()
+    } else {
+        v
     }
 }
 
@@ -469,6 +492,130 @@ unsafe fn survivors_fma(
             j0 += COLS;
         }
         i0 += ROWS;
+    }
+}
+
+/// The kNN form of `survivors`, for one query per row with its own cutoff: `q` holds the
+/// queries' copies times -2 (exact: a power of two, and copies hold no subnormals), so each
+/// tile's accumulators start at the candidates' n_b and sum -2 x~_a.x~_b onto them: F - n_a,
+/// evaluated in another order (see the bound's note at `FilterBound`), compared with
+/// `h[i]` = `FilterBound::cutoff_less_own` (or +inf: keep all, -inf: keep none). Calls
+/// `keep(i, j0, mask)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
+/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept); when it
+/// returns `Some(g)`, g is query i's cutoff for the tiles after this one (a heap that
+/// tightened filters the rest of the block). Candidates run in the outer loop (a tile of
+/// them stays in L1 while the queries pass); tiles without a survivor cost one test.
+pub(crate) fn survivors_shifted(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    fma: bool,
+    mut keep: impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    q.check(dim, ROWS);
+    c.check(dim, COLS);
+    assert!(h.len() >= q.len.next_multiple_of(ROWS));
+    #[cfg(target_arch = "x86_64")]
+    if fma {
+        // SAFETY: avx2 and fma were detected at run time; the blocks and h were checked above.
+        return unsafe { shifted_fma(q, c, dim, h, &mut keep) };
+    }
+    let _ = fma;
+    shifted_portable(q, c, dim, h, &mut keep)
+}
+
+fn shifted_portable(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    for j0 in (0..c.len).step_by(COLS) {
+        let cn: &[f32; COLS] = c.n2[j0..][..COLS].try_into().unwrap();
+        for i0 in (0..q.len).step_by(ROWS) {
+            let mut acc = [*cn; ROWS];
+            for k in 0..dim {
+                let qa: &[f32; ROWS] = q.cols[k * q.stride + i0..][..ROWS].try_into().unwrap();
+                let cb: &[f32; COLS] = c.cols[k * c.stride + j0..][..COLS].try_into().unwrap();
+                for r in 0..ROWS {
+                    for l in 0..COLS {
+                        acc[r][l] += qa[r] * cb[l];
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate().take(q.len - i0) {
+                let mut mask = 0u32;
+                for (l, &f) in row.iter().enumerate() {
+                    mask |= (!(f > h[i0 + r]) as u32) << l;
+                }
+                mask &= tail_mask(c.len, j0);
+                if mask != 0 {
+                    if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                        h[i0 + r] = g;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn shifted_fma(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    use std::arch::x86_64::*;
+    let mut j0 = 0;
+    while j0 < c.len {
+        let cn0 = _mm256_loadu_ps(c.n2.as_ptr().add(j0));
+        let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
+        let mut i0 = 0;
+        while i0 < q.len {
+            let mut acc = [[cn0, cn1]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm256_loadu_ps(cp);
+                let b1 = _mm256_loadu_ps(cp.add(8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*qp.add(r));
+                    acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            // "not greater than, unordered true": a NaN is kept. One test for the tile.
+            let mut kept = [[_mm256_setzero_ps(); 2]; ROWS];
+            let mut any = _mm256_setzero_ps();
+            for r in 0..ROWS {
+                let hv = _mm256_broadcast_ss(&*h.as_ptr().add(i0 + r));
+                kept[r][0] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][0], hv);
+                kept[r][1] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][1], hv);
+                any = _mm256_or_ps(any, _mm256_or_ps(kept[r][0], kept[r][1]));
+            }
+            if _mm256_testz_ps(any, any) == 0 {
+                let tail = tail_mask(c.len, j0);
+                for (r, k) in kept.iter().enumerate().take(q.len - i0) {
+                    let m0 = _mm256_movemask_ps(k[0]) as u32;
+                    let m1 = _mm256_movemask_ps(k[1]) as u32;
+                    let mask = (m0 | m1 << 8) & tail;
+                    if mask != 0 {
+                        if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                            h[i0 + r] = g;
+                        }
+                    }
+                }
+            }
+            i0 += ROWS;
+        }
+        j0 += COLS;
     }
 }
 
