@@ -311,9 +311,15 @@ pub(crate) struct Block<'a> {
 
 impl Block<'_> {
     fn check(&self, dim: usize, pad: usize) {
+        assert!(self.readable(dim, pad));
+    }
+
+    /// Whether every column and n2 can be read up to `len` rounded up to `pad`.
+    fn readable(&self, dim: usize, pad: usize) -> bool {
         let need = self.len.next_multiple_of(pad);
-        assert!(need <= self.stride && need <= self.n2.len());
-        assert!(dim == 0 || (dim - 1) * self.stride + need <= self.cols.len());
+        need <= self.stride
+            && need <= self.n2.len()
+            && (dim == 0 || (dim - 1) * self.stride + need <= self.cols.len())
     }
 }
 
@@ -501,7 +507,8 @@ unsafe fn survivors_fma(
 /// evaluated in another order (see the bound's note at `FilterBound`), compared with
 /// `h[i]` = `FilterBound::cutoff_less_own` (or +inf: keep all, -inf: keep none). Calls
 /// `keep(i, j0, mask)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
-/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept); when it
+/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept), in row
+/// tiles `i0 / ROWS` whose bit is set in `tiles` (the others are skipped); when it
 /// returns `Some(g)`, g is query i's cutoff for the tiles after this one (a heap that
 /// tightened filters the rest of the block). Candidates run in the outer loop (a tile of
 /// them stays in L1 while the queries pass); tiles without a survivor cost one test.
@@ -510,19 +517,99 @@ pub(crate) fn survivors_shifted(
     c: &Block,
     dim: usize,
     h: &mut [f32],
-    fma: bool,
+    tiles: u64,
+    kernel: Kernel,
     mut keep: impl FnMut(usize, usize, u16) -> Option<f32>,
 ) {
     q.check(dim, ROWS);
     c.check(dim, COLS);
     assert!(h.len() >= q.len.next_multiple_of(ROWS));
-    #[cfg(target_arch = "x86_64")]
-    if fma {
-        // SAFETY: avx2 and fma were detected at run time; the blocks and h were checked above.
-        return unsafe { shifted_fma(q, c, dim, h, &mut keep) };
+    // Tiles past q.len are never visited: their bits may be anything.
+    assert!(q.len <= 64 * ROWS);
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if kernel == Kernel::Avx512 && c.readable(dim, WIDE) {
+        // SAFETY: avx512f was detected at run time (Kernel::detect); q and h were checked
+        // above, c just now for tiles of WIDE candidates.
+        return unsafe { shifted_avx512(q, c, dim, h, tiles, &mut keep) };
     }
-    let _ = fma;
-    shifted_portable(q, c, dim, h, &mut keep)
+    #[cfg(target_arch = "x86_64")]
+    if kernel != Kernel::Portable {
+        // SAFETY: avx2 and fma were detected at run time (Kernel::detect; Avx512 implies
+        // them); the blocks and h were checked above.
+        return unsafe { shifted_fma(q, c, dim, h, tiles, &mut keep) };
+    }
+    let _ = kernel;
+    shifted_portable(q, c, dim, h, tiles, &mut keep)
+}
+
+/// Candidates per tile of the AVX-512 kernel (two 16-lane registers).
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+const WIDE: usize = 2 * COLS;
+
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[target_feature(enable = "avx512f")]
+unsafe fn shifted_avx512(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    tiles: u64,
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    use std::arch::x86_64::*;
+    let mut j0 = 0;
+    while j0 < c.len {
+        let cn0 = _mm512_loadu_ps(c.n2.as_ptr().add(j0));
+        let cn1 = _mm512_loadu_ps(c.n2.as_ptr().add(j0 + 16));
+        let mut i0 = 0;
+        while i0 < q.len {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                i0 += ROWS;
+                continue;
+            }
+            let mut acc = [[cn0, cn1]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm512_loadu_ps(cp);
+                let b1 = _mm512_loadu_ps(cp.add(16));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*qp.add(r));
+                    acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            // "not greater than, unordered true": a NaN is kept. One test for the tile.
+            let mut kept = [[0u16; 2]; ROWS];
+            let mut any = 0u16;
+            for r in 0..ROWS {
+                let hv = _mm512_set1_ps(*h.as_ptr().add(i0 + r));
+                kept[r][0] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][0], hv);
+                kept[r][1] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][1], hv);
+                any |= kept[r][0] | kept[r][1];
+            }
+            if any != 0 {
+                for (r, k) in kept.iter().enumerate().take(q.len - i0) {
+                    for (half, &m) in k.iter().enumerate() {
+                        let j = j0 + half * COLS;
+                        if j >= c.len {
+                            break;
+                        }
+                        let mask = m as u32 & tail_mask(c.len, j);
+                        if mask != 0 {
+                            if let Some(g) = keep(i0 + r, j, mask as u16) {
+                                h[i0 + r] = g;
+                            }
+                        }
+                    }
+                }
+            }
+            i0 += ROWS;
+        }
+        j0 += WIDE;
+    }
 }
 
 fn shifted_portable(
@@ -530,11 +617,15 @@ fn shifted_portable(
     c: &Block,
     dim: usize,
     h: &mut [f32],
+    tiles: u64,
     keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
 ) {
     for j0 in (0..c.len).step_by(COLS) {
         let cn: &[f32; COLS] = c.n2[j0..][..COLS].try_into().unwrap();
         for i0 in (0..q.len).step_by(ROWS) {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                continue;
+            }
             let mut acc = [*cn; ROWS];
             for k in 0..dim {
                 let qa: &[f32; ROWS] = q.cols[k * q.stride + i0..][..ROWS].try_into().unwrap();
@@ -568,6 +659,7 @@ unsafe fn shifted_fma(
     c: &Block,
     dim: usize,
     h: &mut [f32],
+    tiles: u64,
     keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
 ) {
     use std::arch::x86_64::*;
@@ -577,6 +669,10 @@ unsafe fn shifted_fma(
         let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
         let mut i0 = 0;
         while i0 < q.len {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                i0 += ROWS;
+                continue;
+            }
             let mut acc = [[cn0, cn1]; ROWS];
             let mut qp = q.cols.as_ptr().add(i0);
             let mut cp = c.cols.as_ptr().add(j0);
@@ -616,6 +712,41 @@ unsafe fn shifted_fma(
             i0 += ROWS;
         }
         j0 += COLS;
+    }
+}
+
+/// The kNN kernel's instruction set (`survivors_shifted`), chosen once per join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Portable,
+    /// AVX2 + FMA, 256-bit.
+    Fma,
+    /// AVX-512F, 512-bit (twice the multiply-adds per instruction; built with Rust >= 1.89).
+    Avx512,
+}
+
+impl Kernel {
+    /// The widest the CPU runs: SIMJOIN_NO_AVX512 stops at AVX2, SIMJOIN_NO_AVX2 at the
+    /// portable kernel.
+    pub fn detect() -> Self {
+        if !fma_available() {
+            return Kernel::Portable;
+        }
+        #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+        if std::env::var_os("SIMJOIN_NO_AVX512").is_none()
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            return Kernel::Avx512;
+        }
+        Kernel::Fma
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Fma => "AVX2/FMA",
+            Kernel::Avx512 => "AVX-512",
+        }
     }
 }
 

@@ -168,7 +168,13 @@ fn knn<T: DistanceType, M: MetricKind>(
             phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
             break 'search;
         }
-        if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
+        if algorithm == Algorithm::KdTree
+            && M::METRIC == Metric::Euclidean
+            && dim
+                >= std::env::var("SJ_FMD")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(FILTER_MIN_DIM)
         {
             if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
                 phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));

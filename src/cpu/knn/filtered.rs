@@ -34,6 +34,8 @@ const PB: usize = 128;
 const ORDER_LEAF: usize = 32;
 /// Candidates confirmed together: one kernel column tile.
 const TILE: usize = dot_filter::COLS;
+/// Queries of a kernel row tile.
+const ROWS: usize = dot_filter::ROWS;
 
 /// One side (points or queries) cut into blocks of its tree's leaf order: the filter's f32
 /// copy packed per block, each block's bounding box, and (points) the exact coordinates
@@ -182,7 +184,7 @@ pub(super) fn search<T: Coord>(
         return Ok(None);
     };
     let self_join = query.is_none();
-    let fma = dot_filter::fma_available();
+    let kernel = dot_filter::Kernel::detect();
     let (margin, slack) = super::prune_margins::<T>(dim);
     // The point side's largest centring error and norm: one per join, so a query's cutoff
     // changes only with its heap.
@@ -212,7 +214,7 @@ pub(super) fn search<T: Coord>(
                 len: qn,
             };
             // Cutoffs: +inf until a heap is full; padding rows never survive.
-            let mut h = vec![f32::NEG_INFINITY; qn.next_multiple_of(dot_filter::ROWS)];
+            let mut h = vec![f32::NEG_INFINITY; qn.next_multiple_of(ROWS)];
             h[..qn].iter_mut().for_each(|x| *x = f32::INFINITY);
             // Point blocks by their box bound to this query block, nearest first.
             let (qlo, qhi) = queries.bounds(qb, dim);
@@ -224,6 +226,18 @@ pub(super) fn search<T: Coord>(
                 .collect();
             order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let qpts = &qtree.pts[qr.start * dim..qr.end * dim];
+            // Each kernel row tile's bounding box.
+            let ntiles = qn.div_ceil(ROWS);
+            let mut tile_lo = vec![f64::INFINITY; ntiles * dim];
+            let mut tile_hi = vec![f64::NEG_INFINITY; ntiles * dim];
+            for (i, p) in qpts.chunks_exact(dim).enumerate() {
+                let t = i / ROWS;
+                for (c, &x) in p.iter().enumerate() {
+                    let x = x.to_f64();
+                    tile_lo[t * dim + c] = tile_lo[t * dim + c].min(x);
+                    tile_hi[t * dim + c] = tile_hi[t * dim + c].max(x);
+                }
+            }
             let qids = &qtree.ids[qr.clone()];
             // The loosest k-th accumulator once every heap is full.
             let mut loosest: Option<f64> = None;
@@ -238,37 +252,65 @@ pub(super) fn search<T: Coord>(
                 let pr = points.blocks[b].clone();
                 let cids = &ptree.ids[pr.clone()];
                 let ccols = &points.cols[b * dim * PB..(b + 1) * dim * PB];
+                // Row tiles whose box may still enter one of their heaps.
+                let (blo, bhi) = points.bounds(b, dim);
+                let mut tiles = 0u64;
+                for (t, rows) in heaps.chunks(ROWS).enumerate() {
+                    let open = match rows
+                        .iter()
+                        .try_fold(0.0f64, |m, h| h.full().then(|| m.max(h.worst().to_f64())))
+                    {
+                        None => true,
+                        Some(w) => {
+                            let (tlo, thi) =
+                                (&tile_lo[t * dim..][..dim], &tile_hi[t * dim..][..dim]);
+                            box_bound(tlo, thi, blo, bhi) <= w * margin + slack
+                        }
+                    };
+                    tiles |= (open as u64) << t;
+                }
+                if tiles == 0 {
+                    continue;
+                }
                 let mut changed = false;
-                dot_filter::survivors_shifted(&sblock, &cblock, dim, &mut h, fma, |i, j0, mask| {
-                    let heap = &mut heaps[i];
-                    let w = heap.full().then(|| heap.worst());
-                    let q = &qpts[i * dim..(i + 1) * dim];
-                    let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
-                    let mut offered = false;
-                    let mut m = mask;
-                    while m != 0 {
-                        let l = m.trailing_zeros() as usize;
-                        m &= m - 1;
-                        let id = cids[j0 + l];
-                        if self_join && id == qids[i] {
-                            continue;
+                dot_filter::survivors_shifted(
+                    &sblock,
+                    &cblock,
+                    dim,
+                    &mut h,
+                    tiles,
+                    kernel,
+                    |i, j0, mask| {
+                        let heap = &mut heaps[i];
+                        let w = heap.full().then(|| heap.worst());
+                        let q = &qpts[i * dim..(i + 1) * dim];
+                        let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
+                        let mut offered = false;
+                        let mut m = mask;
+                        while m != 0 {
+                            let l = m.trailing_zeros() as usize;
+                            m &= m - 1;
+                            let id = cids[j0 + l];
+                            if self_join && id == qids[i] {
+                                continue;
+                            }
+                            if !heap.full() || key_less((a[l], id), heap.worst_item()) {
+                                heap.offer((a[l], id));
+                                offered = true;
+                            }
                         }
-                        if !heap.full() || key_less((a[l], id), heap.worst_item()) {
-                            heap.offer((a[l], id));
-                            offered = true;
+                        if !offered || !heap.full() {
+                            return None;
                         }
-                    }
-                    if !offered || !heap.full() {
-                        return None;
-                    }
-                    changed = true;
-                    // The tightened heap's cutoff, for the rest of this block and the next.
-                    let own = qblock.n2[i];
-                    Some(match FilterBound::new(heap.worst(), dim) {
-                        Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
-                        None => f32::INFINITY,
-                    })
-                });
+                        changed = true;
+                        // The tightened heap's cutoff, for the rest of this block and the next.
+                        let own = qblock.n2[i];
+                        Some(match FilterBound::new(heap.worst(), dim) {
+                            Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
+                            None => f32::INFINITY,
+                        })
+                    },
+                );
                 if changed {
                     loosest = heaps
                         .iter()
@@ -303,6 +345,6 @@ pub(super) fn search<T: Coord>(
     Ok(Some(format!(
         "dot-product filter: blocks of {QB} queries x {PB} points in k-d tree order ({} point blocks, {} kernel), survivors confirmed exactly",
         nblocks,
-        if fma { "FMA" } else { "portable" }
+        kernel.name()
     )))
 }
