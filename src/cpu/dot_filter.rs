@@ -592,15 +592,20 @@ unsafe fn shifted_avx512(
             }
             if any != 0 {
                 for (r, k) in kept.iter().enumerate().take(q.len - i0) {
-                    for (half, &m) in k.iter().enumerate() {
+                    let mut m = k[0];
+                    for half in 0..2 {
                         let j = j0 + half * COLS;
                         if j >= c.len {
                             break;
                         }
                         let mask = m as u32 & tail_mask(c.len, j);
+                        m = k[1];
                         if mask != 0 {
                             if let Some(g) = keep(i0 + r, j, mask as u16) {
                                 h[i0 + r] = g;
+                                // The second half is a later tile: it sees the new cutoff.
+                                let gv = _mm512_set1_ps(g);
+                                m &= _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][1], gv);
                             }
                         }
                     }
@@ -843,6 +848,121 @@ mod tests {
         }
     }
 
+    /// The kNN kernels (`survivors_shifted`): AVX2 and AVX-512 report the same survivors
+    /// (the same FMA chain per lane), every kernel keeps each pair clearly below its query's
+    /// cutoff and drops each one clearly above, skipped row tiles report nothing, and a
+    /// cutoff returned by `keep` applies to the tiles after.
+    #[test]
+    fn shifted_kernels_agree() {
+        let dim = 23;
+        let (nq, nc) = (17usize, 77usize);
+        let mut seed = 3u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let (qs, cs) = (nq.next_multiple_of(ROWS), 128);
+        let mut qcols = vec![0.0f32; qs * dim];
+        let mut ccols = vec![0.0f32; cs * dim];
+        for k in 0..dim {
+            for i in 0..nq {
+                qcols[k * qs + i] = rnd();
+            }
+            for j in 0..nc {
+                ccols[k * cs + j] = rnd();
+            }
+        }
+        let norm = |cols: &[f32], s: usize, i: usize| -> f64 {
+            (0..dim).map(|k| (cols[k * s + i] as f64).powi(2)).sum()
+        };
+        let qn2: Vec<f32> = (0..qs).map(|i| norm(&qcols, qs, i) as f32).collect();
+        let cn2: Vec<f32> = (0..cs).map(|j| norm(&ccols, cs, j) as f32).collect();
+        let scaled: Vec<f32> = qcols.iter().map(|v| -2.0 * v).collect();
+        let q = Block {
+            cols: &scaled,
+            stride: qs,
+            n2: &qn2,
+            len: nq,
+        };
+        let c = Block {
+            cols: &ccols,
+            stride: cs,
+            n2: &cn2,
+            len: nc,
+        };
+        let exact = |i: usize, j: usize| -> f64 {
+            (0..dim)
+                .map(|k| (qcols[k * qs + i] as f64 - ccols[k * cs + j] as f64).powi(2))
+                .sum()
+        };
+        // Per query a cutoff on F around the typical distance (query 3: keep everything).
+        let g: Vec<f64> = (0..nq).map(|i| 3.0 + 0.1 * i as f64).collect();
+        let mut kernels = vec![Kernel::Portable];
+        if fma_available() {
+            kernels.push(Kernel::Fma);
+        }
+        if Kernel::detect() == Kernel::Avx512 {
+            kernels.push(Kernel::Avx512);
+        }
+        let mut fast: Option<Vec<bool>> = None;
+        for kernel in kernels {
+            let mut h = vec![f32::NEG_INFINITY; qs];
+            for i in 0..nq {
+                h[i] = round_up_f32(g[i] - qn2[i] as f64);
+            }
+            h[3] = f32::INFINITY;
+            // Row tile 1 (queries 6..12) skipped.
+            let tiles = !0u64 & !(1 << 1);
+            let mut kept = vec![false; nq * nc];
+            survivors_shifted(&q, &c, dim, &mut h, tiles, kernel, |i, j0, mut mask| {
+                while mask != 0 {
+                    let j = j0 + mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
+                    assert!(j < nc && i < nq);
+                    assert!(!kept[i * nc + j], "reported twice");
+                    kept[i * nc + j] = true;
+                }
+                None
+            });
+            let (mut inside, mut outside) = (0, 0);
+            for i in 0..nq {
+                for j in 0..nc {
+                    let d2 = exact(i, j);
+                    let skipped = (6..12).contains(&i);
+                    if skipped {
+                        assert!(!kept[i * nc + j], "{kernel:?}: skipped tile reported");
+                    } else if i == 3 || d2 < g[i] * 0.999 {
+                        assert!(kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} dropped");
+                        inside += 1;
+                    } else if d2 > g[i] * 1.001 {
+                        assert!(!kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} kept");
+                        outside += 1;
+                    }
+                }
+            }
+            assert!(inside > 100 && outside > 100, "{inside} {outside}");
+            if kernel != Kernel::Portable {
+                match &fast {
+                    None => fast = Some(kept),
+                    Some(f) => assert_eq!(f, &kept, "AVX2 and AVX-512 differ"),
+                }
+            }
+            // A cutoff of -inf returned for query 0 after its first report: nothing more.
+            let mut h = vec![f32::INFINITY; qs];
+            let mut reports = 0;
+            survivors_shifted(&q, &c, dim, &mut h, !0, kernel, |i, _, _| {
+                if i == 0 {
+                    reports += 1;
+                    return Some(f32::NEG_INFINITY);
+                }
+                None
+            });
+            assert_eq!(reports, 1, "{kernel:?}");
+        }
+    }
+
     #[test]
     fn cutoff_rounds_up_and_grows() {
         let b = FilterBound::new(0.25f32 * 0.25, 64).unwrap();
@@ -850,6 +970,13 @@ mod tests {
         assert!(g as f64 >= 0.0625);
         assert!(b.cutoff(1e-6, 1e-6, 1.0, 1.0) > g);
         assert!(FilterBound::new(1e-36f32, 8).is_none());
+        // The shifted cutoff: G - own from above, negative ones included.
+        let g64 = b.g(0.0, 0.0, 0.0, 0.0);
+        for own in [0.0f32, 0.01, 0.0625, 3.0] {
+            let h = b.cutoff_less_own(0.0, 0.0, 0.0, 0.0, own);
+            assert!(h as f64 >= g64 - own as f64, "{own}");
+            assert!((h as f64) < g64 - own as f64 + 1e-6);
+        }
         assert!(b.useful(1.0) && !b.useful(1e6));
     }
 }

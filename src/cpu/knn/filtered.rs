@@ -1,7 +1,7 @@
 //! High-dimensional Euclidean kNN: blocks of queries against blocks of points through the
 //! f32 dot-product filter of `dot_filter.rs`, every survivor confirmed in canonical
 //! arithmetic. From ~10 dimensions a k-d tree prunes almost nothing (bench/KNN_RESULTS.md:
-//! every leaf pair was visited at 16-64-D) and the cost is the n^2 d multiply-adds, which
+//! every leaf pair was visited at 16-64-D; from 8-D these blocks beat its search) and the cost is the n^2 d multiply-adds, which
 //! matrix-product peers (FAISS, scikit-learn's brute force) run at the machine's flop rate;
 //! the filter gives that rate without their rounding.
 //!
@@ -162,6 +162,27 @@ pub(super) fn search<T: Coord>(
     indices: &mut [u32],
     acc: &mut [T],
 ) -> Result<Option<String>> {
+    search_with(
+        dot_filter::Kernel::detect(),
+        data,
+        query,
+        dim,
+        k,
+        indices,
+        acc,
+    )
+}
+
+/// `search` with a given kernel (the tests run each the CPU has).
+fn search_with<T: Coord>(
+    kernel: dot_filter::Kernel,
+    data: &[T],
+    query: Option<&[T]>,
+    dim: usize,
+    k: usize,
+    indices: &mut [u32],
+    acc: &mut [T],
+) -> Result<Option<String>> {
     // One centre for both sides: the middle of the data's bounding box.
     let n = data.len() / dim;
     let mut center = vec![0.0; dim];
@@ -184,7 +205,6 @@ pub(super) fn search<T: Coord>(
         return Ok(None);
     };
     let self_join = query.is_none();
-    let kernel = dot_filter::Kernel::detect();
     let (margin, slack) = super::prune_margins::<T>(dim);
     // The point side's largest centring error and norm: one per join, so a query's cutoff
     // changes only with its heap.
@@ -347,4 +367,90 @@ pub(super) fn search<T: Coord>(
         nblocks,
         kernel.name()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dot_filter::Kernel;
+
+    /// Every kernel the CPU runs gives the canonical brute force's answer: same indices, same
+    /// accumulators bit for bit, ties by smaller index (integer data: many exact ties).
+    #[test]
+    fn kernels_match_brute_force() {
+        let mut kernels = vec![Kernel::Portable];
+        if dot_filter::fma_available() {
+            kernels.push(Kernel::Fma);
+        }
+        if Kernel::detect() == Kernel::Avx512 {
+            kernels.push(Kernel::Avx512);
+        }
+        let mut seed = 99u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for (dim, n, m, k, ints) in [
+            (8, 700, 0, 16, false),
+            (13, 300, 0, 299, false),
+            (64, 450, 0, 1, false),
+            (17, 400, 0, 9, true),
+            (40, 260, 150, 33, true),
+            (70, 200, 97, 200, false),
+        ] {
+            let mut gen = |count: usize| -> Vec<f32> {
+                (0..count * dim)
+                    .map(|_| {
+                        if ints {
+                            (rnd() % 3) as f32
+                        } else {
+                            (rnd() % 1_000_000) as f32 / 1e6 + 100.0
+                        }
+                    })
+                    .collect()
+            };
+            let data = gen(n);
+            let query = (m > 0).then(|| gen(m));
+            let rows = if m > 0 { m } else { n };
+            // The oracle: every pair in canonical arithmetic, sorted by (accumulator, index).
+            let mut want = Vec::with_capacity(rows * k);
+            for r in 0..rows {
+                let q = match &query {
+                    Some(qs) => &qs[r * dim..(r + 1) * dim],
+                    None => &data[r * dim..(r + 1) * dim],
+                };
+                let mut all: Vec<(f32, u32)> = (0..n)
+                    .filter(|&j| m > 0 || j != r)
+                    .map(|j| {
+                        let p = &data[j * dim..(j + 1) * dim];
+                        let a = q
+                            .iter()
+                            .zip(p)
+                            .fold(0.0, |a, (&x, &y)| accumulate(Metric::Euclidean, a, x, y));
+                        (a, j as u32)
+                    })
+                    .collect();
+                all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                want.extend_from_slice(&all[..k]);
+            }
+            for &kernel in &kernels {
+                let mut idx = vec![0u32; rows * k];
+                let mut acc = vec![0.0f32; rows * k];
+                let done = search_with(kernel, &data, query.as_deref(), dim, k, &mut idx, &mut acc)
+                    .unwrap();
+                assert!(done.is_some());
+                let got: Vec<(f32, u32)> = acc.iter().copied().zip(idx.iter().copied()).collect();
+                for (r, (g, w)) in got.chunks(k).zip(want.chunks(k)).enumerate() {
+                    assert!(
+                        g.iter()
+                            .zip(w)
+                            .all(|(a, b)| a.0.to_bits() == b.0.to_bits() && a.1 == b.1),
+                        "{kernel:?} dim {dim} n {n} m {m} k {k} row {r}: {g:?} vs {w:?}"
+                    );
+                }
+            }
+        }
+    }
 }
