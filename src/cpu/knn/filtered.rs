@@ -156,7 +156,8 @@ fn exact_tile<T: Coord>(
         if let Some(w) = w {
             let mut open = 0u16;
             for (l, &a) in acc.iter().enumerate() {
-                open |= (!(a > w) as u16) << l;
+                // Not above w (a NaN stays open, as in the kernel).
+                open |= ((a.partial_cmp(&w) != Some(std::cmp::Ordering::Greater)) as u16) << l;
             }
             if open & lanes == 0 {
                 return None;
