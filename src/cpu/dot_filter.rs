@@ -730,6 +730,7 @@ pub(crate) enum Kernel {
     /// AVX2 + FMA, 256-bit.
     Fma,
     /// AVX-512F, 512-bit (twice the multiply-adds per instruction; built with Rust >= 1.89).
+    #[cfg_attr(not(simjoin_avx512), allow(dead_code))]
     Avx512,
 }
 
