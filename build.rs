@@ -21,8 +21,30 @@ fn main() {
     if env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libsimjoin.so.{ABI_VERSION}");
     }
+    // AVX-512 intrinsics are stable from Rust 1.89: newer compilers build the AVX-512 kNN
+    // kernel (chosen at run time where the CPU has it), the MSRV builds without it.
+    println!("cargo::rustc-check-cfg=cfg(simjoin_avx512)");
+    if rustc_minor().is_some_and(|m| m >= 89) {
+        println!("cargo:rustc-cfg=simjoin_avx512");
+    }
     #[cfg(feature = "gpu")]
     compile_shaders();
+}
+
+/// The minor version of the compiler building this crate (`rustc 1.MINOR.PATCH ...`).
+fn rustc_minor() -> Option<u32> {
+    let rustc = env::var_os("RUSTC")?;
+    let out = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    text.split_whitespace()
+        .nth(1)?
+        .split('.')
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 #[cfg(feature = "gpu")]

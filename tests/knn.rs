@@ -272,3 +272,54 @@ fn grid_edge_cases() {
         "flat 3-D",
     );
 }
+
+#[test]
+fn filtered_blocks_8d_to_100d() {
+    // The Euclidean search from 8-D (blocks of 96 queries x 128 points through the dot-product
+    // filter): several blocks with ragged last ones, self and A-to-B, k = 1 to n - 1, f32
+    // and f64, data far from the origin, and duplicated points (exact ties at the k-th place).
+    let engine = Engine::new();
+    let mut rng = Rng(31);
+    for dim in [8, 9, 24, 64, 100] {
+        let n = 333;
+        let mut pts = uniform(&mut rng, n, dim);
+        // Every fifth point repeats the one before: ties by smaller index.
+        for i in (5..n).step_by(5) {
+            let (a, b) = pts.split_at_mut(i * dim);
+            b[..dim].copy_from_slice(&a[(i - 1) * dim..]);
+        }
+        let far: Vec<f64> = pts.iter().map(|&x| x * 0.01 + 3e4).collect();
+        let q = clustered(&mut rng, 101, dim);
+        for (name, p) in [("uniform", &pts), ("offset 3e4", &far)] {
+            let d64 = Dataset::from_f64(p, dim).unwrap();
+            let p32: Vec<f32> = p.iter().map(|&x| x as f32).collect();
+            let d32 = Dataset::from_f32(&p32, dim).unwrap();
+            for k in [1, 16, n - 1] {
+                check(&engine, &d64, None, k, &format!("{name} {dim}-D f64 k={k}"));
+                check(&engine, &d32, None, k, &format!("{name} {dim}-D f32 k={k}"));
+            }
+            let q64 = Dataset::from_f64(&q, dim).unwrap();
+            check(
+                &engine,
+                &d64,
+                Some(&q64),
+                40,
+                &format!("{name} {dim}-D A-to-B"),
+            );
+            check(
+                &engine,
+                &d64,
+                Some(&q64),
+                n,
+                &format!("{name} {dim}-D A-to-B k=n"),
+            );
+        }
+    }
+    // Two clusters 1e12 apart (f64): centred norms so large that the filter's error term
+    // exceeds every k-th distance; it keeps every pair and the exact confirmation decides.
+    let two: Vec<f64> = (0..300 * 12)
+        .map(|i| (i / 12 % 2) as f64 * 1e12 + rng.unit() * 1e-3)
+        .collect();
+    let d = Dataset::from_f64(&two, 12).unwrap();
+    check(&engine, &d, None, 7, "clusters 1e12 apart");
+}

@@ -23,6 +23,11 @@
 //!
 //! Hence F > G = (sqrt(t_real) + c_a + c_b)^2 + E implies D^2 > t_real: no match. G grows
 //! with c and n, so one G built from a block's maxima serves every pair of the block.
+//!
+//! The kNN kernel (`survivors_shifted`) evaluates F as n_b + sum(-2 x~_a x~_b) in f32 (d
+//! roundings, error <= gamma_d (n_b + 2 sum|x~_a x~_b|) <= 2 gamma_d (n_a + n_b)) and then
+//! adds n_a exactly, by comparing with G - n_a rounded up (`cutoff_less_own`): one more
+//! order of the same sum, inside E's spare (2 gamma_d + 2 u32 < kappa).
 //! A NaN F (overflow) is never a rejection; data whose centred norms could overflow f32,
 //! and thresholds so small that underflow terms matter, do not use the filter at all.
 //!
@@ -258,21 +263,39 @@ impl FilterBound {
     /// G for a block whose points have centring errors <= `err_a`, `err_b` and norms
     /// <= `n2_a`, `n2_b`, rounded up to f32.
     pub fn cutoff(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64) -> f32 {
+        round_up_f32(self.g(err_a, err_b, n2_a, n2_b))
+    }
+
+    /// The kNN kernel's cutoff (`survivors_shifted`): G - n_a for the query a whose n2 is
+    /// `own` (<= `n2_a`), rounded up to f32. `F - n_a > G - n_a` is `F > G`; the f64
+    /// subtraction's own rounding (< 2^-53 (G + n_a)) is covered by adding 1e-9 (G + n_a).
+    pub fn cutoff_less_own(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64, own: f32) -> f32 {
+        let g = self.g(err_a, err_b, n2_a, n2_b);
+        let own = own as f64;
+        round_up_f32(g - own + 1e-9 * (g + own))
+    }
+
+    /// G in f64, from above.
+    fn g(&self, err_a: f64, err_b: f64, n2_a: f64, n2_b: f64) -> f64 {
         let r = self.root + err_a + err_b;
         // (1 + 1e-9) covers this f64 arithmetic's own rounding.
-        let g = (r * r + self.kappa * (n2_a + n2_b) + self.sigma) * (1.0 + 1e-9);
-        let g32 = g as f32;
-        if (g32 as f64) < g {
-            f32::from_bits(g32.to_bits() + 1)
-        } else {
-            g32
-        }
+        (r * r + self.kappa * (n2_a + n2_b) + self.sigma) * (1.0 + 1e-9)
     }
 
     /// Whether the filter can reject anything for data whose centred norms reach
     /// `max_n2`: when the error term alone exceeds the threshold, it cannot.
     pub fn useful(&self, max_n2: f64) -> bool {
         2.0 * self.kappa * max_n2 < self.root * self.root
+    }
+}
+
+/// The f32 value nearest to `x` from above (x finite or infinite, not NaN).
+fn round_up_f32(x: f64) -> f32 {
+    let v = x as f32;
+    if (v as f64) < x {
+        v.next_up()
+    } else {
+        v
     }
 }
 
@@ -288,9 +311,15 @@ pub(crate) struct Block<'a> {
 
 impl Block<'_> {
     fn check(&self, dim: usize, pad: usize) {
+        assert!(self.readable(dim, pad));
+    }
+
+    /// Whether every column and n2 can be read up to `len` rounded up to `pad`.
+    fn readable(&self, dim: usize, pad: usize) -> bool {
         let need = self.len.next_multiple_of(pad);
-        assert!(need <= self.stride && need <= self.n2.len());
-        assert!(dim == 0 || (dim - 1) * self.stride + need <= self.cols.len());
+        need <= self.stride
+            && need <= self.n2.len()
+            && (dim == 0 || (dim - 1) * self.stride + need <= self.cols.len())
     }
 }
 
@@ -472,6 +501,264 @@ unsafe fn survivors_fma(
     }
 }
 
+/// The kNN form of `survivors`, for one query per row with its own cutoff: `q` holds the
+/// queries' copies times -2 (exact: a power of two, and copies hold no subnormals), so each
+/// tile's accumulators start at the candidates' n_b and sum -2 x~_a.x~_b onto them: F - n_a,
+/// evaluated in another order (see the bound's note at `FilterBound`), compared with
+/// `h[i]` = `FilterBound::cutoff_less_own` (or +inf: keep all, -inf: keep none). Calls
+/// `keep(i, j0, mask)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
+/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept), in row
+/// tiles `i0 / ROWS` whose bit is set in `tiles` (the others are skipped); when it
+/// returns `Some(g)`, g is query i's cutoff for the tiles after this one (a heap that
+/// tightened filters the rest of the block). Candidates run in the outer loop (a tile of
+/// them stays in L1 while the queries pass); tiles without a survivor cost one test.
+pub(crate) fn survivors_shifted(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    tiles: u64,
+    kernel: Kernel,
+    mut keep: impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    q.check(dim, ROWS);
+    c.check(dim, COLS);
+    assert!(h.len() >= q.len.next_multiple_of(ROWS));
+    // Tiles past q.len are never visited: their bits may be anything.
+    assert!(q.len <= 64 * ROWS);
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if kernel == Kernel::Avx512 && c.readable(dim, WIDE) {
+        // SAFETY: avx512f was detected at run time (Kernel::detect); q and h were checked
+        // above, c just now for tiles of WIDE candidates.
+        return unsafe { shifted_avx512(q, c, dim, h, tiles, &mut keep) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel != Kernel::Portable {
+        // SAFETY: avx2 and fma were detected at run time (Kernel::detect; Avx512 implies
+        // them); the blocks and h were checked above.
+        return unsafe { shifted_fma(q, c, dim, h, tiles, &mut keep) };
+    }
+    let _ = kernel;
+    shifted_portable(q, c, dim, h, tiles, &mut keep)
+}
+
+/// Candidates per tile of the AVX-512 kernel (two 16-lane registers).
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+const WIDE: usize = 2 * COLS;
+
+// Built only by compilers that have these intrinsics (build.rs sets simjoin_avx512 from
+// Rust 1.89), so the MSRV lint does not apply.
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn shifted_avx512(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    tiles: u64,
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    use std::arch::x86_64::*;
+    let mut j0 = 0;
+    while j0 < c.len {
+        let cn0 = _mm512_loadu_ps(c.n2.as_ptr().add(j0));
+        let cn1 = _mm512_loadu_ps(c.n2.as_ptr().add(j0 + 16));
+        let mut i0 = 0;
+        while i0 < q.len {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                i0 += ROWS;
+                continue;
+            }
+            let mut acc = [[cn0, cn1]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm512_loadu_ps(cp);
+                let b1 = _mm512_loadu_ps(cp.add(16));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*qp.add(r));
+                    acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            // "not greater than, unordered true": a NaN is kept. One test for the tile.
+            let mut kept = [[0u16; 2]; ROWS];
+            let mut any = 0u16;
+            for r in 0..ROWS {
+                let hv = _mm512_set1_ps(*h.as_ptr().add(i0 + r));
+                kept[r][0] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][0], hv);
+                kept[r][1] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][1], hv);
+                any |= kept[r][0] | kept[r][1];
+            }
+            if any != 0 {
+                for (r, k) in kept.iter().enumerate().take(q.len - i0) {
+                    let mut m = k[0];
+                    for half in 0..2 {
+                        let j = j0 + half * COLS;
+                        if j >= c.len {
+                            break;
+                        }
+                        let mask = m as u32 & tail_mask(c.len, j);
+                        m = k[1];
+                        if mask != 0 {
+                            if let Some(g) = keep(i0 + r, j, mask as u16) {
+                                h[i0 + r] = g;
+                                // The second half is a later tile: it sees the new cutoff.
+                                let gv = _mm512_set1_ps(g);
+                                m &= _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][1], gv);
+                            }
+                        }
+                    }
+                }
+            }
+            i0 += ROWS;
+        }
+        j0 += WIDE;
+    }
+}
+
+fn shifted_portable(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    tiles: u64,
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    for j0 in (0..c.len).step_by(COLS) {
+        let cn: &[f32; COLS] = c.n2[j0..][..COLS].try_into().unwrap();
+        for i0 in (0..q.len).step_by(ROWS) {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                continue;
+            }
+            let mut acc = [*cn; ROWS];
+            for k in 0..dim {
+                let qa: &[f32; ROWS] = q.cols[k * q.stride + i0..][..ROWS].try_into().unwrap();
+                let cb: &[f32; COLS] = c.cols[k * c.stride + j0..][..COLS].try_into().unwrap();
+                for r in 0..ROWS {
+                    for l in 0..COLS {
+                        acc[r][l] += qa[r] * cb[l];
+                    }
+                }
+            }
+            for (r, row) in acc.iter().enumerate().take(q.len - i0) {
+                let mut mask = 0u32;
+                for (l, &f) in row.iter().enumerate() {
+                    mask |= (!(f > h[i0 + r]) as u32) << l;
+                }
+                mask &= tail_mask(c.len, j0);
+                if mask != 0 {
+                    if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                        h[i0 + r] = g;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn shifted_fma(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    h: &mut [f32],
+    tiles: u64,
+    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+) {
+    use std::arch::x86_64::*;
+    let mut j0 = 0;
+    while j0 < c.len {
+        let cn0 = _mm256_loadu_ps(c.n2.as_ptr().add(j0));
+        let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
+        let mut i0 = 0;
+        while i0 < q.len {
+            if tiles >> (i0 / ROWS) & 1 == 0 {
+                i0 += ROWS;
+                continue;
+            }
+            let mut acc = [[cn0, cn1]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm256_loadu_ps(cp);
+                let b1 = _mm256_loadu_ps(cp.add(8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*qp.add(r));
+                    acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            // "not greater than, unordered true": a NaN is kept. One test for the tile.
+            let mut kept = [[_mm256_setzero_ps(); 2]; ROWS];
+            let mut any = _mm256_setzero_ps();
+            for r in 0..ROWS {
+                let hv = _mm256_broadcast_ss(&*h.as_ptr().add(i0 + r));
+                kept[r][0] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][0], hv);
+                kept[r][1] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][1], hv);
+                any = _mm256_or_ps(any, _mm256_or_ps(kept[r][0], kept[r][1]));
+            }
+            if _mm256_testz_ps(any, any) == 0 {
+                let tail = tail_mask(c.len, j0);
+                for (r, k) in kept.iter().enumerate().take(q.len - i0) {
+                    let m0 = _mm256_movemask_ps(k[0]) as u32;
+                    let m1 = _mm256_movemask_ps(k[1]) as u32;
+                    let mask = (m0 | m1 << 8) & tail;
+                    if mask != 0 {
+                        if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                            h[i0 + r] = g;
+                        }
+                    }
+                }
+            }
+            i0 += ROWS;
+        }
+        j0 += COLS;
+    }
+}
+
+/// The kNN kernel's instruction set (`survivors_shifted`), chosen once per join.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kernel {
+    Portable,
+    /// AVX2 + FMA, 256-bit.
+    Fma,
+    /// AVX-512F, 512-bit (twice the multiply-adds per instruction; built with Rust >= 1.89).
+    #[cfg_attr(not(simjoin_avx512), allow(dead_code))]
+    Avx512,
+}
+
+impl Kernel {
+    /// The widest the CPU runs: SIMJOIN_NO_AVX512 stops at AVX2, SIMJOIN_NO_AVX2 at the
+    /// portable kernel.
+    pub fn detect() -> Self {
+        if !fma_available() {
+            return Kernel::Portable;
+        }
+        #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+        if std::env::var_os("SIMJOIN_NO_AVX512").is_none()
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            return Kernel::Avx512;
+        }
+        Kernel::Fma
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Portable => "portable",
+            Kernel::Fma => "AVX2/FMA",
+            Kernel::Avx512 => "AVX-512",
+        }
+    }
+}
+
 /// Whether the FMA kernel may run (checked once per join; SIMJOIN_NO_AVX2 turns it off).
 pub(crate) fn fma_available() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -565,6 +852,121 @@ mod tests {
         }
     }
 
+    /// The kNN kernels (`survivors_shifted`): AVX2 and AVX-512 report the same survivors
+    /// (the same FMA chain per lane), every kernel keeps each pair clearly below its query's
+    /// cutoff and drops each one clearly above, skipped row tiles report nothing, and a
+    /// cutoff returned by `keep` applies to the tiles after.
+    #[test]
+    fn shifted_kernels_agree() {
+        let dim = 23;
+        let (nq, nc) = (17usize, 77usize);
+        let mut seed = 3u64;
+        let mut rnd = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let (qs, cs) = (nq.next_multiple_of(ROWS), 128);
+        let mut qcols = vec![0.0f32; qs * dim];
+        let mut ccols = vec![0.0f32; cs * dim];
+        for k in 0..dim {
+            for i in 0..nq {
+                qcols[k * qs + i] = rnd();
+            }
+            for j in 0..nc {
+                ccols[k * cs + j] = rnd();
+            }
+        }
+        let norm = |cols: &[f32], s: usize, i: usize| -> f64 {
+            (0..dim).map(|k| (cols[k * s + i] as f64).powi(2)).sum()
+        };
+        let qn2: Vec<f32> = (0..qs).map(|i| norm(&qcols, qs, i) as f32).collect();
+        let cn2: Vec<f32> = (0..cs).map(|j| norm(&ccols, cs, j) as f32).collect();
+        let scaled: Vec<f32> = qcols.iter().map(|v| -2.0 * v).collect();
+        let q = Block {
+            cols: &scaled,
+            stride: qs,
+            n2: &qn2,
+            len: nq,
+        };
+        let c = Block {
+            cols: &ccols,
+            stride: cs,
+            n2: &cn2,
+            len: nc,
+        };
+        let exact = |i: usize, j: usize| -> f64 {
+            (0..dim)
+                .map(|k| (qcols[k * qs + i] as f64 - ccols[k * cs + j] as f64).powi(2))
+                .sum()
+        };
+        // Per query a cutoff on F around the typical distance (query 3: keep everything).
+        let g: Vec<f64> = (0..nq).map(|i| 3.0 + 0.1 * i as f64).collect();
+        let mut kernels = vec![Kernel::Portable];
+        if fma_available() {
+            kernels.push(Kernel::Fma);
+        }
+        if Kernel::detect() == Kernel::Avx512 {
+            kernels.push(Kernel::Avx512);
+        }
+        let mut fast: Option<Vec<bool>> = None;
+        for kernel in kernels {
+            let mut h = vec![f32::NEG_INFINITY; qs];
+            for i in 0..nq {
+                h[i] = round_up_f32(g[i] - qn2[i] as f64);
+            }
+            h[3] = f32::INFINITY;
+            // Row tile 1 (queries 6..12) skipped.
+            let tiles = !(1u64 << 1);
+            let mut kept = vec![false; nq * nc];
+            survivors_shifted(&q, &c, dim, &mut h, tiles, kernel, |i, j0, mut mask| {
+                while mask != 0 {
+                    let j = j0 + mask.trailing_zeros() as usize;
+                    mask &= mask - 1;
+                    assert!(j < nc && i < nq);
+                    assert!(!kept[i * nc + j], "reported twice");
+                    kept[i * nc + j] = true;
+                }
+                None
+            });
+            let (mut inside, mut outside) = (0, 0);
+            for i in 0..nq {
+                for j in 0..nc {
+                    let d2 = exact(i, j);
+                    let skipped = (6..12).contains(&i);
+                    if skipped {
+                        assert!(!kept[i * nc + j], "{kernel:?}: skipped tile reported");
+                    } else if i == 3 || d2 < g[i] * 0.999 {
+                        assert!(kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} dropped");
+                        inside += 1;
+                    } else if d2 > g[i] * 1.001 {
+                        assert!(!kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} kept");
+                        outside += 1;
+                    }
+                }
+            }
+            assert!(inside > 100 && outside > 100, "{inside} {outside}");
+            if kernel != Kernel::Portable {
+                match &fast {
+                    None => fast = Some(kept),
+                    Some(f) => assert_eq!(f, &kept, "AVX2 and AVX-512 differ"),
+                }
+            }
+            // A cutoff of -inf returned for query 0 after its first report: nothing more.
+            let mut h = vec![f32::INFINITY; qs];
+            let mut reports = 0;
+            survivors_shifted(&q, &c, dim, &mut h, !0, kernel, |i, _, _| {
+                if i == 0 {
+                    reports += 1;
+                    return Some(f32::NEG_INFINITY);
+                }
+                None
+            });
+            assert_eq!(reports, 1, "{kernel:?}");
+        }
+    }
+
     #[test]
     fn cutoff_rounds_up_and_grows() {
         let b = FilterBound::new(0.25f32 * 0.25, 64).unwrap();
@@ -572,6 +974,13 @@ mod tests {
         assert!(g as f64 >= 0.0625);
         assert!(b.cutoff(1e-6, 1e-6, 1.0, 1.0) > g);
         assert!(FilterBound::new(1e-36f32, 8).is_none());
+        // The shifted cutoff: G - own from above, negative ones included.
+        let g64 = b.g(0.0, 0.0, 0.0, 0.0);
+        for own in [0.0f32, 0.01, 0.0625, 3.0] {
+            let h = b.cutoff_less_own(0.0, 0.0, 0.0, 0.0, own);
+            assert!(h as f64 >= g64 - own as f64, "{own}");
+            assert!((h as f64) < g64 - own as f64 + 1e-6);
+        }
         assert!(b.useful(1.0) && !b.useful(1e6));
     }
 }

@@ -1,70 +1,125 @@
-//! High-dimensional Euclidean kNN: leaves of queries against leaves of points, through the
+//! High-dimensional Euclidean kNN: blocks of queries against blocks of points through the
 //! f32 dot-product filter of `dot_filter.rs`, every survivor confirmed in canonical
-//! arithmetic. In 10 to 64+ dimensions a k-d tree prunes little and the exact per-dimension
-//! kernel is the whole cost, while matrix-product peers (FAISS, scikit-learn's brute force)
-//! run at the machine's flop rate; the filter gives that rate without their rounding.
+//! arithmetic. From ~10 dimensions a k-d tree prunes almost nothing (bench/KNN_RESULTS.md:
+//! every leaf pair was visited at 16-64-D; from 8-D these blocks beat its search) and the
+//! cost is the n^2 d multiply-adds, which matrix-product peers (FAISS, scikit-learn's brute
+//! force) run at the machine's flop rate; the filter gives that rate without their rounding.
 //!
-//! Per query leaf (a task), its queries' heaps meet the point leaves in order of the
-//! box-to-box lower bound, nearest first, so the heaps tighten quickly; the scan stops at
-//! the first leaf whose bound exceeds every heap's k-th accumulator (with the margin of
-//! `Searcher::may_enter`). For each (query leaf, point leaf) the filter rejects a pair when
-//! its F exceeds G(w), the cutoff of the query's heap: F > G(w) proves that the canonical
-//! accumulator exceeds w, and a heap's w only ever decreases, so a rejected point could
-//! never have entered. Queries whose heap the point leaf's box cannot enter are skipped. Survivors are measured exactly and offered to their heap.
+//! Both sides are put in k-d tree order (close points next to each other) and cut into
+//! fixed-size blocks (QB queries, PB points: whole kernel tiles, no ragged leaves), each
+//! with its bounding box. Per query block (a task), the point blocks are met nearest centre
+//! first, so the heaps tighten quickly, and a block whose box bound exceeds every heap's
+//! k-th accumulator (with the margin of `Searcher::may_enter`) is skipped, as is a kernel row
+//! tile (6 queries) whose own box cannot enter any of its heaps.
+//!
+//! Each query has a cutoff h = G(w) - n_a (`FilterBound::cutoff_less_own`, w its heap's
+//! k-th accumulator), refreshed as soon as its heap changes (from the next tile on): the kernel
+//! (`survivors_shifted`) rejects a pair when F - n_a > h, which proves that the canonical
+//! accumulator exceeds w; w only ever decreases, so a rejected point could never have
+//! entered. Survivors are measured exactly, a tile's 16 candidates at once (lane l does
+//! exactly the canonical scalar sum of candidate l), and offered to their heap.
 
 use super::{key_less, Heap, Tree};
-use crate::cpu::dot_filter::{self, FilterBound, FilterPoints};
+use crate::cpu::dot_filter::{self, Block, FilterBound, FilterPoints};
 use crate::cpu::store::Store;
 use crate::error::Result;
 use crate::metric::{accumulate, Coord};
 use crate::options::Metric;
 use rayon::prelude::*;
+use std::ops::Range;
 
-/// Points per leaf of both trees: a leaf pair is one call of the filter kernel.
-const LEAF: usize = 64;
+/// Queries per task: 16 kernel row tiles (a multiple of `dot_filter::ROWS`).
+const QB: usize = 96;
+/// Points per block: 8 kernel column tiles (a multiple of `dot_filter::COLS`).
+const PB: usize = 128;
+/// Leaf size of the trees that order the points (blocks are cut from their leaf order).
+const ORDER_LEAF: usize = 32;
+/// Candidates confirmed together: one kernel column tile.
+const TILE: usize = dot_filter::COLS;
+/// Queries of a kernel row tile.
+const ROWS: usize = dot_filter::ROWS;
 
-/// One side (points or queries): a tree in leaf order, its column store, the filter's f32
-/// copy, and each leaf's range and bounding box.
+/// One side (points or queries) cut into blocks of its tree's leaf order: the filter's f32
+/// copy packed per block, each block's bounding box, and (points) the exact coordinates
+/// column-major per block for the lane-wise confirmation.
 struct Side<T> {
-    tree: Tree<T>,
+    blocks: Vec<Range<usize>>,
     fp: FilterPoints,
-    leaves: Vec<std::ops::Range<usize>>,
     lo: Vec<f64>,
     hi: Vec<f64>,
+    /// Block b's column c, item j at `cols[(b * dim + c) * size + j]` (zero padded).
+    cols: Vec<T>,
 }
 
 impl<T: Coord> Side<T> {
-    fn new(data: &[T], dim: usize, center: &[f64]) -> Option<Self> {
-        let tree = Tree::build_with(data, dim, LEAF);
-        let leaves: Vec<_> = tree
-            .nodes
-            .iter()
-            .filter(|n| n.left == super::LEAF_MARK)
-            .map(|n| n.start as usize..n.end as usize)
-            .collect();
+    /// Blocks of `size` of `tree`'s order, centred on `center`; None when the filter cannot
+    /// take these data. `exact_cols`: keep the column-major exact copy.
+    fn new(tree: &Tree<T>, size: usize, center: &[f64], exact_cols: bool) -> Option<Self> {
+        let dim = tree.dim;
+        let n = tree.ids.len();
+        let blocks: Vec<Range<usize>> =
+            (0..n).step_by(size).map(|s| s..(s + size).min(n)).collect();
         let all: Vec<usize> = (0..dim).collect();
-        // Slots in leaf order: slot s is the tree's point s.
-        let store = Store::gather(data, dim, tree.ids.clone(), &all);
-        let fp = FilterPoints::build(&store, center, &leaves)?;
-        let mut lo = vec![f64::INFINITY; leaves.len() * dim];
-        let mut hi = vec![f64::NEG_INFINITY; leaves.len() * dim];
-        for (l, r) in leaves.iter().enumerate() {
-            for p in r.clone() {
-                for c in 0..dim {
-                    let x = tree.pts[p * dim + c].to_f64();
-                    lo[l * dim + c] = lo[l * dim + c].min(x);
-                    hi[l * dim + c] = hi[l * dim + c].max(x);
+        // Slots in tree order: slot s is the tree's point s.
+        let store = Store::gather(&tree.pts, dim, (0..n as u32).collect(), &all);
+        let fp = FilterPoints::build(&store, center, &blocks)?;
+        let mut lo = vec![f64::INFINITY; blocks.len() * dim];
+        let mut hi = vec![f64::NEG_INFINITY; blocks.len() * dim];
+        lo.par_chunks_mut(dim)
+            .zip(hi.par_chunks_mut(dim))
+            .zip(blocks.par_iter())
+            .for_each(|((lo, hi), r)| {
+                for p in tree.pts[r.start * dim..r.end * dim].chunks_exact(dim) {
+                    for c in 0..dim {
+                        let x = p[c].to_f64();
+                        lo[c] = lo[c].min(x);
+                        hi[c] = hi[c].max(x);
+                    }
                 }
-            }
+            });
+        let mut cols = Vec::new();
+        if exact_cols {
+            cols = vec![T::ZERO; blocks.len() * dim * size];
+            cols.par_chunks_mut(dim * size)
+                .zip(blocks.par_iter())
+                .for_each(|(out, r)| {
+                    for (j, p) in tree.pts[r.start * dim..r.end * dim]
+                        .chunks_exact(dim)
+                        .enumerate()
+                    {
+                        for c in 0..dim {
+                            out[c * size + j] = p[c];
+                        }
+                    }
+                });
         }
         Some(Side {
-            tree,
+            blocks,
             fp,
-            leaves,
             lo,
             hi,
+            cols,
         })
     }
+
+    fn bounds(&self, b: usize, dim: usize) -> (&[f64], &[f64]) {
+        (
+            &self.lo[b * dim..(b + 1) * dim],
+            &self.hi[b * dim..(b + 1) * dim],
+        )
+    }
+}
+
+/// Four times the squared distance between two boxes' centres: the order in which a query
+/// block meets the point blocks (measured 5-12 % less time than nearest box bound first, in
+/// 8-D to 64-D: in high dimensions box bounds are near zero for most blocks and say little).
+fn centre_dist(alo: &[f64], ahi: &[f64], blo: &[f64], bhi: &[f64]) -> f64 {
+    let mut s = 0.0;
+    for c in 0..alo.len() {
+        let g = (alo[c] + ahi[c]) - (blo[c] + bhi[c]);
+        s += g * g;
+    }
+    s
 }
 
 /// Squared Euclidean lower bound between two boxes (f64).
@@ -77,9 +132,65 @@ fn box_bound(alo: &[f64], ahi: &[f64], blo: &[f64], bhi: &[f64]) -> f64 {
     s
 }
 
+/// Canonical accumulators of query `q` against the TILE candidates of column-major `cols`
+/// (column c at `cols[c * stride..]`): lane l is exactly `metric::accumulate` over the
+/// dimensions in order for candidate l, the same sum the scalar search computes. None when
+/// `w` is given and every lane of `lanes` exceeds it (partial sums never decrease, so
+/// stopping early is exact).
+#[inline(always)]
+fn exact_tile<T: Coord>(
+    q: &[T],
+    cols: &[T],
+    stride: usize,
+    w: Option<T>,
+    lanes: u16,
+) -> Option<[T; TILE]> {
+    let mut acc = [T::ZERO; TILE];
+    for (c0, qc) in q.chunks(8).enumerate() {
+        for (c, &x) in qc.iter().enumerate() {
+            let col: &[T; TILE] = cols[(c0 * 8 + c) * stride..][..TILE].try_into().unwrap();
+            for l in 0..TILE {
+                acc[l] = accumulate(Metric::Euclidean, acc[l], x, col[l]);
+            }
+        }
+        if let Some(w) = w {
+            let mut open = 0u16;
+            for (l, &a) in acc.iter().enumerate() {
+                // Not above w (a NaN stays open, as in the kernel).
+                open |= ((a.partial_cmp(&w) != Some(std::cmp::Ordering::Greater)) as u16) << l;
+            }
+            if open & lanes == 0 {
+                return None;
+            }
+        }
+    }
+    Some(acc)
+}
+
 /// Runs the search into row-major `indices` / `acc` (accumulators, not yet square-rooted).
 /// `Ok(None)` when the filter cannot be used on these data (norms too large for f32).
 pub(super) fn search<T: Coord>(
+    data: &[T],
+    query: Option<&[T]>,
+    dim: usize,
+    k: usize,
+    indices: &mut [u32],
+    acc: &mut [T],
+) -> Result<Option<String>> {
+    search_with(
+        dot_filter::Kernel::detect(),
+        data,
+        query,
+        dim,
+        k,
+        indices,
+        acc,
+    )
+}
+
+/// `search` with a given kernel (the tests run each the CPU has).
+fn search_with<T: Coord>(
+    kernel: dot_filter::Kernel,
     data: &[T],
     query: Option<&[T]>,
     dim: usize,
@@ -99,192 +210,264 @@ pub(super) fn search<T: Coord>(
         }
         *m = lo + (hi - lo) / 2.0;
     }
-    let Some(points) = Side::new(data, dim, &center) else {
+    let ptree = Tree::build_with(data, dim, ORDER_LEAF);
+    let Some(points) = Side::new(&ptree, PB, &center, true) else {
         return Ok(None);
     };
-    let qside = match query {
-        Some(q) => match Side::new(q, dim, &center) {
-            Some(s) => Some(s),
-            None => return Ok(None),
-        },
-        None => None,
+    let qtree_own = query.map(|q| Tree::build_with(q, dim, ORDER_LEAF));
+    let qtree = qtree_own.as_ref().unwrap_or(&ptree);
+    let Some(queries) = Side::new(qtree, QB, &center, false) else {
+        return Ok(None);
     };
-    let queries = qside.as_ref().unwrap_or(&points);
     let self_join = query.is_none();
-    let fma = dot_filter::fma_available();
     let (margin, slack) = super::prune_margins::<T>(dim);
-    // Leaves of identical points are not split: size the live masks for the largest.
-    let widest = points
-        .leaves
-        .iter()
-        .chain(&queries.leaves)
-        .map(|r| r.len())
-        .max()
-        .unwrap_or(0);
-    let live = vec![u64::MAX; widest.div_ceil(64) + 1];
-    let nleaves = points.leaves.len();
+    // The point side's largest centring error and norm: one per join, so a query's cutoff
+    // changes only with its heap.
+    let (mut p_err, mut p_n2) = (0.0f64, 0.0f64);
+    for b in 0..points.blocks.len() {
+        let (_, e, n2) = points.fp.block(b);
+        p_err = p_err.max(e);
+        p_n2 = p_n2.max(n2);
+    }
+    let nblocks = points.blocks.len();
 
-    // Each query leaf's answers, in the queries' leaf order, then gathered into rows.
-    let per_leaf: Vec<(usize, Vec<(T, u32)>)> = queries
-        .leaves
+    // Each query block's answers, in the queries' tree order, then gathered into rows.
+    let per_block: Vec<Vec<(T, u32)>> = queries
+        .blocks
         .par_iter()
         .enumerate()
-        .map(|(ql, qr)| {
+        .map(|(qb, qr)| {
             let qn = qr.len();
             let mut heaps: Vec<Heap<T>> = (0..qn).map(|_| Heap::new(k)).collect();
-            let (qblock, q_err, q_n2) = queries.fp.block(ql);
-            // Point leaves by their box bound to this query leaf, nearest first.
-            let qlo = &queries.lo[ql * dim..(ql + 1) * dim];
-            let qhi = &queries.hi[ql * dim..(ql + 1) * dim];
-            let mut order: Vec<(f64, u32)> = (0..nleaves)
-                .map(|l| {
-                    let b = box_bound(
-                        qlo,
-                        qhi,
-                        &points.lo[l * dim..(l + 1) * dim],
-                        &points.hi[l * dim..(l + 1) * dim],
-                    );
-                    (b, l as u32)
+            let (qblock, q_err, _) = queries.fp.block(qb);
+            // The kernel's query copy: -2 x~ (exact).
+            let scaled: Vec<f32> = qblock.cols.iter().map(|&v| -2.0 * v).collect();
+            let sblock = Block {
+                cols: &scaled,
+                stride: qblock.stride,
+                n2: qblock.n2,
+                len: qn,
+            };
+            // Cutoffs: +inf until a heap is full; padding rows never survive.
+            let mut h = vec![f32::NEG_INFINITY; qn.next_multiple_of(ROWS)];
+            h[..qn].iter_mut().for_each(|x| *x = f32::INFINITY);
+            // Point blocks by their centre's distance to this query block's, nearest first,
+            // each with its box bound: a block beyond every heap's k-th value is skipped.
+            let (qlo, qhi) = queries.bounds(qb, dim);
+            let mut order: Vec<(f64, f64, u32)> = (0..nblocks)
+                .map(|b| {
+                    let (blo, bhi) = points.bounds(b, dim);
+                    let key = centre_dist(qlo, qhi, blo, bhi);
+                    (key, box_bound(qlo, qhi, blo, bhi), b as u32)
                 })
                 .collect();
             order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            let qpts = &queries.tree.pts[qr.start * dim..qr.end * dim];
-            let qids = &queries.tree.ids[qr.clone()];
-            let mut q_live = vec![0u64; qn.div_ceil(64) + 1];
-            let mut cut = vec![f32::INFINITY; qn];
-            for &(bound, l) in &order {
-                let l = l as usize;
-                // Stop at the first leaf beyond every heap's k-th accumulator.
-                let full = heaps.iter().all(|h| h.full());
-                if full {
-                    let loosest = heaps
-                        .iter()
-                        .map(|h| h.worst())
-                        .fold(T::ZERO, |a, b| a.max(b));
-                    if bound > loosest.to_f64() * margin + slack {
-                        break;
+            let qpts = &qtree.pts[qr.start * dim..qr.end * dim];
+            // Each kernel row tile's bounding box.
+            let ntiles = qn.div_ceil(ROWS);
+            let mut tile_lo = vec![f64::INFINITY; ntiles * dim];
+            let mut tile_hi = vec![f64::NEG_INFINITY; ntiles * dim];
+            for (i, p) in qpts.chunks_exact(dim).enumerate() {
+                let t = i / ROWS;
+                for (c, &x) in p.iter().enumerate() {
+                    let x = x.to_f64();
+                    tile_lo[t * dim + c] = tile_lo[t * dim + c].min(x);
+                    tile_hi[t * dim + c] = tile_hi[t * dim + c].max(x);
+                }
+            }
+            let qids = &qtree.ids[qr.clone()];
+            // The loosest k-th accumulator once every heap is full.
+            let mut loosest: Option<f64> = None;
+            for &(_, bound, b) in &order {
+                if let Some(w) = loosest {
+                    if bound > w * margin + slack {
+                        continue;
                     }
                 }
-                // Live queries: those whose heap this leaf's box may still enter; the
-                // cutoff is the loosest live one's.
-                let (blo, bhi) = (
-                    &points.lo[l * dim..(l + 1) * dim],
-                    &points.hi[l * dim..(l + 1) * dim],
-                );
-                let (cblock, c_err, c_n2) = points.fp.block(l);
-                q_live.iter_mut().for_each(|w| *w = 0);
-                let mut any_live = false;
-                for (i, h) in heaps.iter().enumerate() {
-                    let gi = if !h.full() {
-                        f32::INFINITY
-                    } else {
-                        let q = &qpts[i * dim..(i + 1) * dim];
-                        let mut lb = 0.0;
-                        for c in 0..dim {
-                            let x = q[c].to_f64();
-                            let gap = (blo[c] - x).max(x - bhi[c]).max(0.0);
-                            lb += gap * gap;
-                        }
-                        let w = h.worst();
-                        if lb > w.to_f64() * margin + slack {
-                            continue;
-                        }
-                        match FilterBound::new(w, dim) {
-                            Some(fb) => fb.cutoff(q_err, c_err, q_n2, c_n2),
-                            None => f32::INFINITY,
+                let b = b as usize;
+                let (cblock, _, _) = points.fp.block(b);
+                let pr = points.blocks[b].clone();
+                let cids = &ptree.ids[pr.clone()];
+                let ccols = &points.cols[b * dim * PB..(b + 1) * dim * PB];
+                // Row tiles whose box may still enter one of their heaps.
+                let (blo, bhi) = points.bounds(b, dim);
+                let mut tiles = 0u64;
+                for (t, rows) in heaps.chunks(ROWS).enumerate() {
+                    let open = match rows
+                        .iter()
+                        .try_fold(0.0f64, |m, h| h.full().then(|| m.max(h.worst().to_f64())))
+                    {
+                        None => true,
+                        Some(w) => {
+                            let (tlo, thi) =
+                                (&tile_lo[t * dim..][..dim], &tile_hi[t * dim..][..dim]);
+                            box_bound(tlo, thi, blo, bhi) <= w * margin + slack
                         }
                     };
-                    q_live[i / 64] |= 1 << (i % 64);
-                    cut[i] = gi;
-                    any_live = true;
+                    tiles |= (open as u64) << t;
                 }
-                if !any_live {
+                if tiles == 0 {
                     continue;
                 }
-                let cr = points.leaves[l].clone();
-                let cpts = &points.tree.pts[cr.start * dim..cr.end * dim];
-                let cids = &points.tree.ids[cr.clone()];
-                dot_filter::survivors(
-                    &qblock,
+                let mut changed = false;
+                dot_filter::survivors_shifted(
+                    &sblock,
                     &cblock,
                     dim,
-                    &cut,
-                    fma,
-                    &q_live,
-                    &live,
+                    &mut h,
+                    tiles,
+                    kernel,
                     |i, j0, mask| {
-                        let q = &qpts[i * dim..(i + 1) * dim];
                         let heap = &mut heaps[i];
+                        let w = heap.full().then(|| heap.worst());
+                        let q = &qpts[i * dim..(i + 1) * dim];
+                        let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
+                        let mut offered = false;
                         let mut m = mask;
                         while m != 0 {
-                            let j = j0 + m.trailing_zeros() as usize;
+                            let l = m.trailing_zeros() as usize;
                             m &= m - 1;
-                            let id = cids[j];
+                            let id = cids[j0 + l];
                             if self_join && id == qids[i] {
                                 continue;
                             }
-                            let p = &cpts[j * dim..(j + 1) * dim];
-                            if heap.full() {
-                                // Exact early exit: partial canonical sums never decrease.
-                                let w = heap.worst();
-                                let mut a = T::ZERO;
-                                let mut out = false;
-                                for (cq, cp) in q.chunks(8).zip(p.chunks(8)) {
-                                    for (&x, &y) in cq.iter().zip(cp) {
-                                        a = accumulate(Metric::Euclidean, a, x, y);
-                                    }
-                                    if a > w {
-                                        out = true;
-                                        break;
-                                    }
-                                }
-                                if !out && key_less((a, id), heap.worst_item()) {
-                                    heap.offer((a, id));
-                                }
-                            } else {
-                                let mut a = T::ZERO;
-                                for (&x, &y) in q.iter().zip(p) {
-                                    a = accumulate(Metric::Euclidean, a, x, y);
-                                }
-                                heap.offer((a, id));
+                            if !heap.full() || key_less((a[l], id), heap.worst_item()) {
+                                heap.offer((a[l], id));
+                                offered = true;
                             }
                         }
+                        if !offered || !heap.full() {
+                            return None;
+                        }
+                        changed = true;
+                        // The tightened heap's cutoff, for the rest of this block and the next.
+                        let own = qblock.n2[i];
+                        Some(match FilterBound::new(heap.worst(), dim) {
+                            Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
+                            None => f32::INFINITY,
+                        })
                     },
                 );
+                if changed {
+                    loosest = heaps
+                        .iter()
+                        .try_fold(0.0f64, |m, h| h.full().then(|| m.max(h.worst().to_f64())));
+                }
             }
             let mut out = Vec::with_capacity(qn * k);
             for h in &mut heaps {
                 out.extend(h.take_sorted());
             }
-            (ql, out)
+            out
         })
         .collect();
-    // Scatter rows: query slot s of leaf ql is the original row ids[s].
-    let mut rows_of_leaf: Vec<&[(T, u32)]> = vec![&[]; queries.leaves.len()];
-    for (ql, v) in &per_leaf {
-        rows_of_leaf[*ql] = v;
-    }
-    let qids = &queries.tree.ids;
-    let mut slot_of_row = vec![(0u32, 0u32); qids.len()];
-    for (ql, r) in queries.leaves.iter().enumerate() {
-        for (i, s) in r.clone().enumerate() {
-            slot_of_row[qids[s] as usize] = (ql as u32, i as u32);
-        }
+    // Scatter rows: query slot s of the tree order is the original row ids[s].
+    let qids = &qtree.ids;
+    let mut pos_of_row = vec![0u32; qids.len()];
+    for (s, &id) in qids.iter().enumerate() {
+        pos_of_row[id as usize] = s as u32;
     }
     indices
         .par_chunks_mut(k)
         .zip(acc.par_chunks_mut(k))
-        .zip(slot_of_row.par_iter())
-        .for_each(|((oi, oa), &(ql, i))| {
-            let row = &rows_of_leaf[ql as usize][i as usize * k..(i as usize + 1) * k];
+        .zip(pos_of_row.par_iter())
+        .for_each(|((oi, oa), &s)| {
+            let s = s as usize;
+            let row = &per_block[s / QB][(s % QB) * k..(s % QB + 1) * k];
             for (c, &(a, id)) in row.iter().enumerate() {
                 oi[c] = id;
                 oa[c] = a;
             }
         });
     Ok(Some(format!(
-        "dot-product filter ({} point leaves of <= {LEAF}, {} kernel)",
-        nleaves,
-        if fma { "FMA" } else { "portable" }
+        "dot-product filter: blocks of {QB} queries x {PB} points in k-d tree order ({} point blocks, {} kernel), survivors confirmed exactly",
+        nblocks,
+        kernel.name()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dot_filter::Kernel;
+
+    /// Every kernel the CPU runs gives the canonical brute force's answer: same indices, same
+    /// accumulators bit for bit, ties by smaller index (integer data: many exact ties).
+    #[test]
+    fn kernels_match_brute_force() {
+        let mut kernels = vec![Kernel::Portable];
+        if dot_filter::fma_available() {
+            kernels.push(Kernel::Fma);
+        }
+        if Kernel::detect() == Kernel::Avx512 {
+            kernels.push(Kernel::Avx512);
+        }
+        let mut seed = 99u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            seed >> 33
+        };
+        for (dim, n, m, k, ints) in [
+            (8, 700, 0, 16, false),
+            (13, 300, 0, 299, false),
+            (64, 450, 0, 1, false),
+            (17, 400, 0, 9, true),
+            (40, 260, 150, 33, true),
+            (70, 200, 97, 200, false),
+        ] {
+            let mut gen = |count: usize| -> Vec<f32> {
+                (0..count * dim)
+                    .map(|_| {
+                        if ints {
+                            (rnd() % 3) as f32
+                        } else {
+                            (rnd() % 1_000_000) as f32 / 1e6 + 100.0
+                        }
+                    })
+                    .collect()
+            };
+            let data = gen(n);
+            let query = (m > 0).then(|| gen(m));
+            let rows = if m > 0 { m } else { n };
+            // The oracle: every pair in canonical arithmetic, sorted by (accumulator, index).
+            let mut want = Vec::with_capacity(rows * k);
+            for r in 0..rows {
+                let q = match &query {
+                    Some(qs) => &qs[r * dim..(r + 1) * dim],
+                    None => &data[r * dim..(r + 1) * dim],
+                };
+                let mut all: Vec<(f32, u32)> = (0..n)
+                    .filter(|&j| m > 0 || j != r)
+                    .map(|j| {
+                        let p = &data[j * dim..(j + 1) * dim];
+                        let a = q
+                            .iter()
+                            .zip(p)
+                            .fold(0.0, |a, (&x, &y)| accumulate(Metric::Euclidean, a, x, y));
+                        (a, j as u32)
+                    })
+                    .collect();
+                all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                want.extend_from_slice(&all[..k]);
+            }
+            for &kernel in &kernels {
+                let mut idx = vec![0u32; rows * k];
+                let mut acc = vec![0.0f32; rows * k];
+                let done = search_with(kernel, &data, query.as_deref(), dim, k, &mut idx, &mut acc)
+                    .unwrap();
+                assert!(done.is_some());
+                let got: Vec<(f32, u32)> = acc.iter().copied().zip(idx.iter().copied()).collect();
+                for (r, (g, w)) in got.chunks(k).zip(want.chunks(k)).enumerate() {
+                    assert!(
+                        g.iter()
+                            .zip(w)
+                            .all(|(a, b)| a.0.to_bits() == b.0.to_bits() && a.1 == b.1),
+                        "{kernel:?} dim {dim} n {n} m {m} k {k} row {r}: {g:?} vs {w:?}"
+                    );
+                }
+            }
+        }
+    }
 }
