@@ -5,7 +5,8 @@
 //! once, a TLB miss on nearly every write. Asking the kernel for 2 MiB pages
 //! (`madvise(MADV_HUGEPAGE)`, which Linux honours in its default "madvise" mode) before
 //! the memory is first touched measured the sort's scatter of 16M pairs 35% faster
-//! (0.16 s -> 0.105 s, bench/RESULTS_BENCH.md). Advice only: where the kernel declines,
+//! (0.16 s -> 0.105 s on 2 loaded cores). Not for the buffer the join's sink grows while
+//! the workers wait on it: there 2 MiB faults measured slower (result.rs). Advice only: where the kernel declines,
 //! or off Linux, nothing changes; `SIMJOIN_HUGE_PAGES=0` turns it off.
 
 /// Below this many bytes a buffer is not worth a system call.

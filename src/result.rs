@@ -53,7 +53,8 @@ impl PairSink for CollectSink {
                     self.pairs.len() + chunk.len()
                 )
             })?;
-            crate::huge::advise(&mut self.pairs);
+            // No huge-page advice here: this buffer grows under the sink's lock while the
+            // workers wait, and 2 MiB faults there measured 30-40% slower (16M pairs).
         }
         self.pairs.extend_from_slice(chunk);
         Ok(())
