@@ -31,14 +31,7 @@ pub fn sort_pairs(pairs: &mut Vec<Pair>) {
         pairs.par_sort_unstable_by_key(key);
         return;
     }
-    let shift = key_bits - digit_bits;
-    let (mut out, starts) = scatter(pairs, false, 1 << digit_bits, |p| {
-        (key(p) >> shift) as usize
-    });
-    split_mut(&mut out, &starts)
-        .into_par_iter()
-        .for_each_init(Vec::new, |scratch, s| lsd(s, scratch, shift, &key));
-    *pairs = out;
+    scatter_then_lsd(pairs, key_bits, digit_bits, &key);
 }
 
 /// Sorts `pairs` by their first element, stably (entries with equal first elements keep
@@ -54,13 +47,24 @@ pub fn sort_by_first(pairs: &mut Vec<Pair>) {
         lsd(pairs, &mut Vec::new(), key_bits, &key);
         return;
     }
+    scatter_then_lsd(pairs, key_bits, digit_bits, &key);
+}
+
+/// The sort both entry points share: one scatter by the top `digit_bits` of the
+/// `key_bits`-bit key into buckets, then every bucket by its low bits, in parallel.
+fn scatter_then_lsd(
+    pairs: &mut Vec<Pair>,
+    key_bits: u32,
+    digit_bits: u32,
+    key: &(impl Fn(&Pair) -> u64 + Sync),
+) {
     let shift = key_bits - digit_bits;
     let (mut out, starts) = scatter(pairs, false, 1 << digit_bits, |p| {
         (key(p) >> shift) as usize
     });
     split_mut(&mut out, &starts)
         .into_par_iter()
-        .for_each_init(Vec::new, |scratch, s| lsd(s, scratch, shift, &key));
+        .for_each_init(Vec::new, |scratch, s| lsd(s, scratch, shift, key));
     *pairs = out;
 }
 
