@@ -174,6 +174,50 @@ fn transfer_bandwidth_round_trip() {
     }
 }
 
+/// Issue 10's SIGSEGV. Mesa 22.3's lavapipe runs submissions on a submit thread that
+/// releases a submission's waits on other timelines *after* signalling its own, so the
+/// host can see a stream finish and drop the timeline it waited on (legal: its waiter has
+/// completed) while that thread still writes into it. Streams now recycle their
+/// semaphores through the context instead of destroying them. The child process has
+/// glibc poison freed memory (tcache off, MALLOC_PERTURB_), which turned the rare crash
+/// into one seen in most runs of this loop before the fix.
+#[test]
+fn dropping_a_waited_on_timeline_at_once_is_safe() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        run_in_child(
+            "dropping_a_waited_on_timeline_at_once_is_safe",
+            &[
+                ("GLIBC_TUNABLES", "glibc.malloc.tcache_count=0"),
+                ("MALLOC_PERTURB_", "165"),
+            ],
+        );
+        return;
+    }
+    let ctx = shared_context();
+    std::thread::scope(|s| {
+        for t in 0..3u32 {
+            let ctx = ctx.clone();
+            s.spawn(move || {
+                let buf = Buffer::new(&ctx, 256, Memory::Device, "race").unwrap();
+                for i in 0..3000u32 {
+                    let mut a = Stream::new(&ctx, 0).unwrap();
+                    a.fill(&buf, 0, 256, i).unwrap();
+                    a.submit().unwrap();
+                    a.fill(&buf, 0, 256, t).unwrap();
+                    let waited = a.submit().unwrap();
+                    let mut b = Stream::new(&ctx, 1).unwrap();
+                    b.wait_for(&waited);
+                    b.fill(&buf, 0, 256, i ^ t).unwrap();
+                    b.submit().unwrap().wait().unwrap();
+                    // Both timelines go here, right after the host saw `b` finish.
+                }
+                assert_eq!(buf.read_vec::<u32>(0, 1).unwrap(), [2999 ^ t]);
+            });
+        }
+    });
+    assert_no_validation_errors();
+}
+
 #[test]
 fn bad_buffer_access_is_a_clear_error() {
     let ctx = shared_context();

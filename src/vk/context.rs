@@ -72,6 +72,9 @@ pub struct QueueLayout {
 /// the allocator's memory go in `drop`, then the device, then the instance.
 pub struct Context {
     pub(crate) kernels: KernelCache,
+    /// Timeline semaphores of dropped streams, reused by new ones and destroyed only with
+    /// the context (see [`Context::recycle_timeline`]).
+    idle_timelines: Mutex<Vec<vk::Semaphore>>,
     /// `None` only during `drop`, which frees the allocator's memory before the device.
     allocator: Option<Mutex<Allocator>>,
     compute_queues: Vec<Mutex<vk::Queue>>,
@@ -308,6 +311,7 @@ impl Context {
                     .map_or(0, |f| c.families[f as usize].timestamp_valid_bits),
             ],
             kernels: KernelCache::default(),
+            idle_timelines: Mutex::new(Vec::new()),
             device,
             instance,
         })
@@ -413,6 +417,77 @@ impl Context {
         }
     }
 
+    /// A timeline semaphore that no pending submission signals: a recycled one, else `None`.
+    pub(crate) fn reuse_timeline(&self) -> Option<vk::Semaphore> {
+        self.idle_timelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+    }
+
+    /// Takes back the timeline semaphore of a dropped stream instead of destroying it.
+    /// Why: Mesa's common queue code (lavapipe, and other Mesa drivers with emulated
+    /// timelines) runs submissions on a submit thread that, after a submission has
+    /// signalled, still releases its waits on *other* timelines. The host can see the
+    /// signal, drop the timeline that was waited on and destroy it (legal: every
+    /// submission using it has completed) while that thread writes into the freed
+    /// semaphore: issue 10's SIGSEGV. Recycled semaphores are never freed under it; the
+    /// pool is as large as the most streams alive at once. Destroyed in `drop`, after
+    /// [`Context::drain_queues`].
+    pub(crate) fn recycle_timeline(&self, semaphore: vk::Semaphore) {
+        self.idle_timelines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(semaphore);
+    }
+
+    /// Returns when every queue has finished every submission *and* the driver's
+    /// bookkeeping of them: an empty submission on each queue, waited on from the host.
+    /// A queue runs submissions in order, so when the empty one has signalled, the
+    /// driver's submit thread (if any) is done with all earlier ones, including the
+    /// releases `recycle_timeline` describes; `vkDeviceWaitIdle` only promises the first.
+    fn drain_queues(&self) -> Result<()> {
+        let mut ty = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
+        // SAFETY: a valid timeline create info on this live device.
+        let semaphore = unsafe { self.device.create_semaphore(&info, None) }
+            .map_err(vkr("creating a timeline semaphore"))?;
+        let queues = self.compute_queues.iter().chain(self.transfer_queue.iter());
+        let mut result = Ok(());
+        for (value, queue) in (1u64..).zip(queues) {
+            let signal = [semaphore];
+            let values = [value];
+            let mut timeline =
+                vk::TimelineSemaphoreSubmitInfo::default().signal_semaphore_values(&values);
+            let submit = vk::SubmitInfo::default()
+                .signal_semaphores(&signal)
+                .push_next(&mut timeline);
+            let q = queue.lock().unwrap_or_else(|p| p.into_inner());
+            // SAFETY: the queue's mutex is held; an empty batch that only signals our live
+            // timeline semaphore with a value above its current one.
+            let submitted = unsafe { self.device.queue_submit(*q, &[submit], vk::Fence::null()) };
+            drop(q);
+            let waited = submitted.and_then(|()| {
+                let wait = vk::SemaphoreWaitInfo::default()
+                    .semaphores(&signal)
+                    .values(&values);
+                // SAFETY: a host wait on our live semaphore.
+                unsafe { self.device.wait_semaphores(&wait, u64::MAX) }
+            });
+            if let Err(r) = waited {
+                result = Err(super::vk_error(r, "draining a queue"));
+                break;
+            }
+        }
+        // SAFETY: the empty batches have completed (or failed to submit, or the device is
+        // lost and nothing executes any more), and they waited on nothing, so no driver
+        // bookkeeping refers to this semaphore.
+        unsafe { self.device.destroy_semaphore(semaphore, None) };
+        result
+    }
+
     pub(crate) fn lock_queue(&self, q: QueueId) -> MutexGuard<'_, vk::Queue> {
         let m = match q {
             QueueId::Compute(i) => &self.compute_queues[i % self.compute_queues.len()],
@@ -461,8 +536,21 @@ impl Drop for Context {
         // Every buffer, kernel, stream and timer holds an `Arc` of the context, so none is
         // left; wait for stray work anyway (a leaked stream's submissions).
         let _ = self.wait_idle();
-        // SAFETY: the device is idle and no `Kernel` exists (see above).
-        unsafe { self.kernels.destroy(&self.device) };
+        let _ = self.drain_queues();
+        let idle = std::mem::take(
+            self.idle_timelines
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        // SAFETY: the device is idle and no `Kernel` exists (see above); no stream is left
+        // and the queues are drained, so no submission or driver thread uses the
+        // recycled semaphores.
+        unsafe {
+            self.kernels.destroy(&self.device);
+            for s in idle {
+                self.device.destroy_semaphore(s, None);
+            }
+        }
         // The allocator frees its memory blocks: before the device (a field, dropped next).
         drop(self.allocator.take());
         LIVE_CONTEXTS.fetch_sub(1, Ordering::SeqCst);

@@ -24,10 +24,13 @@ impl Timeline {
             .semaphore_type(vk::SemaphoreType::TIMELINE)
             .initial_value(0);
         let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
-        // SAFETY: a valid timeline create info (the timelineSemaphore feature is enabled at
-        // device creation); the device is alive (we hold its context).
-        let semaphore = unsafe { ctx.device.create_semaphore(&info, None) }
-            .map_err(vkr("creating a timeline semaphore"))?;
+        let semaphore = match ctx.reuse_timeline() {
+            Some(s) => s,
+            // SAFETY: a valid timeline create info (the timelineSemaphore feature is enabled
+            // at device creation); the device is alive (we hold its context).
+            None => unsafe { ctx.device.create_semaphore(&info, None) }
+                .map_err(vkr("creating a timeline semaphore"))?,
+        };
         Ok(Timeline {
             ctx: ctx.clone(),
             semaphore,
@@ -57,10 +60,12 @@ impl Timeline {
 
 impl Drop for Timeline {
     fn drop(&mut self) {
-        // SAFETY: the last `Arc` is gone: no stream signals it any more (a stream holds its
-        // own timeline) and no frame waits on it (frames hold the timelines they wait on
-        // until they complete), so no pending submission refers to it.
-        unsafe { self.ctx.device.destroy_semaphore(self.semaphore, None) };
+        // The last `Arc` is gone: no stream signals it any more (a stream holds its own
+        // timeline and waits for its work when dropped) and no frame waits on it (frames
+        // hold the timelines they wait on until they complete). The driver may still be
+        // finishing its bookkeeping of those waits, so the semaphore is not destroyed but
+        // goes back to the context (why: `Context::recycle_timeline`).
+        self.ctx.recycle_timeline(self.semaphore);
     }
 }
 
@@ -118,6 +123,8 @@ pub struct Stream {
     pool: vk::CommandPool,
     timeline: Arc<Timeline>,
     last_signalled: u64,
+    /// The timeline's value when this stream took it (recycled timelines start above 0).
+    first_value: u64,
     recording: Option<Frame>,
     in_flight: Vec<Frame>,
     waits: Vec<(Arc<Timeline>, u64)>,
@@ -147,8 +154,9 @@ impl Stream {
         let info = vk::CommandPoolCreateInfo::default()
             .queue_family_index(ctx.queue_family(queue))
             .flags(vk::CommandPoolCreateFlags::RESET_COMMAND_BUFFER);
-        // The timeline first: it destroys itself if the pool cannot be created.
+        // The timeline first: it goes back to the context if the pool cannot be created.
         let timeline = Arc::new(Timeline::new(ctx)?);
+        let first_value = timeline.completed()?;
         // SAFETY: a valid create info for a queue family of this live device.
         let pool = unsafe { ctx.device.create_command_pool(&info, None) }
             .map_err(vkr("creating a command pool"))?;
@@ -157,7 +165,8 @@ impl Stream {
             queue,
             pool,
             timeline,
-            last_signalled: 0,
+            last_signalled: first_value,
+            first_value,
             recording: None,
             in_flight: Vec::new(),
             waits: Vec::new(),
@@ -772,7 +781,7 @@ impl Stream {
         let value = self.last_signalled + 1;
         let mut wait_semaphores = Vec::new();
         let mut wait_values = Vec::new();
-        if self.last_signalled > 0 {
+        if self.last_signalled > self.first_value {
             wait_semaphores.push(self.timeline.semaphore);
             wait_values.push(self.last_signalled);
         }
