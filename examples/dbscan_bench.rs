@@ -32,7 +32,11 @@ fn main() -> anyhow::Result<()> {
     let mut phases: Vec<(String, Vec<f64>)> = Vec::new();
     for _ in 0..reps {
         let t = Instant::now();
-        let r = simjoin::dbscan(&engine, &data, &opts)?;
+        let r = match std::env::var("DBSCAN_REORDER").ok().as_deref() {
+            Some("1") => simjoin::dbscan::dbscan_reordered(&engine, &data, &opts, true)?,
+            Some("0") => simjoin::dbscan::dbscan_reordered(&engine, &data, &opts, false)?,
+            _ => simjoin::dbscan(&engine, &data, &opts)?,
+        };
         times.push(t.elapsed().as_secs_f64());
         for (k, v) in &r.report.phases {
             // "link 1234 kept pairs" varies from run to run: one phase whatever the number.

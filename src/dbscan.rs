@@ -352,26 +352,24 @@ const REORDER_MIN: usize = 1 << 19;
 /// `orig[p]` is the original index of the point at position p and `sorted` their
 /// coordinates in that order. Neighbours then have nearby positions, so the per-point
 /// arrays the sinks update are touched in cache-friendly order (the pairs' indices would
-/// otherwise be scattered over the whole input). Deterministic: equal keys are ordered by
-/// index. Runs on `threads` threads (`None`: one per core), like the engine's.
+/// otherwise be scattered over the whole input), and the join's own index is built from
+/// nearly sorted points. The key is the Z-order's top 32 bits (cells far smaller than eps
+/// at any n this runs on), sorted by the engine's radix sort, which is stable: equal keys
+/// stay in index order, so the order is deterministic. Runs on the engine's threads.
 fn spatial_order<T: Coord>(
+    engine: &Engine,
     x: &[T],
     n: usize,
     dim: usize,
-    threads: Option<usize>,
 ) -> Result<(Vec<u32>, Vec<T>)> {
     use rayon::prelude::*;
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads.unwrap_or(0))
-        .build()
-        .map_err(|e| Error::from(anyhow::anyhow!("cannot start sort threads: {e}")))?;
     let oom = |what: &str| {
         Error::new(
             ErrorKind::OutOfHostMemory,
             format!("cannot allocate the DBSCAN {what} ({n} points)"),
         )
     };
-    pool.install(|| {
+    engine.install(|| {
         let (lo, hi) = x
             .par_chunks(dim * 4096)
             .map(|block| {
@@ -398,10 +396,11 @@ fn spatial_order<T: Coord>(
         let mut dims: Vec<usize> = (0..dim).collect();
         dims.sort_by(|&a, &b| (hi[b] - lo[b]).total_cmp(&(hi[a] - lo[a])).then(a.cmp(&b)));
         dims.truncate(3);
+        // Bits per dimension of a 32-bit key: 32, 16, or 10 (the top 30 of 3 x 21 used).
         let bits: u32 = match dims.len() {
-            1 => 63,
-            2 => 32,
-            _ => 21,
+            1 => 32,
+            2 => 16,
+            _ => 10,
         };
         let top = (1u64 << bits) - 1;
         let scale: Vec<f64> = dims
@@ -414,30 +413,27 @@ fn spatial_order<T: Coord>(
                 }
             })
             .collect();
-        let key = |row: &[T]| -> u64 {
+        let key = |row: &[T]| -> u32 {
             let mut q = [0u64; 3];
             for (c, &k) in dims.iter().enumerate() {
                 q[c] = (((row[k].to_f64() - lo[k]) * scale[c]) as u64).min(top);
             }
-            match dims.len() {
+            (match dims.len() {
                 1 => q[0],
                 2 => spread2(q[0]) | (spread2(q[1]) << 1),
                 _ => spread3(q[0]) | (spread3(q[1]) << 1) | (spread3(q[2]) << 2),
-            }
+            }) as u32
         };
-        let mut keyed: Vec<(u64, u32)> = Vec::new();
+        let mut keyed: Vec<crate::result::Pair> = Vec::new();
         keyed.try_reserve_exact(n).map_err(|_| oom("sort keys"))?;
         x.par_chunks_exact(dim)
             .enumerate()
-            .map(|(i, row)| (key(row), i as u32))
+            .map(|(i, row)| [key(row), i as u32])
             .collect_into_vec(&mut keyed);
-        keyed.par_sort_unstable();
+        crate::radix::sort_by_first(&mut keyed);
         let mut orig: Vec<u32> = Vec::new();
         orig.try_reserve_exact(n).map_err(|_| oom("point order"))?;
-        keyed
-            .par_iter()
-            .map(|&(_, i)| i)
-            .collect_into_vec(&mut orig);
+        keyed.par_iter().map(|&[_, i]| i).collect_into_vec(&mut orig);
         drop(keyed);
         let mut sorted: Vec<T> = Vec::new();
         sorted
@@ -453,7 +449,7 @@ fn spatial_order<T: Coord>(
                 }
             });
         Ok((orig, sorted))
-    })
+    })?
 }
 
 /// A coordinate type whose slices make a `Dataset`.
@@ -492,7 +488,7 @@ fn run<T: Points>(
     let t = Instant::now();
     let reorder = reorder && n > 1;
     let (orig, sorted) = if reorder {
-        spatial_order(x, n, dim, engine.options().threads)?
+        spatial_order(engine, x, n, dim)?
     } else {
         let mut orig = alloc(n, 0u32, "point order")?;
         for (p, o) in orig.iter_mut().enumerate() {

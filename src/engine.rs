@@ -93,6 +93,12 @@ impl Engine {
         })
     }
 
+    /// Runs `f` on the engine's CPU thread pool (started on first use), so that rayon
+    /// work inside it (DBSCAN's own passes) uses the engine's threads.
+    pub(crate) fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        self.cpu.install(f)
+    }
+
     pub fn options(&self) -> &EngineOptions {
         &self.options
     }

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Stress pass: runs the Vulkan and GPU test binaries (lavapipe, validation on) RUNS times
-# each (default 10), each run with a fresh, empty cache directory (Mesa's shader cache and
-# the validation layer's cache start cold, as on a fresh machine), while two busy loops load
-# the cores. Any failed run (a crash included) fails the pass; its log is kept.
+# each (default 10), with freed memory poisoned, each run with a fresh, empty cache
+# directory (Mesa's shader cache and the validation layer's cache start cold, as on a fresh
+# machine), while two busy loops load the cores. Any failed run (a crash included) fails
+# the pass; its log is kept.
 #   bash tests/stress.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-${SIMJOIN_STRESS_RUNS:-10}}
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
 export SIMJOIN_VALIDATION=1
+# glibc poisons freed memory (tcache off, so every free is poisoned): a write into freed
+# memory, by simjoin or by the driver, then crashes instead of passing unnoticed. This is
+# what made issue 10's rare SIGSEGV (lavapipe writing into a destroyed semaphore) show.
+export GLIBC_TUNABLES=glibc.malloc.tcache_count=0 MALLOC_PERTURB_=165
 bins=(vk_kernels gpu_join gpu_device_index gpu_dot_filter gpu_lifetimes engine_lifecycle kernel_interface)
 cargo test --release --no-run -p simjoin "${bins[@]/#/--test=}" 2>/dev/null >/dev/null
 logs=target/stress; mkdir -p "$logs"
