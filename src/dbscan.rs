@@ -444,7 +444,10 @@ fn spatial_order<T: Coord>(
         crate::radix::sort_by_first(&mut keyed);
         let mut orig: Vec<u32> = Vec::new();
         orig.try_reserve_exact(n).map_err(|_| oom("point order"))?;
-        keyed.par_iter().map(|&[_, i]| i).collect_into_vec(&mut orig);
+        keyed
+            .par_iter()
+            .map(|&[_, i]| i)
+            .collect_into_vec(&mut orig);
         drop(keyed);
         let mut sorted: Vec<T> = Vec::new();
         sorted

@@ -156,7 +156,9 @@ impl Context {
         // process-wide device probe's instance exists before the first device: lavapipe
         // builds an llvmpipe screen (with process-wide LLVM set-up) for every instance that
         // enumerates its devices, which is not safe while another lavapipe device runs
-        // work (a SIGSEGV in lavapipe's queue thread, seen once in about 150 stress runs).
+        // work. (Added for a SIGSEGV in lavapipe's queue thread, seen once in about 150
+        // stress runs; a crash of that shape was later traced to another cause, now fixed:
+        // see `recycle_timeline`. Kept as a precaution: it costs one instance per process.)
         let _ = super::device_choice::probe_instance();
         // Creation, enumeration and device creation under one hold of the lifecycle lock.
         let _serial = lifecycle_lock();
