@@ -63,6 +63,9 @@ pub(crate) struct Store<T> {
     pub ids: Vec<u32>,
 }
 
+/// How many slots ahead [`Store::gather`] prefetches its input rows.
+const PREFETCH: usize = 16;
+
 impl<T: Coord> Store<T> {
     /// Copies `data` (row-major, `dim` wide) in slot order `order` (original ids), column c
     /// holding dataset dimension `dims[c]`.
@@ -77,6 +80,18 @@ impl<T: Coord> Store<T> {
             .enumerate()
             .with_min_len(4096)
             .for_each(|(s, &i)| {
+                // Rows are read in slot order, i.e. at random in the input: ask for the row
+                // PREFETCH slots ahead now, so that several misses are in flight at once.
+                #[cfg(target_arch = "x86_64")]
+                if let Some(&ahead) = order.get(s + PREFETCH) {
+                    let p = data[ahead as usize * dim..].as_ptr();
+                    // SAFETY: a prefetch is a hint that never faults; `p` points into `data`
+                    // (ahead < n, so its row starts inside the slice).
+                    unsafe {
+                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+                    }
+                }
                 let row = &data[i as usize * dim..(i as usize + 1) * dim];
                 for (c, &j) in dims.iter().enumerate() {
                     // SAFETY: slot s < n of column c < dims.len() is inside `cols`, and each
