@@ -37,6 +37,7 @@
 //! A free function rather than an `Engine` method: DBSCAN is a client of the engine's public
 //! streaming interface and needs nothing inside it, so the engine stays as it is.
 
+use crate::cpu::prefetch;
 use crate::dataset::{Coords, Dataset};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
@@ -317,9 +318,17 @@ impl<T: Coord> LinkSink<'_, T> {
     }
 }
 
+/// How many pairs ahead the link pass prefetches the points' rows.
+const LINK_PREFETCH: usize = 8;
+
 impl<T: Coord> PairSink for LinkSink<'_, T> {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        for &[i, j] in chunk {
+        for (k, &[i, j]) in chunk.iter().enumerate() {
+            // The points' rows are read at random: start loading those of a later pair.
+            if let Some(&[a, b]) = chunk.get(k + LINK_PREFETCH) {
+                prefetch(&self.x[a as usize * self.dim..]);
+                prefetch(&self.x[b as usize * self.dim..]);
+            }
             match (self.core[i as usize], self.core[j as usize]) {
                 (true, true) => union(self.parent, i, j),
                 (true, false) => self.offer(j, i),

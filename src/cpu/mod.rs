@@ -13,6 +13,7 @@ mod grid;
 mod knn;
 mod plan;
 mod store;
+pub(crate) use store::prefetch;
 
 use crate::backend::{Job, JoinBackend};
 use crate::dataset::Coords;

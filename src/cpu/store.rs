@@ -63,6 +63,21 @@ pub(crate) struct Store<T> {
     pub ids: Vec<u32>,
 }
 
+/// Asks the CPU to start loading the cache line at the start of `s` (a hint: no effect on
+/// other architectures, never a fault).
+#[inline(always)]
+pub(crate) fn prefetch<T>(s: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees; the pointer is
+    // that of a live slice.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(s.as_ptr().cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
+
 /// How many slots ahead [`Store::gather`] prefetches its input rows.
 const PREFETCH: usize = 16;
 
@@ -82,15 +97,8 @@ impl<T: Coord> Store<T> {
             .for_each(|(s, &i)| {
                 // Rows are read in slot order, i.e. at random in the input: ask for the row
                 // PREFETCH slots ahead now, so that several misses are in flight at once.
-                #[cfg(target_arch = "x86_64")]
                 if let Some(&ahead) = order.get(s + PREFETCH) {
-                    let p = data[ahead as usize * dim..].as_ptr();
-                    // SAFETY: a prefetch is a hint that never faults; `p` points into `data`
-                    // (ahead < n, so its row starts inside the slice).
-                    unsafe {
-                        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                        _mm_prefetch::<_MM_HINT_T0>(p.cast());
-                    }
+                    prefetch(&data[ahead as usize * dim..]);
                 }
                 let row = &data[i as usize * dim..(i as usize + 1) * dim];
                 for (c, &j) in dims.iter().enumerate() {
