@@ -221,7 +221,7 @@ impl Engine {
                 sink.into_pairs()?,
                 opts.output,
                 b.is_none(),
-                (a.len(), b.unwrap_or(a).len()),
+                a.len(),
                 opts.include_self,
                 opts.sorted,
             )

@@ -22,15 +22,6 @@ const MAX_DIGIT_BITS: u32 = 16;
 /// Sorts `pairs` lexicographically.
 pub fn sort_pairs(pairs: &mut Vec<Pair>) {
     let (max_i, max_j) = maxima(pairs);
-    sort_pairs_bounded(pairs, max_i, max_j);
-}
-
-/// [`sort_pairs`] for entries known to have `i <= max_i` and `j <= max_j` (a join's pairs:
-/// below the sets' sizes), without the pass over the entries that finds the maxima (one of
-/// the sort's four passes over memory). Bounds above the true maxima cost nothing but
-/// possibly one more bit of key.
-pub(crate) fn sort_pairs_bounded(pairs: &mut Vec<Pair>, max_i: u32, max_j: u32) {
-    debug_assert!(pairs.iter().all(|p| p[0] <= max_i && p[1] <= max_j));
     let j_bits = bits(max_j);
     let key_bits = bits(max_i) + j_bits;
     let key = |p: &Pair| (u64::from(p[0]) << j_bits) | u64::from(p[1]);

@@ -177,13 +177,12 @@ pub fn sort_pairs(pairs: &mut Vec<Pair>) {
 }
 
 /// Builds the output form from collected pairs.
-/// `rows`: number of CSR rows (n of the self-join, |A| for A ⋈ B); `cols`: the number of
-/// points pairs' second indices are below (n of the self-join, |B| for A ⋈ B).
+/// `rows`: number of CSR rows (n of the self-join, |A| for A ⋈ B).
 pub(crate) fn assemble(
     mut pairs: Vec<Pair>,
     form: OutputForm,
     self_join: bool,
-    (rows, cols): (usize, usize),
+    rows: usize,
     include_self: bool,
     sorted: bool,
 ) -> Result<JoinOutput> {
@@ -191,9 +190,7 @@ pub(crate) fn assemble(
         OutputForm::Count => Ok(JoinOutput::Count(pairs.len() as u64)),
         OutputForm::Pairs => {
             if sorted {
-                // Index bounds the join guarantees (ids are u32): no pass for the maxima.
-                let max = |len: usize| len.saturating_sub(1).min(u32::MAX as usize) as u32;
-                crate::radix::sort_pairs_bounded(&mut pairs, max(rows), max(cols));
+                sort_pairs(&mut pairs);
             }
             Ok(JoinOutput::Pairs(pairs))
         }
