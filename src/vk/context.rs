@@ -419,12 +419,26 @@ impl Context {
         }
     }
 
-    /// A timeline semaphore that no pending submission signals: a recycled one, else `None`.
-    pub(crate) fn reuse_timeline(&self) -> Option<vk::Semaphore> {
-        self.idle_timelines
+    /// A timeline semaphore that no pending submission signals: a recycled one, else a new
+    /// one (at 0). Its owner gives it back with [`Context::recycle_timeline`].
+    pub(crate) fn take_timeline(&self) -> Result<vk::Semaphore> {
+        let idle = self
+            .idle_timelines
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .pop()
+            .pop();
+        idle.map_or_else(|| self.new_timeline(), Ok)
+    }
+
+    fn new_timeline(&self) -> Result<vk::Semaphore> {
+        let mut ty = vk::SemaphoreTypeCreateInfo::default()
+            .semaphore_type(vk::SemaphoreType::TIMELINE)
+            .initial_value(0);
+        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
+        // SAFETY: a valid timeline create info (the timelineSemaphore feature is enabled at
+        // device creation) on this live device.
+        unsafe { self.device.create_semaphore(&info, None) }
+            .map_err(vkr("creating a timeline semaphore"))
     }
 
     /// Takes back the timeline semaphore of a dropped stream instead of destroying it.
@@ -449,13 +463,7 @@ impl Context {
     /// driver's submit thread (if any) is done with all earlier ones, including the
     /// releases `recycle_timeline` describes; `vkDeviceWaitIdle` only promises the first.
     fn drain_queues(&self) -> Result<()> {
-        let mut ty = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
-        // SAFETY: a valid timeline create info on this live device.
-        let semaphore = unsafe { self.device.create_semaphore(&info, None) }
-            .map_err(vkr("creating a timeline semaphore"))?;
+        let semaphore = self.new_timeline()?;
         let queues = self.compute_queues.iter().chain(self.transfer_queue.iter());
         let mut result = Ok(());
         for (value, queue) in (1u64..).zip(queues) {

@@ -20,17 +20,7 @@ struct Timeline {
 
 impl Timeline {
     fn new(ctx: &Arc<Context>) -> Result<Timeline> {
-        let mut ty = vk::SemaphoreTypeCreateInfo::default()
-            .semaphore_type(vk::SemaphoreType::TIMELINE)
-            .initial_value(0);
-        let info = vk::SemaphoreCreateInfo::default().push_next(&mut ty);
-        let semaphore = match ctx.reuse_timeline() {
-            Some(s) => s,
-            // SAFETY: a valid timeline create info (the timelineSemaphore feature is enabled
-            // at device creation); the device is alive (we hold its context).
-            None => unsafe { ctx.device.create_semaphore(&info, None) }
-                .map_err(vkr("creating a timeline semaphore"))?,
-        };
+        let semaphore = ctx.take_timeline()?;
         Ok(Timeline {
             ctx: ctx.clone(),
             semaphore,
