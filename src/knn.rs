@@ -139,26 +139,11 @@ pub(crate) fn key_less<T: Coord>(a: (T, u32), b: (T, u32)) -> bool {
 }
 
 /// Turns accumulators into reported distances (square root for Euclidean), in place.
-pub(crate) fn finish_distances<T: Coord + Sqrt>(metric: Metric, acc: &mut [T]) {
+pub(crate) fn finish_distances<T: Coord>(metric: Metric, acc: &mut [T]) {
     if metric == Metric::Euclidean {
         for a in acc {
-            *a = a.sqrt_();
+            *a = crate::metric::finish(metric, *a);
         }
-    }
-}
-
-/// Square root in the input precision (IEEE, correctly rounded).
-pub(crate) trait Sqrt {
-    fn sqrt_(self) -> Self;
-}
-impl Sqrt for f32 {
-    fn sqrt_(self) -> Self {
-        self.sqrt()
-    }
-}
-impl Sqrt for f64 {
-    fn sqrt_(self) -> Self {
-        self.sqrt()
     }
 }
 

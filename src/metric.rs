@@ -37,6 +37,8 @@ pub trait Coord:
     fn to_f64(self) -> f64;
     fn abs(self) -> Self;
     fn max(self, other: Self) -> Self;
+    /// Square root in the input precision (IEEE, correctly rounded).
+    fn sqrt(self) -> Self;
 }
 
 impl Coord for f32 {
@@ -53,6 +55,10 @@ impl Coord for f32 {
     #[inline(always)]
     fn abs(self) -> Self {
         f32::abs(self)
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
@@ -78,6 +84,10 @@ impl Coord for f64 {
     #[inline(always)]
     fn abs(self) -> Self {
         f64::abs(self)
+    }
+    #[inline(always)]
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
     }
     #[inline(always)]
     fn max(self, other: Self) -> Self {
@@ -136,6 +146,17 @@ pub fn distance_acc<T: Coord>(metric: Metric, a: &[T], b: &[T]) -> T {
         acc = accumulate(metric, acc, x, y);
     }
     acc
+}
+
+/// The reported distance of an accumulator: its square root for Euclidean (in the input
+/// precision), the accumulator itself otherwise.
+#[inline(always)]
+pub fn finish<T: Coord>(metric: Metric, acc: T) -> T {
+    if metric == Metric::Euclidean {
+        acc.sqrt()
+    } else {
+        acc
+    }
 }
 
 /// Relative margin that makes a rejection by a sum in a *non-canonical* dimension order

@@ -31,7 +31,38 @@ pub fn sort_pairs(pairs: &mut Vec<Pair>) {
         pairs.par_sort_unstable_by_key(key);
         return;
     }
-    scatter_then_lsd(pairs, key_bits, digit_bits, &key);
+    // More, smaller buckets where that lets the bits below the digit fit 32.
+    let digit_bits = digit_bits.max(key_bits.saturating_sub(32).min(MAX_DIGIT_BITS));
+    let shift = key_bits - digit_bits;
+    if shift > 32 {
+        scatter_then_lsd(pairs, key_bits, digit_bits, &key);
+        return;
+    }
+    // Packed: the scatter writes each pair's low key bits as one u32 (half the bytes
+    // of the pair), the buckets sort those, and the pairs are rebuilt in place from
+    // bucket and low bits (1M uniform 2-D points, 16M pairs: see RESULTS_BENCH.md).
+    let low = (1u64 << shift) - 1;
+    let (mut packed, starts) = scatter(
+        pairs,
+        false,
+        1 << digit_bits,
+        |p| (key(p) >> shift) as usize,
+        |p| (key(p) & low) as u32,
+        |_| 0,
+    );
+    let j_mask = (1u64 << j_bits) - 1;
+    split_mut(&mut packed, &starts)
+        .into_par_iter()
+        .zip(split_mut(pairs, &starts))
+        .enumerate()
+        .for_each_init(Vec::new, |scratch, (b, (ks, out))| {
+            lsd(ks, scratch, shift, &|&k: &u32| u64::from(k));
+            let high = (b as u64) << shift;
+            for (o, &k) in out.iter_mut().zip(ks.iter()) {
+                let full = high | u64::from(k);
+                *o = [(full >> j_bits) as u32, (full & j_mask) as u32];
+            }
+        });
 }
 
 /// Sorts `pairs` by their first element, stably (entries with equal first elements keep
@@ -59,9 +90,14 @@ fn scatter_then_lsd(
     key: &(impl Fn(&Pair) -> u64 + Sync),
 ) {
     let shift = key_bits - digit_bits;
-    let (mut out, starts) = scatter(pairs, false, 1 << digit_bits, |p| {
-        (key(p) >> shift) as usize
-    });
+    let (mut out, starts) = scatter(
+        pairs,
+        false,
+        1 << digit_bits,
+        |p| (key(p) >> shift) as usize,
+        |p| *p,
+        |_| 0,
+    );
     split_mut(&mut out, &starts)
         .into_par_iter()
         .for_each_init(Vec::new, |scratch, s| lsd(s, scratch, shift, key));
@@ -90,11 +126,32 @@ pub fn build_csr(
     let row_bits = bits(u32::try_from(rows.saturating_sub(1)).unwrap_or(u32::MAX));
     let digit_bits = digit_bits(total, row_bits);
     let row_shift = row_bits - digit_bits;
-    let (mut entries, starts) = scatter(&pairs, self_join, 1 << digit_bits, |e| {
-        (e[0] >> row_shift) as usize
-    });
+    // Self-join neighbours are rows too (a larger one fails the scatter's bounds check).
+    let nbr_bits = if self_join {
+        row_bits
+    } else {
+        bits(maxima(&pairs).1)
+    };
+    if row_shift + nbr_bits <= 32 {
+        let shape = Packed {
+            rows,
+            diagonal: diagonal > 0,
+            sorted,
+            digit_bits,
+            row_shift,
+            nbr_bits,
+        };
+        return Ok(build_csr_packed(pairs, self_join, shape, total));
+    }
+    let (mut entries, starts) = scatter(
+        &pairs,
+        self_join,
+        1 << digit_bits,
+        |e| (e[0] >> row_shift) as usize,
+        |e| *e,
+        |_| 0,
+    );
     drop(pairs);
-    let nbr_bits = bits(maxima(&entries).1);
     let low = ((1u64 << row_shift) - 1) as u32;
     let by_row_then_nbr = |e: &Pair| (u64::from(e[0] & low) << nbr_bits) | u64::from(e[1]);
     let by_row = |e: &Pair| u64::from(e[0] & low);
@@ -174,6 +231,121 @@ pub fn build_csr(
     Ok(Csr { offsets, neighbors })
 }
 
+/// The shape of a CSR whose entries pack into u32: a row's bits below the scatter digit
+/// above the neighbour's bits.
+struct Packed {
+    rows: usize,
+    diagonal: bool,
+    sorted: bool,
+    digit_bits: u32,
+    row_shift: u32,
+    nbr_bits: u32,
+}
+
+/// [`build_csr`] where the entries pack into u32 (row bits below the scatter digit, then
+/// the neighbour): the scatter writes 4 bytes an entry instead of 8 into the array that,
+/// sorted bucket by bucket in place, becomes the neighbour array itself. Half the memory
+/// and half the scattered bytes of the general path.
+fn build_csr_packed(pairs: Vec<Pair>, self_join: bool, p: Packed, total: usize) -> Csr {
+    let Packed {
+        rows,
+        diagonal,
+        sorted,
+        digit_bits,
+        row_shift,
+        nbr_bits,
+    } = p;
+    let rows_per_bucket = 1usize << row_shift;
+    let bucket_rows =
+        |b: usize| (b * rows_per_bucket).min(rows)..((b + 1) * rows_per_bucket).min(rows);
+    // A bucket's region: its entries, then room for its rows' diagonal entries.
+    let gap = |b: usize| if diagonal { bucket_rows(b).len() } else { 0 };
+    let low_rows = (1u64 << row_shift) - 1;
+    let nbr_mask = (1u64 << nbr_bits) - 1;
+    let (mut neighbors, starts) = scatter(
+        &pairs,
+        self_join,
+        1 << digit_bits,
+        |e| (e[0] >> row_shift) as usize,
+        |e| (((u64::from(e[0]) & low_rows) << nbr_bits) | u64::from(e[1])) as u32,
+        gap,
+    );
+    drop(pairs);
+    debug_assert_eq!(neighbors.len(), total);
+    let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
+    split_mut(&mut neighbors, &starts)
+        .into_par_iter()
+        .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
+        .enumerate()
+        .for_each_init(
+            || (Vec::new(), Vec::new()),
+            |(scratch, copy), (b, (region, offs))| {
+                let count = region.len() - gap(b);
+                if sorted {
+                    lsd(
+                        &mut region[..count],
+                        scratch,
+                        row_shift + nbr_bits,
+                        &|&k: &u32| u64::from(k),
+                    );
+                } else {
+                    lsd(&mut region[..count], scratch, row_shift, &|&k: &u32| {
+                        u64::from(k) >> nbr_bits
+                    });
+                }
+                let local_row = |k: u32| u64::from(k) >> nbr_bits;
+                let nbr = |k: u32| (u64::from(k) & nbr_mask) as u32;
+                let base = starts[b];
+                if !diagonal {
+                    // Entries stay where they are: only the row bits go.
+                    let mut k = 0;
+                    for (off, r) in offs.iter_mut().zip(0u64..) {
+                        *off = (base + k) as u64;
+                        while k < count && local_row(region[k]) == r {
+                            region[k] = nbr(region[k]);
+                            k += 1;
+                        }
+                    }
+                    debug_assert_eq!(k, count);
+                    return;
+                }
+                // The diagonal goes first, or at its place among sorted neighbours: the
+                // entries shift right, so they are read from a copy.
+                copy.clear();
+                copy.extend_from_slice(&region[..count]);
+                let (mut k, mut w) = (0, 0);
+                for ((off, r), local) in offs.iter_mut().zip(bucket_rows(b)).zip(0u64..) {
+                    *off = (base + w) as u64;
+                    let from = k;
+                    while k < count && local_row(copy[k]) == local {
+                        k += 1;
+                    }
+                    let row = &copy[from..k];
+                    let at = if sorted {
+                        row.partition_point(|&e| (nbr(e) as usize) < r)
+                    } else {
+                        0
+                    };
+                    for (x, &e) in row.iter().enumerate() {
+                        if x == at {
+                            region[w] = r as u32;
+                            w += 1;
+                        }
+                        region[w] = nbr(e);
+                        w += 1;
+                    }
+                    if at >= row.len() {
+                        region[w] = r as u32;
+                        w += 1;
+                    }
+                }
+                debug_assert_eq!((k, w), (count, region.len()));
+            },
+        );
+    offsets[rows] = total as u64;
+    Csr { offsets, neighbors }
+}
+
 /// How many top bits the scatter buckets by: about `BUCKET_PAIRS` entries a bucket, or 0
 /// when that gives too few buckets to keep the threads busy.
 fn digit_bits(len: usize, key_bits: u32) -> u32 {
@@ -192,12 +364,14 @@ fn digit_bits(len: usize, key_bits: u32) -> u32 {
 /// Scatters `pairs` (and, when `both`, each pair reversed too) into `buckets` buckets by
 /// `digit`; returns the entries, bucket by bucket, and the buckets' starts (one more than
 /// the buckets, the last the total).
-fn scatter(
+fn scatter<E: Copy + Default + Send>(
     pairs: &[Pair],
     both: bool,
     buckets: usize,
     digit: impl Fn(&Pair) -> usize + Sync,
-) -> (Vec<Pair>, Vec<usize>) {
+    make: impl Fn(&Pair) -> E + Sync,
+    gap: impl Fn(usize) -> usize,
+) -> (Vec<E>, Vec<usize>) {
     let threads = rayon::current_num_threads();
     let chunk = pairs.len().div_ceil(4 * threads).max(SMALL);
     let hist: Vec<Vec<usize>> = pairs
@@ -224,11 +398,12 @@ fn scatter(
             cur[b] = acc;
             acc += h[b];
         }
+        acc += gap(b);
     }
     starts.push(acc);
 
     // Zeroed allocation: the pages are mapped lazily, touched once by the scatter.
-    let mut out: Vec<Pair> = crate::huge::zeroed(acc, [0, 0]);
+    let mut out: Vec<E> = crate::huge::zeroed(acc, E::default());
     let dst = OutPtr(out.as_mut_ptr());
     pairs
         .par_chunks(chunk)
@@ -236,11 +411,13 @@ fn scatter(
         .for_each(|(c, mut cur)| {
             let mut put = |e: Pair| {
                 let b = digit(&e);
+                let e = make(&e);
                 // SAFETY: chunk c writes exactly hist[c][b] entries to bucket b, from
                 // cursors[c][b] on (the histogram counted the same entries with the same
                 // digit); those ranges are disjoint across (chunk, bucket) and cover
-                // 0..acc exactly once, so every write is in bounds and no two threads
-                // write the same element. `out` outlives the parallel loop.
+                // 0..acc at most once (the gaps stay unwritten), so every write is in
+                // bounds and no two threads write the same element. `out` outlives the
+                // parallel loop.
                 unsafe { dst.at(cur[b]).write(e) };
                 cur[b] += 1;
             };
@@ -255,7 +432,7 @@ fn scatter(
 }
 
 /// `v` cut at `starts` (as [`scatter`] returns them) into one slice per bucket.
-fn split_mut<'a>(v: &'a mut [Pair], starts: &[usize]) -> Vec<&'a mut [Pair]> {
+fn split_mut<'a, E>(v: &'a mut [E], starts: &[usize]) -> Vec<&'a mut [E]> {
     let mut rest = v;
     let mut parts = Vec::with_capacity(starts.len() - 1);
     for w in starts.windows(2) {
@@ -269,7 +446,12 @@ fn split_mut<'a>(v: &'a mut [Pair], starts: &[usize]) -> Vec<&'a mut [Pair]> {
 /// Sorts one bucket by the low `low_bits` bits of `key` (the higher bits are equal in a
 /// bucket) with least-significant-digit passes of at most 11 bits (the histogram stays in
 /// L1) through `scratch`. Stable.
-fn lsd(s: &mut [Pair], scratch: &mut Vec<Pair>, low_bits: u32, key: &impl Fn(&Pair) -> u64) {
+fn lsd<E: Copy + Default>(
+    s: &mut [E],
+    scratch: &mut Vec<E>,
+    low_bits: u32,
+    key: &impl Fn(&E) -> u64,
+) {
     if low_bits == 0 {
         return;
     }
@@ -282,9 +464,9 @@ fn lsd(s: &mut [Pair], scratch: &mut Vec<Pair>, low_bits: u32, key: &impl Fn(&Pa
     let width = low_bits.div_ceil(passes);
     let mask = (1u64 << width) - 1;
     scratch.clear();
-    scratch.resize(s.len(), [0, 0]);
+    scratch.resize(s.len(), E::default());
     let mut hist = vec![0usize; 1 << width];
-    let (mut src, mut dst): (&mut [Pair], &mut [Pair]) = (s, scratch);
+    let (mut src, mut dst): (&mut [E], &mut [E]) = (s, scratch);
     for pass in 0..passes {
         let at = pass * width;
         hist.fill(0);
@@ -322,16 +504,16 @@ fn bits(max: u32) -> u32 {
 }
 
 /// The scatter's output, shared by the threads that write disjoint ranges of it.
-struct OutPtr(*mut Pair);
+struct OutPtr<E>(*mut E);
 
 // SAFETY: the pointer is only used for writes to disjoint elements (see the scatter), and
-// `Pair` is plain data.
-unsafe impl Sync for OutPtr {}
+// the elements (pairs, packed u32 keys) are plain data that may be sent across threads.
+unsafe impl<E: Send> Sync for OutPtr<E> {}
 
-impl OutPtr {
+impl<E> OutPtr<E> {
     /// # Safety
     /// `i` must be within the allocation.
-    unsafe fn at(&self, i: usize) -> *mut Pair {
+    unsafe fn at(&self, i: usize) -> *mut E {
         // SAFETY: the caller keeps `i` in bounds.
         unsafe { self.0.add(i) }
     }
@@ -438,8 +620,17 @@ mod tests {
             .filter(|p| p[0] != p[1])
             .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
             .collect();
+        // Row and neighbour bits: 300k rows need 33 (the general path), 60k rows 27 (the
+        // packed one); A x B with 20 + 6 bits packs, 16 + 32 does not.
         cases.push((sj, true, 300_000));
+        let sj: Vec<Pair> = random(400_000, 60_000, 60_000, 4)
+            .into_iter()
+            .filter(|p| p[0] != p[1])
+            .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
+            .collect();
+        cases.push((sj, true, 60_000));
         cases.push((random(400_000, 1_000_000, 50, 2), false, 1_000_000));
+        cases.push((random(300_000, 1_000_000, u32::MAX, 5), false, 1_000_000));
         cases.push((random(300_000, 7, 1 << 30, 3), false, 7));
         for (pairs, self_join, rows) in cases {
             for include_self in [false, true] {

@@ -253,21 +253,16 @@ fn distances_of(
         a: &[T],
         b: &[T],
         dim: usize,
-        metric: crate::options::Metric,
         output: &Entries,
-        sqrt: fn(T) -> T,
+        // The distance of two rows; called with a constant metric, so it inlines to the
+        // metric's own loop.
+        distance: impl Fn(&[T], &[T]) -> T + Sync,
     ) -> Result<Vec<T>> {
         let dist = |i: u32, j: u32| {
-            let acc = crate::metric::distance_acc(
-                metric,
+            distance(
                 &a[i as usize * dim..(i as usize + 1) * dim],
                 &b[j as usize * dim..(j as usize + 1) * dim],
-            );
-            if metric == crate::options::Metric::Euclidean {
-                sqrt(acc)
-            } else {
-                acc
-            }
+            )
         };
         let len = match output {
             Entries::Pairs(p) => p.len(),
@@ -287,32 +282,64 @@ fn distances_of(
                 .map(|&[i, j]| dist(i, j))
                 .collect_into_vec(&mut out),
             Entries::Csr(c) => {
-                out.resize(len, T::ZERO);
-                let mut rest: &mut [T] = &mut out;
-                let mut rows = Vec::with_capacity(c.offsets.len() - 1);
-                for w in c.offsets.windows(2) {
-                    let (head, tail) = rest.split_at_mut((w[1] - w[0]) as usize);
-                    rows.push(head);
+                // Blocks of rows, each writing its own run of the (not yet initialised)
+                // distances: no zero fill of memory about to be written, no task per row.
+                const BLOCK_ROWS: usize = 1024;
+                let rows = c.offsets.len() - 1;
+                assert!(c.offsets[0] == 0 && c.offsets[rows] as usize == len);
+                let mut rest = &mut out.spare_capacity_mut()[..len];
+                let mut blocks = Vec::with_capacity(rows.div_ceil(BLOCK_ROWS));
+                for r0 in (0..rows).step_by(BLOCK_ROWS) {
+                    let r1 = (r0 + BLOCK_ROWS).min(rows);
+                    let (head, tail) = rest.split_at_mut((c.offsets[r1] - c.offsets[r0]) as usize);
+                    blocks.push((r0..r1, head));
                     rest = tail;
                 }
-                rows.into_par_iter().enumerate().for_each(|(r, seg)| {
-                    let first = c.offsets[r] as usize;
-                    for (d, &n) in seg.iter_mut().zip(&c.neighbors[first..]) {
-                        *d = dist(r as u32, n);
+                blocks.into_par_iter().for_each(|(block, seg)| {
+                    let mut w = 0;
+                    for r in block {
+                        let row = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
+                        for &n in row {
+                            seg[w].write(dist(r as u32, n));
+                            w += 1;
+                        }
                     }
+                    // Every element of the block written (checked before `set_len`).
+                    assert_eq!(w, seg.len());
                 });
+                // SAFETY: the blocks split 0..len (offsets[0] = 0, offsets[rows] = len,
+                // asserted above; split_at_mut panics on a non-monotone offset), and each
+                // block asserted it wrote every one of its elements, so all `len`
+                // elements are initialised.
+                unsafe { out.set_len(len) };
             }
         }
         Ok(out)
     }
+    fn by_metric<T: crate::metric::Coord>(
+        a: &[T],
+        b: &[T],
+        dim: usize,
+        metric: crate::options::Metric,
+        output: &Entries,
+    ) -> Result<Vec<T>> {
+        use crate::metric::{distance_acc, finish};
+        use crate::options::Metric::*;
+        macro_rules! with {
+            ($m:expr) => {
+                fill(a, b, dim, output, |p, q| finish($m, distance_acc($m, p, q)))
+            };
+        }
+        match metric {
+            Euclidean => with!(Euclidean),
+            Manhattan => with!(Manhattan),
+            Chebyshev => with!(Chebyshev),
+        }
+    }
     let dim = a.dim();
     Ok(match (a.coords(), b.coords()) {
-        (Coords::F32(x), Coords::F32(y)) => {
-            Distances::F32(fill(x, y, dim, metric, &output, f32::sqrt)?)
-        }
-        (Coords::F64(x), Coords::F64(y)) => {
-            Distances::F64(fill(x, y, dim, metric, &output, f64::sqrt)?)
-        }
+        (Coords::F32(x), Coords::F32(y)) => Distances::F32(by_metric(x, y, dim, metric, &output)?),
+        (Coords::F64(x), Coords::F64(y)) => Distances::F64(by_metric(x, y, dim, metric, &output)?),
         _ => return Err(Error::invalid("A and B must have the same precision")),
     })
 }

@@ -14,7 +14,7 @@ use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::grid::GridGeometry;
-use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
+use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult};
 use crate::metric::{accumulate, reject_margin, Coord};
 use crate::options::{Algorithm, Metric};
 use crate::result::Distances;
@@ -116,7 +116,7 @@ struct Plan<'g> {
 }
 
 /// The distances array of the input precision.
-pub(crate) trait DistanceType: Coord + Sqrt {
+pub(crate) trait DistanceType: Coord {
     fn wrap(v: Vec<Self>) -> Distances;
 }
 impl DistanceType for f32 {

@@ -30,7 +30,7 @@ use super::lss::{
 use super::zorder::Quantizer;
 use crate::dataset::Precision;
 use crate::error::{Error, Result};
-use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult, Sqrt};
+use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult};
 use crate::metric::Coord;
 use crate::options::Algorithm;
 use crate::result::Distances;
@@ -74,11 +74,7 @@ type Row<T> = Vec<(T, u32)>;
 /// Receives a row's neighbours: (row, best first).
 type Put<'a, T> = &'a mut dyn FnMut(usize, &[(T, u32)]);
 
-fn run_typed<T: Coord + Sqrt>(
-    ctx: &Arc<Context>,
-    job: &KnnJob,
-    algorithm: Algorithm,
-) -> Result<KnnResult>
+fn run_typed<T: Coord>(ctx: &Arc<Context>, job: &KnnJob, algorithm: Algorithm) -> Result<KnnResult>
 where
     JoinParams<T>: bytemuck::Pod,
 {
