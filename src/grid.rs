@@ -74,11 +74,13 @@ impl GridGeometry {
     /// Cell coordinate of value `x` along indexed dimension number `axis` (0..k), clamped.
     #[inline]
     pub fn coord(&self, axis: usize, x: f64) -> u64 {
-        let t = ((x - self.origin[axis]) / self.width[axis]).floor();
-        if t <= 0.0 {
-            0
-        } else {
+        let t = (x - self.origin[axis]) / self.width[axis];
+        // floor(t), clamped: for t > 0 the truncating cast is the floor (f64::floor is a
+        // libm call on baseline x86-64: 1.4 ms of a 3.3 ms index build of 10^5 3-D points).
+        if t > 0.0 {
             (t as u64).min(self.cells[axis] - 1)
+        } else {
+            0
         }
     }
 
