@@ -3,7 +3,9 @@
 # each (default 10), with freed memory poisoned, each run with a fresh, empty cache
 # directory (Mesa's shader cache and the validation layer's cache start cold, as on a fresh
 # machine), while two busy loops load the cores. Any failed run (a crash included) fails
-# the pass; its log is kept.
+# the pass; its log is kept. Do not pause a run (SIGSTOP) to free the cores: the
+# validation layer bounds its own waits by 10 s of wall time and reports
+# UNASSIGNED-VkSemaphore-state-timeout when a pause spans one (reproduced with 11 s stops).
 #   bash tests/stress.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
