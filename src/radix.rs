@@ -126,12 +126,16 @@ pub fn build_csr(
     let row_bits = bits(u32::try_from(rows.saturating_sub(1)).unwrap_or(u32::MAX));
     let digit_bits = digit_bits(total, row_bits);
     let row_shift = row_bits - digit_bits;
-    // Self-join neighbours are rows too (a larger one fails the scatter's bounds check).
-    let nbr_bits = if self_join {
-        row_bits
-    } else {
-        bits(maxima(&pairs).1)
-    };
+    // Every entry must name a row (and, in a self-join, a neighbour) below `rows`: the
+    // buckets and the packing rely on it.
+    let (max_i, max_j) = maxima(&pairs);
+    if !pairs.is_empty() && (max_i as usize >= rows || (self_join && max_j as usize >= rows)) {
+        return Err(Error::invalid(format!(
+            "a pair names point {} of a CSR with {rows} rows",
+            max_i.max(if self_join { max_j } else { 0 })
+        )));
+    }
+    let nbr_bits = if self_join { row_bits } else { bits(max_j) };
     if row_shift + nbr_bits <= 32 {
         let shape = Packed {
             rows,
@@ -605,6 +609,21 @@ mod tests {
             }
         }
         r
+    }
+
+    #[test]
+    fn csr_refuses_pairs_beyond_its_rows() {
+        for (pairs, self_join, rows) in [
+            (vec![[0, 1], [3, 2]], false, 3),
+            (vec![[0, 1], [1, 3]], true, 3),
+            (vec![[0, 0]], false, 0),
+        ] {
+            let e = build_csr(pairs, self_join, rows, false, true).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+        }
+        // A x B: neighbours are columns, not rows, so any u32 is fine.
+        let c = build_csr(vec![[1, u32::MAX]], false, 2, false, true).unwrap();
+        assert_eq!(c.neighbors, vec![u32::MAX]);
     }
 
     #[test]
