@@ -107,8 +107,11 @@ fn scatter_then_lsd(
 /// The CSR of `pairs`: rows by the first element (and, for a self-join, also by the
 /// second: each pair gives both directions), plus the diagonal when `include_self`; each
 /// row's neighbours ascending when `sorted`, else in no promised order. `pairs` is freed
-/// as soon as it has been read, so the peak is the entries' two copies (16 bytes per
-/// entry), not three.
+/// as soon as it has been read. Where a row's low bits and a neighbour fit 32 bits the
+/// entries are scattered as 4 bytes into the neighbour array itself (peak: the pairs and
+/// that array); else as 8-byte pairs, then copied out (peak: two copies of the entries).
+/// A pair naming a point at or beyond `rows` (a row, or a self-join's neighbour) is an
+/// `InvalidArgument` error.
 pub fn build_csr(
     pairs: Vec<Pair>,
     self_join: bool,
@@ -125,7 +128,6 @@ pub fn build_csr(
         .ok_or_else(|| Error::new(ErrorKind::OutOfHostMemory, "the CSR does not fit in memory"))?;
     let row_bits = bits(u32::try_from(rows.saturating_sub(1)).unwrap_or(u32::MAX));
     let digit_bits = digit_bits(total, row_bits);
-    let row_shift = row_bits - digit_bits;
     // Every entry must name a row (and, in a self-join, a neighbour) below `rows`: the
     // buckets and the packing rely on it.
     let (max_i, max_j) = maxima(&pairs);
@@ -136,6 +138,18 @@ pub fn build_csr(
         )));
     }
     let nbr_bits = if self_join { row_bits } else { bits(max_j) };
+    // More, smaller buckets where that lets a row's low bits and a neighbour fit 32.
+    let digit_bits = if digit_bits > 0 {
+        digit_bits.max(
+            (row_bits + nbr_bits)
+                .saturating_sub(32)
+                .min(MAX_DIGIT_BITS)
+                .min(row_bits),
+        )
+    } else {
+        0
+    };
+    let row_shift = row_bits - digit_bits;
     if row_shift + nbr_bits <= 32 {
         let shape = Packed {
             rows,
@@ -609,6 +623,32 @@ mod tests {
             }
         }
         r
+    }
+
+    #[test]
+    fn csr_of_more_rows_than_pack_keeps_its_diagonal() {
+        // 2^24 + 1 rows: 25 row and 25 neighbour bits, more than the buckets can bring
+        // down to 32, so the general path forms the rows, the diagonal included.
+        let rows = (1usize << 24) + 1;
+        let pairs: Vec<Pair> = random(3000, rows as u32, rows as u32, 7)
+            .into_iter()
+            .filter(|p| p[0] != p[1])
+            .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
+            .collect();
+        let mut partners: std::collections::HashMap<u32, Vec<u32>> = Default::default();
+        for &[i, j] in &pairs {
+            partners.entry(i).or_default().push(j);
+            partners.entry(j).or_default().push(i);
+        }
+        let c = build_csr(pairs, true, rows, true, true).unwrap();
+        assert_eq!(c.offsets.len(), rows + 1);
+        for r in 0..rows {
+            let got = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
+            let mut want = partners.remove(&(r as u32)).unwrap_or_default();
+            want.push(r as u32);
+            want.sort_unstable();
+            assert_eq!(got, &want[..], "row {r}");
+        }
     }
 
     #[test]
