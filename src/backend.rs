@@ -22,6 +22,14 @@ pub(crate) struct Job<'a> {
 pub(crate) trait JoinBackend: Send + Sync {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
 
+    /// Each point's number of neighbours within eps in the self-join `job` (the point
+    /// itself included), where this backend counts them without handing pairs over (a
+    /// GPU counts on the device); `None`: it does not, and a caller counts streamed pairs.
+    fn neighbour_counts(&self, job: &Job) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        let _ = job;
+        Ok(None)
+    }
+
     /// The exact k-nearest-neighbour join (see `knn.rs` for the answer's definition).
     /// `ErrorKind::Unsupported` when this backend has not the asked algorithm.
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {

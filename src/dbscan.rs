@@ -23,10 +23,14 @@
 //! point are kept; they are kept up to a budget of 8 per point (64 bytes per point, so one
 //! pass is certain up to min_samples = 10), and beyond it they are dropped and a second
 //! pass over the join does their work. The kept pairs (or the second pass) then link
-//! core-core pairs and give each non-core point its nearest core neighbour. From 2^19
-//! points on, the join runs on a copy of the points in Z-order, so that the per-point
-//! arrays are updated in cache order (10M clustered 2-D points on 2 cores: 6.8 s -> 4.3 s);
-//! labels and ties are in the input's indices either way.
+//! core-core pairs and give each non-core point its nearest core neighbour. On a GPU the
+//! counts are made on the device instead (`Engine::neighbour_counts`: a count-only search
+//! of every adjacent cell, one count per point read back, no pairs), so the host never
+//! counts; the one pass over the streamed pairs then only links core points and gives
+//! border points their core neighbour. From 2^19 points on, the join runs on a copy of
+//! the points in Z-order, so that the per-point arrays are updated in cache order (10M
+//! clustered 2-D points on 2 cores: 6.8 s -> 4.3 s); labels and ties are in the input's
+//! indices either way.
 //!
 //! Memory beyond the input and the answer (labels, core flags), whatever the number of
 //! pairs: about 30 bytes per point plus one coordinate (neighbour counts, union-find
@@ -535,27 +539,53 @@ fn run<T: Points>(
         *p = i as u32;
     }
     let mut deferred = Deferred::new(n.saturating_mul(DEFERRED_PER_POINT));
-    if n > 1 {
-        let t = Instant::now();
-        let mut sink = CountSink {
-            degree: &mut degree,
-            parent: &mut parent,
-            threshold,
-            deferred: &mut deferred,
-        };
-        report = engine.self_join_stream(&data, &join, &mut sink)?;
-        phases.push((
-            "count and link (join 1)".to_string(),
-            t.elapsed().as_secs_f64(),
-        ));
-        // The join's own phases (index build, join), within the one above.
-        phases.extend(
-            report
-                .phases
-                .drain(..)
-                .map(|(k, v)| (format!("join 1: {k}"), v)),
-        );
-    }
+    // On a GPU the counts are made on the device (no pair is read back for them); then
+    // every link waits for the second pass below.
+    let t = Instant::now();
+    let on_device = if n > 1 {
+        engine.device_neighbour_counts(&data, &join)?
+    } else {
+        None
+    };
+    let second_pass = match on_device {
+        Some((counts, counted)) => {
+            degree = counts;
+            report = counted;
+            phases.push((
+                "neighbour counts on the device (join 1)".to_string(),
+                t.elapsed().as_secs_f64(),
+            ));
+            true
+        }
+        None => {
+            if n > 1 {
+                let mut sink = CountSink {
+                    degree: &mut degree,
+                    parent: &mut parent,
+                    threshold,
+                    deferred: &mut deferred,
+                };
+                report = engine.self_join_stream(&data, &join, &mut sink)?;
+                phases.push((
+                    "count and link (join 1)".to_string(),
+                    t.elapsed().as_secs_f64(),
+                ));
+            }
+            if deferred.overflow {
+                report.notes.push(format!(
+                    "dbscan: more than {DEFERRED_PER_POINT} pairs per point waited for their core flags: a second pass over the join"
+                ));
+            }
+            deferred.overflow
+        }
+    };
+    // The join's own phases (index build, join), within the one above.
+    phases.extend(
+        report
+            .phases
+            .drain(..)
+            .map(|(k, v)| (format!("join 1: {k}"), v)),
+    );
     let mut core: Vec<bool> = alloc(n, false, "core flags")?;
     let mut core_points = 0usize;
     for (c, &d) in core.iter_mut().zip(&degree) {
@@ -580,10 +610,7 @@ fn run<T: Points>(
             nearest: &mut nearest,
             nearest_acc: &mut nearest_acc,
         };
-        if deferred.overflow {
-            report.notes.push(format!(
-                "dbscan: more than {DEFERRED_PER_POINT} pairs per point waited for their core flags: a second pass over the join"
-            ));
+        if second_pass {
             let second = engine.self_join_stream(&data, &join, &mut sink)?;
             phases.push((
                 "link core points (join 2)".to_string(),

@@ -250,6 +250,87 @@ impl Engine {
         })
     }
 
+    /// Each point's number of neighbours within eps in the self-join of `a`, the point
+    /// itself included (the count behind DBSCAN's core points and density-based outlier
+    /// scores), and the join's report (`pairs`: the self-join's pair count). On a GPU
+    /// the counts are made on the device: a count-only search of every adjacent cell, one
+    /// count per point read back and no pair; on the CPU (and for GPU algorithms without a
+    /// count-only form, LSS) they are counted from the streamed pairs. `opts.output`,
+    /// `sorted` and `distances` do not apply.
+    pub fn neighbour_counts(
+        &self,
+        a: &Dataset,
+        opts: &JoinOptions,
+    ) -> Result<(Vec<u32>, JoinReport)> {
+        if let Some(out) = self.device_neighbour_counts(a, opts)? {
+            return Ok(out);
+        }
+        struct Counter(Vec<u32>);
+        impl PairSink for Counter {
+            fn push(&mut self, chunk: &[crate::result::Pair]) -> anyhow::Result<()> {
+                for &[i, j] in chunk {
+                    // No overflow: a count is at most the number of points (< 2^32).
+                    self.0[i as usize] += 1;
+                    self.0[j as usize] += 1;
+                }
+                Ok(())
+            }
+        }
+        let mut counts = Vec::new();
+        counts.try_reserve_exact(a.len()).map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate {} neighbour counts", a.len()),
+            )
+        })?;
+        counts.resize(a.len(), 1u32);
+        let mut sink = Counter(counts);
+        let report = self.self_join_stream(a, opts, &mut sink)?;
+        Ok((sink.0, report))
+    }
+
+    /// [`Engine::neighbour_counts`] when the join runs on a GPU that counts on the
+    /// device; `None` where a caller must count streamed pairs (DBSCAN then keeps its one
+    /// pass that counts and links together).
+    pub(crate) fn device_neighbour_counts(
+        &self,
+        a: &Dataset,
+        opts: &JoinOptions,
+    ) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        opts.validate()?;
+        let start = Instant::now();
+        let job = Job {
+            a: *a,
+            b: None,
+            opts,
+        };
+        let out = match opts.backend {
+            Backend::Cpu => None,
+            Backend::Gpu => match self.gpu() {
+                Ok(gpu) => gpu.backend.neighbour_counts(&job)?,
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::NoDevice,
+                        format!("no usable Vulkan device: {e}"),
+                    ))
+                }
+            },
+            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
+                Some(Ok(gpu)) if !gpu.software => match gpu.backend.neighbour_counts(&job) {
+                    // As `run`: what the GPU cannot run goes to the CPU (which counts
+                    // streamed pairs).
+                    Err(e) if e.kind() == ErrorKind::Unsupported => None,
+                    other => other?,
+                },
+                _ => None,
+            },
+        };
+        Ok(out.map(|(counts, mut report)| {
+            report.seconds = start.elapsed().as_secs_f64();
+            (counts, report)
+        }))
+    }
+
     fn run(
         &self,
         a: &Dataset,

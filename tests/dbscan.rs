@@ -413,6 +413,14 @@ mod gpu {
                     )
                     .unwrap_or_else(|e| panic!("{what} gpu: {e}"));
                     assert_eq!(gpu.report.backend, "vulkan", "{what}");
+                    assert!(
+                        gpu.report
+                            .notes
+                            .iter()
+                            .any(|n| n.contains("neighbour counts on the device")),
+                        "{what}: {:?}",
+                        gpu.report.notes
+                    );
                     assert_eq!(gpu.core, cpu.core, "{what}: core");
                     assert_eq!(gpu.labels, cpu.labels, "{what}: labels");
                     assert_eq!(gpu.report.pairs, cpu.report.pairs, "{what}: pairs");
@@ -429,6 +437,34 @@ mod gpu {
                     case += 1;
                 }
             }
+        }
+        common::assert_no_validation_errors();
+    }
+
+    /// LSS has no count-only form: the GPU streams its pairs and the host counts them (the
+    /// CPU backend's one pass), with the same clustering as the device's counts.
+    #[test]
+    fn gpu_lss_counts_streamed_pairs() {
+        let mut rng = Rng(17);
+        for &dim in &[2usize, 3] {
+            let eps = eps_for(300, dim, Metric::Euclidean, 1);
+            let x = points(&mut rng, 300, dim, 1, eps);
+            let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let data = Dataset::from_f32(&x32, dim).unwrap();
+            let cpu = check(&data, &opts(eps, 4, Metric::Euclidean, Backend::Cpu), "lss");
+            let mut o = opts(eps, 4, Metric::Euclidean, Backend::Gpu);
+            o.algorithm = Algorithm::Lss;
+            let lss = dbscan(gpu_engine(), &data, &o).unwrap();
+            assert!(
+                !lss.report
+                    .notes
+                    .iter()
+                    .any(|n| n.contains("neighbour counts on the device")),
+                "{:?}",
+                lss.report.notes
+            );
+            assert_eq!(lss.labels, cpu.labels, "dim {dim}");
+            assert_eq!(lss.core, cpu.core, "dim {dim}");
         }
         common::assert_no_validation_errors();
     }

@@ -147,3 +147,45 @@ fn sink_error_cancels_the_join() {
     assert_eq!(err.kind(), ErrorKind::Cancelled);
     assert!(err.to_string().contains("disk full"), "{err}");
 }
+
+/// `Engine::neighbour_counts` on the CPU (counted from the streamed pairs): each point's
+/// neighbours, itself included, as the oracle's pairs give them, on every metric, with
+/// duplicates and points exactly eps apart; bad eps is an error; n = 0, 1.
+#[test]
+fn neighbour_counts_match_the_oracle() {
+    let engine = Engine::new();
+    // A 6 x 6 lattice of pitch 0.5 (exact eps distances) plus 8 duplicates of one corner.
+    let mut pts: Vec<f64> = (0..36)
+        .flat_map(|i| [(i % 6) as f64 * 0.5, (i / 6) as f64 * 0.5])
+        .collect();
+    pts.extend(std::iter::repeat_n([0.0, 0.0], 8).flatten());
+    let data = Dataset::from_f64(&pts, 2).unwrap();
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        let mut o = cpu(0.5);
+        o.metric = metric;
+        let pairs = oracle::self_join(&data, metric, 0.5);
+        let mut want = vec![1u32; data.len()];
+        for &[i, j] in &pairs {
+            want[i as usize] += 1;
+            want[j as usize] += 1;
+        }
+        let (got, report) = engine.neighbour_counts(&data, &o).unwrap();
+        assert_eq!(got, want, "{metric}");
+        assert_eq!(report.pairs, pairs.len() as u64, "{metric}");
+    }
+    assert_eq!(
+        engine
+            .neighbour_counts(&data, &cpu(0.0))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidArgument
+    );
+    let one = Dataset::from_f64(&[1.0, 2.0], 2).unwrap();
+    assert_eq!(engine.neighbour_counts(&one, &cpu(0.5)).unwrap().0, vec![1]);
+    let none = Dataset::from_f64(&[], 2).unwrap();
+    assert!(engine
+        .neighbour_counts(&none, &cpu(0.5))
+        .unwrap()
+        .0
+        .is_empty());
+}

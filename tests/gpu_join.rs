@@ -650,3 +650,109 @@ fn a_batch_wider_than_one_row_of_workgroups() {
     assert_eq!(got.report.batches, 1);
     assert_no_validation_errors();
 }
+
+/// `Engine::neighbour_counts` on the GPU counts on the device (a count-only search of every
+/// adjacent cell, one count per point read back): the oracle's counts exactly (each point
+/// itself included), grid with host- and device-built indexes and brute force, f32 and
+/// f64, 1-D to 64-D, every metric, duplicates, a lattice exactly eps apart, dozens of
+/// batches with resumed queries, n = 0, 1, 2; the CPU backend's counts the same.
+#[test]
+fn neighbour_counts_on_the_device() {
+    use simjoin::IndexBuild;
+    let engine = setup();
+    let check = |data: &Dataset, o: &JoinOptions, what: &str| {
+        let pairs = oracle::self_join(data, o.metric, o.eps);
+        let mut want = vec![1u32; data.len()];
+        for &[i, j] in &pairs {
+            want[i as usize] += 1;
+            want[j as usize] += 1;
+        }
+        let (got, report) = engine
+            .neighbour_counts(data, o)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(got, want, "{what}");
+        assert_eq!(report.pairs, pairs.len() as u64, "{what}: pairs");
+        assert_eq!(report.backend, "vulkan", "{what}");
+        if data.len() > 1 {
+            assert!(
+                report
+                    .notes
+                    .iter()
+                    .any(|n| n.contains("neighbour counts on the device")),
+                "{what}: {:?}",
+                report.notes
+            );
+        }
+        let mut cpu = o.clone();
+        cpu.backend = Backend::Cpu;
+        assert_eq!(
+            engine.neighbour_counts(data, &cpu).unwrap().0,
+            want,
+            "{what} (cpu)"
+        );
+    };
+    let mut case = 0;
+    for d in [1usize, 2, 3, 8, 64] {
+        let x = uniform(300, d, 70 + d as u64);
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+            let eps = eps_for(&x, d, metric, 0.02);
+            let data = if case % 2 == 0 {
+                Dataset::from_f64(&x, d).unwrap()
+            } else {
+                Dataset::from_f32(&x32, d).unwrap()
+            };
+            for algorithm in [Algorithm::Grid, Algorithm::Brute] {
+                check(
+                    &data,
+                    &gpu(eps, metric, algorithm),
+                    &format!("d={d} {metric} {algorithm}"),
+                );
+            }
+            case += 1;
+        }
+    }
+    // Duplicates: 200 points on 10 positions.
+    let dup: Vec<f64> = (0..200).flat_map(|i| [(i % 10) as f64, 0.5]).collect();
+    let data = Dataset::from_f64(&dup, 2).unwrap();
+    check(
+        &data,
+        &gpu(0.25, Metric::Euclidean, Algorithm::Grid),
+        "duplicates",
+    );
+    // A lattice with spacing exactly eps: the 4 (Euclidean, Manhattan) or 8 (Chebyshev)
+    // lattice neighbours at distance exactly eps, on cell edges.
+    let lattice: Vec<f32> = (0..144)
+        .flat_map(|i| [(i % 12) as f32 * 0.5, (i / 12) as f32 * 0.5])
+        .collect();
+    let data = Dataset::from_f32(&lattice, 2).unwrap();
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        check(
+            &data,
+            &gpu(0.5, metric, Algorithm::Grid),
+            &format!("lattice {metric}"),
+        );
+    }
+    // Dozens of batches (and queries resumed past the software loop budget), with the
+    // index built on the host and on the device.
+    let x = clusters(800, 3, 21);
+    let eps = eps_for(&x, 3, Metric::Euclidean, 0.02);
+    let data = Dataset::from_f64(&x, 3).unwrap();
+    for build in [IndexBuild::Host, IndexBuild::Device] {
+        let mut o = gpu(eps, Metric::Euclidean, Algorithm::Grid);
+        o.batch_points = Some(25);
+        o.index_build = build;
+        check(&data, &o, &format!("batches, {build:?} index"));
+    }
+    // n = 0, 1, 2.
+    let two = [0.0f32, 0.0, 0.3, 0.0];
+    for n in 0..=2 {
+        let data = Dataset::from_f32(&two[..2 * n], 2).unwrap();
+        check(
+            &data,
+            &gpu(0.5, Metric::Euclidean, Algorithm::Grid),
+            &format!("n = {n}"),
+        );
+    }
+    assert_no_validation_errors();
+}

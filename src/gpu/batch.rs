@@ -98,6 +98,8 @@ pub(super) struct Counts {
     /// Dot-product filter (batches, not the estimation): candidates rejected, and tested.
     pub dot_rejected: u64,
     pub dot_tested: u64,
+    /// Count-only runs that keep each query's count: matches per query position.
+    pub per_query: Option<Vec<u32>>,
 }
 
 /// What every dispatch of one join shares.
@@ -327,6 +329,10 @@ where
                         if !incomplete {
                             let matches = read_matches(slot, queries.len(), counts)?;
                             counts.pairs += matches.iter().map(|&c| c as u64).sum::<u64>();
+                            if let Some(per_query) = counts.per_query.as_mut() {
+                                per_query[queries.start as usize..queries.end as usize]
+                                    .copy_from_slice(&matches);
+                            }
                         }
                         times.download += t.elapsed().as_secs_f64();
                         (queries, incomplete, submitted)

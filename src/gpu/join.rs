@@ -5,7 +5,7 @@
 
 use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
 use super::device_data::{prepare_brute, prepare_grid, Prepared};
-use super::interface::{binding, JoinParams};
+use super::interface::{binding, flags, JoinParams};
 use super::plan::estimate_stride;
 use crate::backend::Job;
 use crate::dataset::Coords;
@@ -41,7 +41,7 @@ pub(crate) fn run(
 ) -> Result<JoinReport> {
     match (job.a.coords(), job.b.map(|b| b.coords())) {
         (Coords::F32(_), None) | (Coords::F32(_), Some(Coords::F32(_))) => {
-            run_typed::<f32>(ctx, staging, job, sink)
+            run_typed::<f32>(ctx, staging, job, sink, None)
         }
         (Coords::F64(_), None) | (Coords::F64(_), Some(Coords::F64(_))) => {
             if !ctx.features().shader_float64 {
@@ -50,12 +50,44 @@ pub(crate) fn run(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, staging, job, sink)
+            run_typed::<f64>(ctx, staging, job, sink, None)
         }
         _ => Err(Error::invalid(
             "A and B must have the same coordinate precision",
         )),
     }
+}
+
+/// Each point's number of neighbours within eps in the self-join `job`, the point itself
+/// included (DBSCAN's count), counted on the device: the join kernel runs count-only over
+/// every adjacent cell (not unicomp's half), so each query counts its whole neighbourhood
+/// and no pair is read back, only one count per point. `Ok(None)` for LSS, which has no
+/// count-only form.
+pub(crate) fn neighbour_counts(
+    ctx: &Arc<Context>,
+    staging: &Arc<StagingPool>,
+    job: &Job,
+) -> Result<Option<(Vec<u32>, JoinReport)>> {
+    if job.b.is_some() {
+        return Err(Error::invalid("neighbour counts are those of a self-join"));
+    }
+    if choose_algorithm(job)? == Algorithm::Lss {
+        return Ok(None);
+    }
+    let mut counts = vec![0u32; job.a.len()];
+    let report = match job.a.coords() {
+        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, None, Some(&mut counts))?,
+        Coords::F64(_) => {
+            if !ctx.features().shader_float64 {
+                return Err(Error::unsupported(format!(
+                    "f64 coordinates need shaderFloat64, which {} lacks",
+                    ctx.device_name()
+                )));
+            }
+            run_typed::<f64>(ctx, staging, job, None, Some(&mut counts))?
+        }
+    };
+    Ok(Some((counts, report)))
 }
 
 /// The GPU algorithm for `job`: grid, or brute force for tiny inputs under `auto`; LSS
@@ -110,11 +142,15 @@ fn join_kernel<T: Coord>(
     ctx.kernel(name, spirv, &spec)
 }
 
+/// The grid or brute-force join of `job` into `sink` (count only without one). With
+/// `per_point` (a self-join, no sink), every query counts its whole neighbourhood, itself
+/// included, into `per_point[its id]`, and `pairs` is the self-join's.
 fn run_typed<T: Coord>(
     ctx: &Arc<Context>,
     staging: &Arc<StagingPool>,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
+    per_point: Option<&mut Vec<u32>>,
 ) -> Result<JoinReport>
 where
     JoinParams<T>: bytemuck::Pod,
@@ -133,6 +169,16 @@ where
         ..Default::default()
     };
     let dim = job.a.dim();
+    if let Some(per_point) = &per_point {
+        debug_assert!(self_join && sink.is_none() && per_point.len() == na);
+    }
+    if per_point.is_some() && na == 1 {
+        // One point: its only neighbour is itself.
+        if let Some(p) = per_point {
+            p[0] = 1;
+        }
+        return Ok(report);
+    }
     if na == 0 || nb == 0 || (self_join && na < 2) {
         report
             .notes
@@ -198,6 +244,13 @@ where
     // The first searches start on the device once the uploads have landed.
     wait_for(&mut slots, &prepared.ready);
     let thr: T = threshold(opts.metric, opts.eps);
+    // Per-point counts: the self-join's data with the A ⋈ B search (every adjacent cell,
+    // the home cell whole), so each query meets every neighbour and itself.
+    let search_flags = if per_point.is_some() {
+        prepared.flags & !flags::FLAG_SELF
+    } else {
+        prepared.flags
+    };
     let run = Run {
         kernel,
         timer,
@@ -207,7 +260,7 @@ where
             q_count: 0,
             q_stride: 1,
             capacity,
-            flags: prepared.flags,
+            flags: search_flags,
             n_cells: prepared.n_cells,
             budget,
             log_cells,
@@ -223,7 +276,10 @@ where
             k: 0,
         },
     };
-    let mut counts = Counts::default();
+    let mut counts = Counts {
+        per_query: per_point.as_ref().map(|_| vec![0u32; nq]),
+        ..Default::default()
+    };
 
     let t_est = Instant::now();
     let plan = estimate(
@@ -257,6 +313,25 @@ where
         ));
     }
     report.pairs = counts.pairs;
+    if let (Some(out), Some(per_query)) = (per_point, counts.per_query.take()) {
+        // Query positions are the index's slots: their ids (positions themselves for
+        // brute force, whose ids are direct).
+        let ids: Vec<u32> = match algorithm {
+            Algorithm::Grid => {
+                counts.bytes_down += nq as u64 * 4;
+                ctx.download(&prepared.data.r_ids, 0, nq)?
+            }
+            _ => (0..nq as u32).collect(),
+        };
+        for (&id, &c) in ids.iter().zip(&per_query) {
+            out[id as usize] = c;
+        }
+        // Every pair was counted from both sides, and every point met itself.
+        report.pairs = (counts.pairs - na as u64) / 2;
+        report.notes.push(
+            "neighbour counts on the device: count-only search of every adjacent cell, one count per point read back".into(),
+        );
+    }
     report.batches = batches;
     report.index_build = prepared.index_build;
     report.bytes_to_device = prepared.uploads.bytes();

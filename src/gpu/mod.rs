@@ -69,6 +69,10 @@ impl JoinBackend for GpuBackend {
         join::run(&self.ctx, &self.staging, job, sink)
     }
 
+    fn neighbour_counts(&self, job: &Job) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        join::neighbour_counts(&self.ctx, &self.staging, job)
+    }
+
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
         knn::run(&self.ctx, job)
     }
