@@ -454,6 +454,21 @@ simjoin_status simjoin_self_join(const struct simjoin_engine *engine,
                                  struct simjoin_result **out);
 
 /**
+ * Each row's number of rows within `opts->eps` in the self-join of `points`, the row
+ * itself included (DBSCAN's core-point count; a density score for outlier detection).
+ * On a GPU they are counted on the device (one count per row read back, no pairs); on
+ * the CPU from the join's streamed pairs. `opts` is required (it holds eps); its output
+ * form, sorting and distances do not apply. On
+ * success `counts` (`points->rows` entries; may be NULL only when rows is 0) holds the
+ * counts and `*pairs` (NULL when not wanted) the self-join's number of pairs.
+ */
+simjoin_status simjoin_neighbour_counts(const struct simjoin_engine *engine,
+                                        const struct simjoin_matrix *points,
+                                        const struct simjoin_options *opts,
+                                        uint32_t *counts,
+                                        uint64_t *pairs);
+
+/**
  * A join B: all pairs (i in A, j in B) within `opts->eps`. A and B must have the same
  * number of columns and the same dtype.
  */

@@ -16,7 +16,7 @@ export SIMJOIN_VALIDATION=1
 # memory, by simjoin or by the driver, then crashes instead of passing unnoticed. This is
 # what made issue 10's rare SIGSEGV (lavapipe writing into a destroyed semaphore) show.
 export GLIBC_TUNABLES=glibc.malloc.tcache_count=0 MALLOC_PERTURB_=165
-bins=(vk_kernels gpu_join gpu_device_index gpu_dot_filter gpu_lifetimes engine_lifecycle kernel_interface)
+bins=(vk_kernels gpu_join gpu_device_index gpu_dot_filter gpu_lifetimes engine_lifecycle kernel_interface gpu_lss)
 cargo test --release --no-run -p simjoin "${bins[@]/#/--test=}" 2>/dev/null >/dev/null
 logs=target/stress; mkdir -p "$logs"
 load() { while :; do :; done; }

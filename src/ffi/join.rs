@@ -1,5 +1,6 @@
-//! The join calls: collected (`simjoin_self_join`, `simjoin_join`) and streamed to a
-//! callback (`simjoin_self_join_stream`, `simjoin_join_stream`).
+//! The join calls: collected (`simjoin_self_join`, `simjoin_join`), streamed to a
+//! callback (`simjoin_self_join_stream`, `simjoin_join_stream`), and each row's neighbour
+//! count (`simjoin_neighbour_counts`).
 
 use super::engine::simjoin_engine;
 use super::matrix::{read_matrix, simjoin_matrix};
@@ -70,6 +71,45 @@ pub unsafe extern "C" fn simjoin_self_join(
         let result = engine.engine.self_join(&a, &opts)?;
         // SAFETY: `out` is non-NULL (checked) and writable (header contract).
         unsafe { *out = Box::into_raw(into_handle(result)) };
+        Ok(())
+    })
+}
+
+/// Each row's number of rows within `opts->eps` in the self-join of `points`, the row
+/// itself included (DBSCAN's core-point count; a density score for outlier detection).
+/// On a GPU they are counted on the device (one count per row read back, no pairs); on
+/// the CPU from the join's streamed pairs. `opts` is required (it holds eps); its output
+/// form, sorting and distances do not apply. On
+/// success `counts` (`points->rows` entries; may be NULL only when rows is 0) holds the
+/// counts and `*pairs` (NULL when not wanted) the self-join's number of pairs.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_neighbour_counts(
+    engine: *const simjoin_engine,
+    points: *const simjoin_matrix,
+    opts: *const simjoin_options,
+    counts: *mut u32,
+    pairs: *mut u64,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL or a live engine (header contract); checked for NULL here.
+        let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
+        // SAFETY: NULL or a live matrix whose data outlive this call (header contract).
+        let a = unsafe { read_matrix("points", points) }?;
+        if counts.is_null() && !a.is_empty() {
+            return Err(null_arg("counts"));
+        }
+        // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
+        let opts = unsafe { read_options(opts) }?;
+        let (got, report) = engine.engine.neighbour_counts(&a, &opts)?;
+        if !got.is_empty() {
+            // SAFETY: `counts` is non-NULL (checked above: rows > 0) and writable for
+            // `points->rows` = got.len() entries (header contract); not our allocation.
+            unsafe { std::ptr::copy_nonoverlapping(got.as_ptr(), counts, got.len()) };
+        }
+        // SAFETY: NULL (skipped) or a writable uint64_t (header contract).
+        if let Some(out) = unsafe { pairs.as_mut() } {
+            *out = report.pairs;
+        }
         Ok(())
     })
 }

@@ -275,3 +275,31 @@ def test_readme_dbscan_example_runs():
     text = readme.read_text()
     block = text.split("<!-- dbscan-python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(block, "README.md", "exec"), {})
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_neighbour_counts(metric, dtype):
+    """simjoin.neighbour_counts: each row's rows within eps, itself included, as the
+    brute-force accumulators give them (scikit-learn's DBSCAN counts the same), on the CPU
+    and on the GPU (counted on the device) when there is one; a lattice with distances of
+    exactly eps; bad input."""
+    X = make_data("clustered", 400, 3, 11).astype(dtype)
+    lattice = np.array([[i * 0.5, j * 0.5] for i in range(8) for j in range(8)], dtype=dtype)
+    for data, eps in [(X, 0.05), (lattice, 0.5)]:
+        want = (pairwise_acc(data, metric) <= threshold(eps, metric, np.dtype(dtype))).sum(axis=1)
+        got = simjoin.neighbour_counts(data, eps, metric=metric, backend="cpu")
+        assert got.dtype == np.uint32 and len(got) == len(data)
+        np.testing.assert_array_equal(got, want)
+        try:
+            gpu = simjoin.neighbour_counts(data, eps, metric=metric, backend="gpu")
+        except simjoin.Error as e:
+            if e.status != 3:  # SIMJOIN_NO_DEVICE: no Vulkan device here
+                raise
+            continue
+        np.testing.assert_array_equal(gpu, want)
+    assert simjoin.neighbour_counts(np.zeros((0, 2)), 0.1).shape == (0,)
+    with pytest.raises(ValueError):
+        simjoin.neighbour_counts(X, 0.0)
+    with pytest.raises(ValueError):
+        simjoin.neighbour_counts(np.array([[0.0, np.nan]]), 0.1)

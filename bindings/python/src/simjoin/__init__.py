@@ -18,7 +18,7 @@ import numpy as np
 from . import _native
 from ._native import lib
 
-__all__ = ["self_join", "join", "knn", "dbscan", "DBSCAN", "Error", "InvalidArgumentError", "__version__"]
+__all__ = ["self_join", "join", "neighbour_counts", "knn", "dbscan", "DBSCAN", "Error", "InvalidArgumentError", "__version__"]
 __version__ = lib.simjoin_version().decode()
 
 
@@ -240,6 +240,29 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     result = ctypes.c_void_p()
     _check(lib.simjoin_self_join(_Engine.get(threads), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
     return _collect(result, output.lower(), (points.shape[0], points.shape[0]), return_distance)
+
+
+def neighbour_counts(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", threads=None):
+    """Each row's number of rows of X within distance `eps`, the row itself included (the
+    count behind DBSCAN's core samples; a density score for outlier detection), as a
+    uint32 array of len(X). On a GPU the counts are made on the device (no pair leaves
+    it); on the CPU they are counted from the join's streamed pairs, never collected.
+    metric, backend and algorithm as for self_join.
+    """
+    points = _as_points(X, "X")
+    opts = _options(eps, metric, backend, algorithm, "count", False)
+    m = _matrix(points)
+    counts = np.empty(points.shape[0], dtype=np.uint32)
+    _check(
+        lib.simjoin_neighbour_counts(
+            _Engine.get(threads),
+            ctypes.byref(m),
+            ctypes.byref(opts),
+            counts.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)) if len(counts) else None,
+            None,
+        )
+    )
+    return counts
 
 
 def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",

@@ -127,6 +127,10 @@ def _declare(lib):
         ),
         "simjoin_result_report": (status, [result_p, POINTER(Report)]),
         "simjoin_result_distances": (status, [result_p, POINTER(c_void_p), POINTER(c_size_t), POINTER(c_uint32)]),
+        "simjoin_neighbour_counts": (
+            status,
+            [engine_p, POINTER(Matrix), POINTER(Options), POINTER(c_uint32), POINTER(c_uint64)],
+        ),
         "simjoin_self_join_arrow": (status, [engine_p, POINTER(Matrix), POINTER(Options), c_void_p]),
         "simjoin_join_arrow": (status, [engine_p, POINTER(Matrix), POINTER(Matrix), POINTER(Options), c_void_p]),
         "simjoin_knn_options_init": (status, [POINTER(KnnOptions)]),
