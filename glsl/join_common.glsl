@@ -55,6 +55,12 @@ layout(std430, set = 0, binding = BINDING_Q_RADII) readonly buffer QueryRadii { 
 layout(std430, set = 0, binding = BINDING_R_DOT) readonly buffer IndexedDot { float r_dot[]; };
 layout(std430, set = 0, binding = BINDING_Q_DOT) readonly buffer QueryDot { float q_dot[]; };
 
+// FLAG_LINK (DBSCAN, src/dbscan.rs): by point id, 1 for a core point, and the union-find
+// forest every thread links into (a parent is never above its point; roots are their own
+// parents).
+layout(std430, set = 0, binding = BINDING_LINK_CORE) readonly buffer LinkCore { uint link_core[]; };
+layout(std430, set = 0, binding = BINDING_LINK_PARENT) coherent buffer LinkParent { uint link_parent[]; };
+
 JOIN_PARAMS_BLOCK
 
 T qp[DIM];          // the query point, in registers
@@ -160,12 +166,69 @@ void flush_dot_counts() {
     }
 }
 
-// Records a match with indexed position `rpos`. False when the result buffer is full: the
-// thread stops and will re-test `rpos` when resumed.
+// FLAG_LINK: steps one union (its finds and retries together) may take; past them the
+// pair is left to the host. Bounded because software devices cut long loops silently.
+const uint LINK_STEPS = 64u;
+const uint NO_ROOT = 0xFFFFFFFFu;
+
+// The root of x, halving the path on the way (atomicMin: parents only ever go down, so a
+// concurrent walk never undoes another's); NO_ROOT when `steps` ran out.
+uint link_find(uint x, inout uint steps) {
+    for (;;) {
+        uint p = link_parent[x];
+        if (p == x) return x;
+        steps += 1u;
+        if (steps > LINK_STEPS) return NO_ROOT;
+        uint g = link_parent[p];
+        atomicMin(link_parent[x], g);
+        x = g;
+    }
+}
+
+// Links the sets of a and b: the larger root goes under the smaller (the host's rule in
+// dbscan.rs), by compare-and-swap so that concurrent links never lose one. False when it
+// took more than LINK_STEPS (the host links the pair then).
+bool link_unite(uint a, uint b) {
+    uint steps = 0u;
+    for (;;) {
+        a = link_find(a, steps);
+        b = link_find(b, steps);
+        if (a == NO_ROOT || b == NO_ROOT) return false;
+        if (a == b) return true;
+        uint lo = min(a, b), hi = max(a, b);
+        if (atomicCompSwap(link_parent[hi], hi, lo) == hi) return true;
+        steps += 1u;
+        if (steps > LINK_STEPS) return false;
+        a = hi;
+        b = lo;
+    }
+}
+
+// Records a match with indexed position `rpos`. False when the result buffer is full (or,
+// with FLAG_LINK, the loop budget): the thread stops and will re-test `rpos` when resumed.
 bool emit(uint rpos) {
     if ((pc.flags & FLAG_COUNT) != 0u) {
         matches_seen += 1u;
         return true;
+    }
+    uint r_id = indexed_id(rpos);
+    if ((pc.flags & FLAG_LINK) != 0u) {
+        bool q_core = link_core[q_id] != 0u;
+        bool r_core = link_core[r_id] != 0u;
+        if (q_core == r_core) {
+            // Two core points: linked here (charged as the longest link may run; a
+            // repeated link after a resume changes nothing). Two non-core points: nothing
+            // to do for DBSCAN.
+            if (!q_core) {
+                matches_seen += 1u;
+                return true;
+            }
+            if (!charge(2u * LINK_STEPS + 2u)) return false;
+            if (link_unite(q_id, r_id)) {
+                matches_seen += 1u;
+                return true;
+            }
+        }
     }
     uint slot = atomicAdd(counters[0], 1u);
     if (slot >= pc.capacity) {
@@ -173,7 +236,6 @@ bool emit(uint rpos) {
         return false;
     }
     matches_seen += 1u;
-    uint r_id = indexed_id(rpos);
     uvec2 pair;
     if ((pc.flags & FLAG_SELF) != 0u) {
         pair = uvec2(min(q_id, r_id), max(q_id, r_id));

@@ -30,6 +30,21 @@ pub(crate) trait JoinBackend: Send + Sync {
         Ok(None)
     }
 
+    /// DBSCAN's links where this backend makes them itself (a GPU, in a union-find on the
+    /// device): the self-join `job` with each point's core flag; pairs of two core points
+    /// are linked there, pairs of two non-core points dropped, the rest (border candidates,
+    /// links left undone) go to `sink`; returns the forest (each point's parent, never
+    /// above the point). `None`: it does not, and the caller links streamed pairs.
+    fn link(
+        &self,
+        job: &Job,
+        core: &[bool],
+        sink: &mut dyn PairSink,
+    ) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        let _ = (job, core, sink);
+        Ok(None)
+    }
+
     /// The exact k-nearest-neighbour join (see `knn.rs` for the answer's definition).
     /// `ErrorKind::Unsupported` when this backend has not the asked algorithm.
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {

@@ -26,8 +26,10 @@
 //! core-core pairs and give each non-core point its nearest core neighbour. On a GPU the
 //! counts are made on the device instead (`Engine::neighbour_counts`: a count-only search
 //! of every adjacent cell, one count per point read back, no pairs), so the host never
-//! counts; the one pass over the streamed pairs then only links core points and gives
-//! border points their core neighbour. From 2^19 points on, the join runs on a copy of
+//! counts; the second pass then links core points in a union-find on the device as well
+//! (`JoinBackend::link`), and only pairs of a core and a non-core point (border
+//! candidates) and the rare link the device left undone come to the host, which finishes
+//! the forest and gives border points their nearest core point. From 2^19 points on, the join runs on a copy of
 //! the points in Z-order, so that the per-point arrays are updated in cache order (10M
 //! clustered 2-D points on 2 cores: 6.8 s -> 4.3 s); labels and ties are in the input's
 //! indices either way.
@@ -547,6 +549,7 @@ fn run<T: Points>(
     } else {
         None
     };
+    let counted_on_device = on_device.is_some();
     let second_pass = match on_device {
         Some((counts, counted)) => {
             degree = counts;
@@ -611,12 +614,42 @@ fn run<T: Points>(
             nearest_acc: &mut nearest_acc,
         };
         if second_pass {
-            let second = engine.self_join_stream(&data, &join, &mut sink)?;
-            phases.push((
-                "link core points (join 2)".to_string(),
-                t.elapsed().as_secs_f64(),
-            ));
+            // The GPU that counted links core points on the device too: only border
+            // candidates (and links it left undone) come to the sink.
+            let linked = if counted_on_device {
+                engine.device_link(&data, &join, &core, &mut sink)?
+            } else {
+                None
+            };
+            let second = match linked {
+                Some((forest, second)) => {
+                    // Each point joins its root in the device's forest; parents are never
+                    // above their point, so one ascending pass finds every root.
+                    let mut root = forest;
+                    for x in 0..n {
+                        let p = root[x] as usize;
+                        if p != x {
+                            root[x] = root[p];
+                            union(&mut parent, x as u32, root[x]);
+                        }
+                    }
+                    phases.push((
+                        "link core points on the device (join 2)".to_string(),
+                        t.elapsed().as_secs_f64(),
+                    ));
+                    second
+                }
+                None => {
+                    let second = engine.self_join_stream(&data, &join, &mut sink)?;
+                    phases.push((
+                        "link core points (join 2)".to_string(),
+                        t.elapsed().as_secs_f64(),
+                    ));
+                    second
+                }
+            };
             report.batches += second.batches;
+            report.notes.extend(second.notes);
         } else {
             for chunk in &deferred.chunks {
                 sink.push(chunk).map_err(Error::from)?;

@@ -331,6 +331,39 @@ impl Engine {
         }))
     }
 
+    /// DBSCAN's second pass on the GPU that counted the neighbours (`device_neighbour_counts`):
+    /// see `JoinBackend::link`. `None` where the join does not run on such a GPU or its
+    /// algorithm has no device links (LSS): the caller links streamed pairs.
+    pub(crate) fn device_link(
+        &self,
+        a: &Dataset,
+        opts: &JoinOptions,
+        core: &[bool],
+        sink: &mut dyn PairSink,
+    ) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        opts.validate()?;
+        let job = Job {
+            a: *a,
+            b: None,
+            opts,
+        };
+        let gpu = match opts.backend {
+            Backend::Cpu => return Ok(None),
+            Backend::Gpu => self.gpu(),
+            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
+                Some(Ok(gpu)) if !gpu.software => Ok(gpu),
+                _ => return Ok(None),
+            },
+        };
+        match gpu {
+            Ok(gpu) => gpu.backend.link(&job, core, sink),
+            Err(e) => Err(Error::new(
+                ErrorKind::NoDevice,
+                format!("no usable Vulkan device: {e}"),
+            )),
+        }
+    }
+
     fn run(
         &self,
         a: &Dataset,

@@ -421,6 +421,16 @@ mod gpu {
                         "{what}: {:?}",
                         gpu.report.notes
                     );
+                    if gpu.core_points > 0 {
+                        assert!(
+                            gpu.report
+                                .notes
+                                .iter()
+                                .any(|n| n.contains("DBSCAN links on the device")),
+                            "{what}: {:?}",
+                            gpu.report.notes
+                        );
+                    }
                     assert_eq!(gpu.core, cpu.core, "{what}: core");
                     assert_eq!(gpu.labels, cpu.labels, "{what}: labels");
                     assert_eq!(gpu.report.pairs, cpu.report.pairs, "{what}: pairs");
@@ -492,6 +502,25 @@ mod gpu {
         assert!(cpu.report.pairs > 20_000, "{}", cpu.report.pairs);
         assert_eq!(gpu.labels, cpu.labels);
         assert_eq!(gpu.core, cpu.core);
+        // Core-core pairs were linked on the device: far fewer pairs came back to the host
+        // in the linking pass than the join has.
+        let note = gpu
+            .report
+            .notes
+            .iter()
+            .find(|n| n.contains("DBSCAN links on the device"))
+            .unwrap_or_else(|| panic!("{:?}", gpu.report.notes));
+        let read_back: u64 = note
+            .split(", ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{note}"));
+        assert!(
+            read_back * 4 < cpu.report.pairs,
+            "{read_back} of {} pairs read back",
+            cpu.report.pairs
+        );
         common::assert_no_validation_errors();
     }
 }

@@ -100,7 +100,7 @@ where
         .unwrap();
     stream.finish().unwrap();
     let states = &buffers[binding::STATES as usize];
-    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 13).unwrap();
+    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 14).unwrap();
     (params, seen, buffers)
 }
 
@@ -145,7 +145,8 @@ where
         [p.rank_hi, p.k, flags::FLAG_KNN, flags::FLAG_Q_IDS],
         "rank_hi, k, FLAG_KNN, FLAG_Q_IDS"
     );
-    assert_eq!(flags::ALL.len(), 8, "a new flag needs a line in this test");
+    assert_eq!(seen[13][2], flags::FLAG_LINK, "FLAG_LINK");
+    assert_eq!(flags::ALL.len(), 9, "a new flag needs a line in this test");
     // Bindings: each GLSL buffer reads the buffer Rust bound at its binding number.
     let tag = |b: u32| 1000 + b;
     let coord = |b: u32| T::from_f64(tag(b) as f64).bits();
@@ -169,6 +170,8 @@ where
     assert_eq!(seen[9][2], f32_tag(binding::Q_DOT), "Q_DOT");
     assert_eq!(seen[12][..2], coord(binding::Q_LIMITS), "Q_LIMITS");
     assert_eq!(seen[12][2], tag(binding::Q_RADII), "Q_RADII");
+    assert_eq!(seen[13][0], tag(binding::LINK_CORE), "LINK_CORE");
+    assert_eq!(seen[13][1], tag(binding::LINK_PARENT), "LINK_PARENT");
     let ctx = shared_context();
     let results: Vec<u32> = ctx
         .download(&buffers[binding::RESULTS as usize], 0, 2)
@@ -176,7 +179,7 @@ where
     assert_eq!(results, [0x5EE0, 0x5EE1], "RESULTS");
     assert_eq!(
         binding::COUNT,
-        15,
+        17,
         "a new binding needs a line in this test"
     );
 }

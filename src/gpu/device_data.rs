@@ -31,6 +31,15 @@ pub(super) struct DeviceData {
     /// The dot-product filter's copies (`dot_filter.rs`), when it runs.
     pub r_dot: Option<Arc<Buffer>>,
     pub q_dot: Option<Arc<Buffer>>,
+    /// DBSCAN's links on the device (FLAG_LINK): core flags and the union-find forest,
+    /// by point id.
+    pub link: Option<Link>,
+}
+
+/// The buffers of FLAG_LINK (`join::link`).
+pub(super) struct Link {
+    pub core: Arc<Buffer>,
+    pub parent: Arc<Buffer>,
 }
 
 impl DeviceData {
@@ -77,6 +86,14 @@ impl DeviceData {
                     .or(self.r_dot.as_ref())
                     .unwrap_or(&self.meta)
                     .all(),
+            ),
+            (
+                binding::LINK_CORE,
+                self.link.as_ref().map_or(&self.meta, |l| &l.core).all(),
+            ),
+            (
+                binding::LINK_PARENT,
+                self.link.as_ref().map_or(&self.meta, |l| &l.parent).all(),
             ),
         ];
         b.sort_by_key(|(i, _)| *i);
@@ -402,6 +419,7 @@ fn host_index<T: Coord>(
             meta,
             r_dot: None,
             q_dot: None,
+            link: None,
         },
         idx.cell_keys.len() as u32,
     ))
@@ -434,6 +452,7 @@ pub(super) fn prepare_brute<T: Coord>(
         meta: upload(&mut uploads, &dummy, "unused")?,
         r_dot: None,
         q_dot: None,
+        link: None,
     };
     *upload_seconds += uploads.host_seconds();
     Ok(Prepared {

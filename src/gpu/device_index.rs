@@ -485,6 +485,7 @@ pub(super) fn build<T: Coord>(
             q_cells: Some(q_cells),
             meta,
             r_dot: None,
+            link: None,
             q_dot: None,
         },
         n_cells: n_cells as u32,

@@ -71,6 +71,7 @@ join_interface! {
         FLAG_KNN = 32, "LSS kNN: per-query limits (q_limits) and box radii (q_radii); candidates written as (index, accumulator); with FLAG_SELF only the query itself is excluded.";
         FLAG_Q_IDS = 64, "LSS: query position -> query id through q_ids (else the position is the id).";
         FLAG_DOT_FILTER = 128, "Grid, Euclidean: reject by the f32 dot-product filter (cpu/dot_filter.rs's bound, cutoff dot_cutoff) before the exact test; counts in counters[2..6].";
+        FLAG_LINK = 256, "DBSCAN: a pair of two core points (link_core) is linked in the device's union-find (link_parent) and not written; two non-core points are dropped; only core/non-core pairs (and links the device left to the host) are written.";
     }
     bindings {
         R_COORDS = 0;
@@ -88,6 +89,8 @@ join_interface! {
         Q_RADII = 12;
         R_DOT = 13;
         Q_DOT = 14;
+        LINK_CORE = 15;
+        LINK_PARENT = 16;
     }
     params {
         q_begin: u32, "First query position of the batch.";

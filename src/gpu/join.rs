@@ -4,7 +4,7 @@
 //! their interface is `interface.rs`.
 
 use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
-use super::device_data::{prepare_brute, prepare_grid, Prepared};
+use super::device_data::{prepare_brute, prepare_grid, Link, Prepared};
 use super::interface::{binding, flags, JoinParams};
 use super::plan::estimate_stride;
 use crate::backend::Job;
@@ -41,7 +41,7 @@ pub(crate) fn run(
 ) -> Result<JoinReport> {
     match (job.a.coords(), job.b.map(|b| b.coords())) {
         (Coords::F32(_), None) | (Coords::F32(_), Some(Coords::F32(_))) => {
-            run_typed::<f32>(ctx, staging, job, sink, None)
+            run_typed::<f32>(ctx, staging, job, sink, Extra::None)
         }
         (Coords::F64(_), None) | (Coords::F64(_), Some(Coords::F64(_))) => {
             if !ctx.features().shader_float64 {
@@ -50,7 +50,7 @@ pub(crate) fn run(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, staging, job, sink, None)
+            run_typed::<f64>(ctx, staging, job, sink, Extra::None)
         }
         _ => Err(Error::invalid(
             "A and B must have the same coordinate precision",
@@ -76,7 +76,7 @@ pub(crate) fn neighbour_counts(
     }
     let mut counts = vec![0u32; job.a.len()];
     let report = match job.a.coords() {
-        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, None, Some(&mut counts))?,
+        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, None, Extra::Counts(&mut counts))?,
         Coords::F64(_) => {
             if !ctx.features().shader_float64 {
                 return Err(Error::unsupported(format!(
@@ -84,10 +84,64 @@ pub(crate) fn neighbour_counts(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, staging, job, None, Some(&mut counts))?
+            run_typed::<f64>(ctx, staging, job, None, Extra::Counts(&mut counts))?
         }
     };
     Ok(Some((counts, report)))
+}
+
+/// DBSCAN's second pass on the device (FLAG_LINK): the self-join `job` with the core flags
+/// by point id; a pair of two core points is linked in a union-find forest on the device
+/// (the larger root under the smaller, as the host links), a pair of two non-core points
+/// is dropped, and only core/non-core pairs (border candidates) and the few links the
+/// device left undone go to `sink`. Returns the forest (each point's parent, never above
+/// the point) for the host to finish. `Ok(None)` for LSS (no FLAG_LINK there).
+pub(crate) fn link(
+    ctx: &Arc<Context>,
+    staging: &Arc<StagingPool>,
+    job: &Job,
+    core: &[bool],
+    sink: &mut dyn PairSink,
+) -> Result<Option<(Vec<u32>, JoinReport)>> {
+    if job.b.is_some() || core.len() != job.a.len() {
+        return Err(Error::invalid(
+            "links are those of a self-join, with one core flag per point",
+        ));
+    }
+    if choose_algorithm(job)? == Algorithm::Lss {
+        return Ok(None);
+    }
+    let mut parent: Vec<u32> = (0..job.a.len() as u32).collect();
+    let extra = Extra::Link {
+        core,
+        parent: &mut parent,
+    };
+    let report = match job.a.coords() {
+        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, Some(sink), extra)?,
+        Coords::F64(_) => {
+            if !ctx.features().shader_float64 {
+                return Err(Error::unsupported(format!(
+                    "f64 coordinates need shaderFloat64, which {} lacks",
+                    ctx.device_name()
+                )));
+            }
+            run_typed::<f64>(ctx, staging, job, Some(sink), extra)?
+        }
+    };
+    Ok(Some((parent, report)))
+}
+
+/// What a run makes besides its pairs.
+enum Extra<'a> {
+    None,
+    /// Count only, every query over its whole neighbourhood (itself included): counts by
+    /// point id.
+    Counts(&'a mut Vec<u32>),
+    /// FLAG_LINK: core flags by point id in, the union-find forest out.
+    Link {
+        core: &'a [bool],
+        parent: &'a mut Vec<u32>,
+    },
 }
 
 /// The GPU algorithm for `job`: grid, or brute force for tiny inputs under `auto`; LSS
@@ -142,15 +196,14 @@ fn join_kernel<T: Coord>(
     ctx.kernel(name, spirv, &spec)
 }
 
-/// The grid or brute-force join of `job` into `sink` (count only without one). With
-/// `per_point` (a self-join, no sink), every query counts its whole neighbourhood, itself
-/// included, into `per_point[its id]`, and `pairs` is the self-join's.
+/// The grid or brute-force join of `job` into `sink` (count only without one), and what
+/// `extra` asks for (a self-join's per-point counts, or DBSCAN's links).
 fn run_typed<T: Coord>(
     ctx: &Arc<Context>,
     staging: &Arc<StagingPool>,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
-    per_point: Option<&mut Vec<u32>>,
+    extra: Extra,
 ) -> Result<JoinReport>
 where
     JoinParams<T>: bytemuck::Pod,
@@ -169,15 +222,25 @@ where
         ..Default::default()
     };
     let dim = job.a.dim();
+    let (mut per_point, link) = match extra {
+        Extra::None => (None, None),
+        Extra::Counts(c) => (Some(c), None),
+        Extra::Link { core, parent } => (None, Some((core, parent))),
+    };
     if let Some(per_point) = &per_point {
         debug_assert!(self_join && sink.is_none() && per_point.len() == na);
     }
-    if per_point.is_some() && na == 1 {
-        // One point: its only neighbour is itself.
-        if let Some(p) = per_point {
+    if let Some((core, _)) = &link {
+        debug_assert!(self_join && sink.is_some() && core.len() == na);
+    }
+    if na == 1 {
+        // One point: its only neighbour is itself, and it has nothing to link.
+        if let Some(p) = per_point.as_mut() {
             p[0] = 1;
         }
-        return Ok(report);
+        if per_point.is_some() || link.is_some() {
+            return Ok(report);
+        }
     }
     if na == 0 || nb == 0 || (self_join && na < 2) {
         report
@@ -190,10 +253,19 @@ where
 
     // Indexed set R and query set Q on the device.
     let uploads = Uploads::new(ctx, staging)?;
-    let prepared = match algorithm {
+    let mut prepared = match algorithm {
         Algorithm::Grid => prepare_grid::<T>(ctx, uploads, job, &mut report, &mut times.upload)?,
         _ => prepare_brute::<T>(uploads, job, &mut times.upload)?,
     };
+    if let Some((core, _)) = &link {
+        // Core flags and the forest (every point its own root), by point id.
+        let flags: Vec<u32> = core.iter().map(|&c| u32::from(c)).collect();
+        let roots: Vec<u32> = (0..na as u32).collect();
+        prepared.data.link = Some(Link {
+            core: ctx.upload(&flags, "DBSCAN core flags")?,
+            parent: ctx.upload(&roots, "DBSCAN union-find")?,
+        });
+    }
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
 
     let (workgroup, budget) = workgroup_and_budget(ctx);
@@ -248,6 +320,8 @@ where
     // the home cell whole), so each query meets every neighbour and itself.
     let search_flags = if per_point.is_some() {
         prepared.flags & !flags::FLAG_SELF
+    } else if link.is_some() {
+        prepared.flags | flags::FLAG_LINK
     } else {
         prepared.flags
     };
@@ -331,6 +405,15 @@ where
         report.notes.push(
             "neighbour counts on the device: count-only search of every adjacent cell, one count per point read back".into(),
         );
+    }
+    if let (Some((_, parent)), Some(l)) = (link, &prepared.data.link) {
+        // Every batch has completed: the forest is final.
+        counts.bytes_down += na as u64 * 4;
+        *parent = ctx.download(&l.parent, 0, na)?;
+        report.notes.push(format!(
+            "DBSCAN links on the device: core-core pairs linked there, {} pairs (border candidates and links left to the host) read back",
+            counts.pairs
+        ));
     }
     report.batches = batches;
     report.index_build = prepared.index_build;

@@ -169,6 +169,8 @@ impl<'c> Lss<'c> {
             (binding::Q_RADII, or(&b.q_radii)),
             (binding::R_DOT, self.dummy.all()),
             (binding::Q_DOT, self.dummy.all()),
+            (binding::LINK_CORE, self.dummy.all()),
+            (binding::LINK_PARENT, self.dummy.all()),
         ];
         v.sort_by_key(|(i, _)| *i);
         debug_assert!(v.iter().enumerate().all(|(i, (n, _))| i as u32 == *n));

@@ -73,6 +73,15 @@ impl JoinBackend for GpuBackend {
         join::neighbour_counts(&self.ctx, &self.staging, job)
     }
 
+    fn link(
+        &self,
+        job: &Job,
+        core: &[bool],
+        sink: &mut dyn PairSink,
+    ) -> Result<Option<(Vec<u32>, JoinReport)>> {
+        join::link(&self.ctx, &self.staging, job, core, sink)
+    }
+
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
         knn::run(&self.ctx, job)
     }
