@@ -1,7 +1,8 @@
-//! Times DBSCAN (`simjoin::dbscan`, CPU backend) on a .npy point array (n x d, f64), for
-//! profiling: the fastest and the median run, each phase's median, the last run's notes.
+//! Times DBSCAN (`simjoin::dbscan`; the CPU backend unless BACKEND says otherwise) on a
+//! .npy point array (n x d, f64), for profiling: the fastest and the median run, each
+//! phase's median, the last run's notes.
 //!
-//! usage: dbscan_bench FILE.npy EPS [MIN_SAMPLES=10] [REPS=10] [ALGORITHM=auto]
+//! usage: dbscan_bench FILE.npy EPS [MIN_SAMPLES=10] [REPS=10] [ALGORITHM=auto] [BACKEND=cpu]
 
 use simjoin::{Algorithm, Backend, Dataset, DbscanOptions, Engine};
 use std::time::Instant;
@@ -10,7 +11,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if args.len() < 3 {
         anyhow::bail!(
-            "usage: dbscan_bench FILE.npy EPS [MIN_SAMPLES=10] [REPS=10] [ALGORITHM=auto]"
+            "usage: dbscan_bench FILE.npy EPS [MIN_SAMPLES=10] [REPS=10] [ALGORITHM=auto] [BACKEND=cpu]"
         );
     }
     let eps: f64 = args[2].parse()?;
@@ -23,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     let x: Vec<f64> = file.into_vec()?;
     let data = Dataset::from_f64(&x, shape[1] as usize)?;
     let mut opts = DbscanOptions::new(eps, min_samples);
-    opts.backend = Backend::Cpu;
+    opts.backend = args.get(6).map_or(Ok(Backend::Cpu), |s| s.parse())?;
     opts.algorithm = algorithm;
     let engine = Engine::new();
     let mut times = Vec::new();
