@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "simjoin.h"
 
@@ -182,6 +183,17 @@ class Engine {
     simjoin_result *out = nullptr;
     detail::check(simjoin_join(raw_.get(), &ma, &mb, opts.get(), &out));
     return Result(out);
+  }
+
+  /// Each row's number of rows within the options' eps, itself included (see
+  /// simjoin_neighbour_counts: on a GPU counted on the device, no pairs).
+  template <class T>
+  std::vector<std::uint32_t> neighbour_counts(const T *data, std::size_t rows, std::size_t cols,
+                                              const Options &opts) const {
+    simjoin_matrix m = detail::matrix(data, rows, cols);
+    std::vector<std::uint32_t> counts(rows);
+    detail::check(simjoin_neighbour_counts(raw_.get(), &m, opts.get(), counts.data(), nullptr));
+    return counts;
   }
 
   /// Streaming self-join: `on_chunk(const Pair *pairs, std::size_t count)` receives the

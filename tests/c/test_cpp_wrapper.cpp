@@ -55,6 +55,10 @@ int main() {
   CHECK(csr.rows() == n && csr.neighbors.size() == 2 * want.size());
   CHECK(csr.offsets[1] - csr.offsets[0] == 2);  // corner point 0 has 2 neighbours
 
+  // Neighbour counts: each point itself and its 4-neighbours (2 at a corner, 3 on an edge).
+  auto counts = engine.neighbour_counts(grid.data(), n, 2, simjoin::Options(1.0));
+  CHECK(counts.size() == n && counts[0] == 3 && counts[1] == 4 && counts[11] == 5);
+
   // A join B: B is the lattice shifted by (0.5, 0): in each row, A point x is exactly 0.5 from
   // B points x and x - 1 (10 + 9 pairs per row).
   std::vector<double> shifted = grid;
