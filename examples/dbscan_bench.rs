@@ -41,7 +41,7 @@ fn main() -> anyhow::Result<()> {
         times.push(t.elapsed().as_secs_f64());
         for (k, v) in &r.report.phases {
             // "link 1234 kept pairs" varies from run to run: one phase whatever the number.
-            let k = &if k.starts_with("link ") {
+            let k = &if k.starts_with("link ") && k.ends_with(" kept pairs") {
                 k.replace(|c: char| c.is_ascii_digit(), "")
             } else {
                 k.clone()
