@@ -297,34 +297,13 @@ impl Engine {
         a: &Dataset,
         opts: &JoinOptions,
     ) -> Result<Option<(Vec<u32>, JoinReport)>> {
-        opts.validate()?;
         let start = Instant::now();
         let job = Job {
             a: *a,
             b: None,
             opts,
         };
-        let out = match opts.backend {
-            Backend::Cpu => None,
-            Backend::Gpu => match self.gpu() {
-                Ok(gpu) => gpu.backend.neighbour_counts(&job)?,
-                Err(e) => {
-                    return Err(Error::new(
-                        ErrorKind::NoDevice,
-                        format!("no usable Vulkan device: {e}"),
-                    ))
-                }
-            },
-            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
-                Some(Ok(gpu)) if !gpu.software => match gpu.backend.neighbour_counts(&job) {
-                    // As `run`: what the GPU cannot run goes to the CPU (which counts
-                    // streamed pairs).
-                    Err(e) if e.kind() == ErrorKind::Unsupported => None,
-                    other => other?,
-                },
-                _ => None,
-            },
-        };
+        let out = self.on_device(opts, |gpu| gpu.neighbour_counts(&job))?;
         Ok(out.map(|(counts, mut report)| {
             report.seconds = start.elapsed().as_secs_f64();
             (counts, report)
@@ -341,26 +320,39 @@ impl Engine {
         core: &[bool],
         sink: &mut dyn PairSink,
     ) -> Result<Option<(Vec<u32>, JoinReport)>> {
-        opts.validate()?;
         let job = Job {
             a: *a,
             b: None,
             opts,
         };
-        let gpu = match opts.backend {
-            Backend::Cpu => return Ok(None),
-            Backend::Gpu => self.gpu(),
-            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
-                Some(Ok(gpu)) if !gpu.software => Ok(gpu),
-                _ => return Ok(None),
+        self.on_device(opts, |gpu| gpu.link(&job, core, sink))
+    }
+
+    /// `f` on the GPU backend where a join with `opts` runs on a GPU (as `run` picks it:
+    /// `Gpu`, or `Auto` with a hardware GPU); `None` on the CPU, and under `Auto` where the
+    /// GPU answers `Unsupported` (the CPU then does the work its own way).
+    fn on_device<R>(
+        &self,
+        opts: &JoinOptions,
+        f: impl FnOnce(&dyn JoinBackend) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
+        opts.validate()?;
+        match opts.backend {
+            Backend::Cpu => Ok(None),
+            Backend::Gpu => match self.gpu() {
+                Ok(gpu) => f(gpu.backend.as_ref()),
+                Err(e) => Err(Error::new(
+                    ErrorKind::NoDevice,
+                    format!("no usable Vulkan device: {e}"),
+                )),
             },
-        };
-        match gpu {
-            Ok(gpu) => gpu.backend.link(&job, core, sink),
-            Err(e) => Err(Error::new(
-                ErrorKind::NoDevice,
-                format!("no usable Vulkan device: {e}"),
-            )),
+            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
+                Some(Ok(gpu)) if !gpu.software => match f(gpu.backend.as_ref()) {
+                    Err(e) if e.kind() == ErrorKind::Unsupported => Ok(None),
+                    other => other,
+                },
+                _ => Ok(None),
+            },
         }
     }
 

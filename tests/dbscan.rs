@@ -379,6 +379,11 @@ fn many_pairs_in_bounded_memory() {
 mod gpu {
     use super::*;
 
+    /// The report's note that contains `what`, if any.
+    fn note<'r>(r: &'r DbscanResult, what: &str) -> Option<&'r String> {
+        r.report.notes.iter().find(|n| n.contains(what))
+    }
+
     fn gpu_engine() -> &'static Engine {
         static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
         common::gpu_test_setup();
@@ -414,23 +419,15 @@ mod gpu {
                     .unwrap_or_else(|e| panic!("{what} gpu: {e}"));
                     assert_eq!(gpu.report.backend, "vulkan", "{what}");
                     assert!(
-                        gpu.report
-                            .notes
-                            .iter()
-                            .any(|n| n.contains("neighbour counts on the device")),
+                        note(&gpu, "neighbour counts on the device").is_some(),
                         "{what}: {:?}",
                         gpu.report.notes
                     );
-                    if gpu.core_points > 0 {
-                        assert!(
-                            gpu.report
-                                .notes
-                                .iter()
-                                .any(|n| n.contains("DBSCAN links on the device")),
-                            "{what}: {:?}",
-                            gpu.report.notes
-                        );
-                    }
+                    assert!(
+                        gpu.core_points == 0 || note(&gpu, "DBSCAN links on the device").is_some(),
+                        "{what}: {:?}",
+                        gpu.report.notes
+                    );
                     assert_eq!(gpu.core, cpu.core, "{what}: core");
                     assert_eq!(gpu.labels, cpu.labels, "{what}: labels");
                     assert_eq!(gpu.report.pairs, cpu.report.pairs, "{what}: pairs");
@@ -466,10 +463,7 @@ mod gpu {
             o.algorithm = Algorithm::Lss;
             let lss = dbscan(gpu_engine(), &data, &o).unwrap();
             assert!(
-                !lss.report
-                    .notes
-                    .iter()
-                    .any(|n| n.contains("neighbour counts on the device")),
+                note(&lss, "neighbour counts on the device").is_none(),
                 "{:?}",
                 lss.report.notes
             );
@@ -504,18 +498,14 @@ mod gpu {
         assert_eq!(gpu.core, cpu.core);
         // Core-core pairs were linked on the device: far fewer pairs came back to the host
         // in the linking pass than the join has.
-        let note = gpu
-            .report
-            .notes
-            .iter()
-            .find(|n| n.contains("DBSCAN links on the device"))
+        let linked = note(&gpu, "DBSCAN links on the device")
             .unwrap_or_else(|| panic!("{:?}", gpu.report.notes));
-        let read_back: u64 = note
+        let read_back: u64 = linked
             .split(", ")
             .nth(1)
             .and_then(|s| s.split(' ').next())
             .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{note}"));
+            .unwrap_or_else(|| panic!("{linked}"));
         assert!(
             read_back * 4 < cpu.report.pairs,
             "{read_back} of {} pairs read back",

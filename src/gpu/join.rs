@@ -39,9 +39,20 @@ pub(crate) fn run(
     job: &Job,
     sink: Option<&mut dyn PairSink>,
 ) -> Result<JoinReport> {
+    by_precision(ctx, staging, job, sink, Extra::None)
+}
+
+/// `run_typed` in the jobs' coordinate type (f64 only where the device has shaderFloat64).
+fn by_precision(
+    ctx: &Arc<Context>,
+    staging: &Arc<StagingPool>,
+    job: &Job,
+    sink: Option<&mut dyn PairSink>,
+    extra: Extra,
+) -> Result<JoinReport> {
     match (job.a.coords(), job.b.map(|b| b.coords())) {
         (Coords::F32(_), None) | (Coords::F32(_), Some(Coords::F32(_))) => {
-            run_typed::<f32>(ctx, staging, job, sink, Extra::None)
+            run_typed::<f32>(ctx, staging, job, sink, extra)
         }
         (Coords::F64(_), None) | (Coords::F64(_), Some(Coords::F64(_))) => {
             if !ctx.features().shader_float64 {
@@ -50,7 +61,7 @@ pub(crate) fn run(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, staging, job, sink, Extra::None)
+            run_typed::<f64>(ctx, staging, job, sink, extra)
         }
         _ => Err(Error::invalid(
             "A and B must have the same coordinate precision",
@@ -75,18 +86,7 @@ pub(crate) fn neighbour_counts(
         return Ok(None);
     }
     let mut counts = vec![0u32; job.a.len()];
-    let report = match job.a.coords() {
-        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, None, Extra::Counts(&mut counts))?,
-        Coords::F64(_) => {
-            if !ctx.features().shader_float64 {
-                return Err(Error::unsupported(format!(
-                    "f64 coordinates need shaderFloat64, which {} lacks",
-                    ctx.device_name()
-                )));
-            }
-            run_typed::<f64>(ctx, staging, job, None, Extra::Counts(&mut counts))?
-        }
-    };
+    let report = by_precision(ctx, staging, job, None, Extra::Counts(&mut counts))?;
     Ok(Some((counts, report)))
 }
 
@@ -116,18 +116,7 @@ pub(crate) fn link(
         core,
         parent: &mut parent,
     };
-    let report = match job.a.coords() {
-        Coords::F32(_) => run_typed::<f32>(ctx, staging, job, Some(sink), extra)?,
-        Coords::F64(_) => {
-            if !ctx.features().shader_float64 {
-                return Err(Error::unsupported(format!(
-                    "f64 coordinates need shaderFloat64, which {} lacks",
-                    ctx.device_name()
-                )));
-            }
-            run_typed::<f64>(ctx, staging, job, Some(sink), extra)?
-        }
-    };
+    let report = by_precision(ctx, staging, job, Some(sink), extra)?;
     Ok(Some((parent, report)))
 }
 
@@ -233,14 +222,12 @@ where
     if let Some((core, _)) = &link {
         debug_assert!(self_join && sink.is_some() && core.len() == na);
     }
-    if na == 1 {
+    if na == 1 && (per_point.is_some() || link.is_some()) {
         // One point: its only neighbour is itself, and it has nothing to link.
         if let Some(p) = per_point.as_mut() {
             p[0] = 1;
         }
-        if per_point.is_some() || link.is_some() {
-            return Ok(report);
-        }
+        return Ok(report);
     }
     if na == 0 || nb == 0 || (self_join && na < 2) {
         report
@@ -258,13 +245,17 @@ where
         _ => prepare_brute::<T>(uploads, job, &mut times.upload)?,
     };
     if let Some((core, _)) = &link {
-        // Core flags and the forest (every point its own root), by point id.
+        // Core flags and the forest (every point its own root), by point id, through the
+        // job's uploads: the searches wait for the ticket that covers them too.
         let flags: Vec<u32> = core.iter().map(|&c| u32::from(c)).collect();
         let roots: Vec<u32> = (0..na as u32).collect();
+        let t = Instant::now();
         prepared.data.link = Some(Link {
-            core: ctx.upload(&flags, "DBSCAN core flags")?,
-            parent: ctx.upload(&roots, "DBSCAN union-find")?,
+            core: prepared.uploads.upload(&flags, "DBSCAN core flags")?,
+            parent: prepared.uploads.upload(&roots, "DBSCAN union-find")?,
         });
+        prepared.ready = prepared.uploads.submit()?;
+        times.upload += t.elapsed().as_secs_f64();
     }
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
 
