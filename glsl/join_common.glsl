@@ -136,17 +136,23 @@ uint indexed_id(uint rpos) {
 // The dot-product filter (cpu/dot_filter.rs, the bound there): F = n_q + n_r - 2 q~.r~ in
 // f32, with FMA or not, in any order (the bound holds for all); F > G proves a non-match.
 // A NaN F is not > G: never a rejection.
+// The verdict on a candidate with dot product `dot` (q~.r~) and squared norm `rn2`; counted.
+bool dot_verdict(float dot, float rn2) {
+    float f = (qn2 + rn2) - 2.0 * dot;
+    bool reject = f > float(pc.dot_cutoff);
+    dot_tested += 1ul;
+    dot_rejected += reject ? 1ul : 0ul;
+    return reject;
+}
+
+// The filter on indexed position `rpos`, its copy read from the device buffer.
 bool dot_rejects(uint rpos) {
     uint base = indexed_id(rpos) * (DIM + 1u);
     float dot = 0.0;
     for (uint t = 0u; t < DIM; t++) {
         dot = fma(qf[t], r_dot[base + t], dot);
     }
-    float f = (qn2 + r_dot[base + DIM]) - 2.0 * dot;
-    bool reject = f > float(pc.dot_cutoff);
-    dot_tested += 1ul;
-    dot_rejected += reject ? 1ul : 0ul;
-    return reject;
+    return dot_verdict(dot, r_dot[base + DIM]);
 }
 
 // Adds `v` to the 64-bit counter at counters[at] (low word), counters[at + 1] (high word).

@@ -16,6 +16,18 @@ use simjoin::{oracle, Algorithm, Backend, Dataset, Engine, JoinOptions, Metric, 
 use std::sync::OnceLock;
 
 const FILTER_ON: &str = "GPU dot-product filter on";
+const TILES_ON: &str = "GPU filter in shared-memory tiles";
+
+/// Whether a filtered join with these notes ran in shared-memory tiles: where
+/// SIMJOIN_GPU_TILE forces them on (1) or off (0), else on hardware GPUs only (on a
+/// software device they cost more than they save).
+fn tiles_expected(notes: &str) -> bool {
+    match std::env::var("SIMJOIN_GPU_TILE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !notes.contains("software device"),
+    }
+}
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -65,6 +77,15 @@ fn filter_counts(notes: &str) -> Option<(u64, u64)> {
     Some((rejected, tested))
 }
 
+/// From the report: (dispatches resumed, of which after a full result buffer).
+fn resumes(notes: &str) -> Option<(u64, u64)> {
+    let rest = notes.split(" batches, ").nth(1)?;
+    let mut words = rest.split_whitespace();
+    let resumed = words.next()?.parse().ok()?;
+    let overflowed = words.nth(1)?.trim_start_matches('(').parse().ok()?;
+    Some((resumed, overflowed))
+}
+
 /// Self-join (or A ⋈ B) on the GPU, unbatched and batched, against the oracle; checks
 /// whether the filter ran. Returns the unbatched run's notes.
 fn check(a: &Dataset, b: Option<&Dataset>, eps: f64, expect: Expect, what: &str) -> String {
@@ -101,6 +122,12 @@ fn check(a: &Dataset, b: Option<&Dataset>, eps: f64, expect: Expect, what: &str)
         if ran {
             let (rejected, tested) = filter_counts(&notes).expect("the filter's counts");
             assert!(rejected <= tested, "{notes}");
+            // (A software device's loop budget fits a tile up to 64-D.)
+            assert_eq!(
+                notes.contains(TILES_ON),
+                tiles_expected(&notes),
+                "{what}: tiles; {notes}"
+            );
         }
         if !batched {
             first = notes;
@@ -270,7 +297,8 @@ fn rerun_with(env: &[(&str, &str)], me: &str) {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.env(CHILD_ENV, "1")
         .args(["--skip", "without_the_filter", "--skip", "filter_forced_on"])
-        .args(["--skip", "device_built_index", "--test-threads", "2"]);
+        .args(["--skip", "device_built_index", "--skip", "tiles_forced"])
+        .args(["--test-threads", "2"]);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -278,9 +306,103 @@ fn rerun_with(env: &[(&str, &str)], me: &str) {
     let log =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && log.contains("7 passed"),
+        out.status.success() && log.contains("8 passed"),
         "{me} failed:\n{log}"
     );
+}
+
+/// A workgroup of queries from several cells, many queries per cell and a result buffer
+/// of 64 pairs: members stop alone mid-tile (result buffer full) and whole workgroups halt
+/// (loop budget), in self-joins, A ⋈ B and the count-only search of every adjacent cell
+/// (neighbour counts), all exact.
+#[test]
+fn tiles_with_stops_everywhere() {
+    let d = 24;
+    let mut r = Rng(31);
+    let centres: Vec<f64> = (0..6 * d).map(|_| r.unit()).collect();
+    let x: Vec<f64> = (0..900)
+        .flat_map(|i| {
+            let c = &centres[(i % 6) * d..(i % 6 + 1) * d];
+            let jitter = if i % 5 == 0 { 0.0 } else { 0.02 };
+            c.iter()
+                .map(|&v| v + jitter * r.normal())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let y: Vec<f64> = x
+        .iter()
+        .map(|&v| v + 0.01 * r.normal())
+        .take(470 * d)
+        .collect();
+    let eps = 0.09;
+    let y32: Vec<f32> = y.iter().map(|&v| v as f32).collect();
+    each_precision(&x, d, |a| {
+        let b = match a.precision() {
+            simjoin::Precision::F64 => Dataset::from_f64(&y, d).unwrap(),
+            simjoin::Precision::F32 => Dataset::from_f32(&y32, d).unwrap(),
+        };
+        let mut o = JoinOptions::new(eps);
+        o.backend = Backend::Gpu;
+        o.algorithm = Algorithm::Grid;
+        o.sorted = true;
+        o.result_buffer_pairs = Some(64);
+        o.batch_points = Some(301);
+        let got = engine().self_join(a, &o).unwrap();
+        let notes = got.report.notes.join("; ");
+        assert_eq!(
+            got.pairs().unwrap(),
+            &oracle::self_join(a, Metric::Euclidean, eps)[..],
+            "self-join; {notes}"
+        );
+        let (resumed, overflowed) = resumes(&notes).expect("the dispatch counts");
+        assert!(overflowed > 0, "{notes}");
+        if notes.contains(TILES_ON) && notes.contains("software device") {
+            // Whole workgroups halted on the loop budget too.
+            assert!(resumed > overflowed, "{notes}");
+        }
+        if !forced() {
+            assert!(notes.contains(FILTER_ON), "{notes}");
+            assert_eq!(notes.contains(TILES_ON), tiles_expected(&notes), "{notes}");
+        }
+        let got = engine().join(a, &b, &o).unwrap();
+        assert_eq!(
+            got.pairs().unwrap(),
+            &oracle::join(a, &b, Metric::Euclidean, eps)[..],
+            "A⋈B; {}",
+            got.report.notes.join("; ")
+        );
+        let (counts, _) = engine().neighbour_counts(a, &o).unwrap();
+        let mut want = vec![1u32; a.len()];
+        for p in oracle::self_join(a, Metric::Euclidean, eps) {
+            want[p[0] as usize] += 1;
+            want[p[1] as usize] += 1;
+        }
+        assert_eq!(counts, want, "neighbour counts");
+        // DBSCAN: device counts, then links in the union-find from the tiles.
+        let opts = |backend| simjoin::DbscanOptions {
+            eps,
+            min_samples: 6,
+            metric: Metric::Euclidean,
+            backend,
+            algorithm: Algorithm::Auto,
+        };
+        let gpu = simjoin::dbscan(engine(), a, &opts(Backend::Gpu)).unwrap();
+        let cpu = simjoin::dbscan(engine(), a, &opts(Backend::Cpu)).unwrap();
+        assert!(
+            cpu.clusters > 1 && cpu.noise > 0,
+            "{} clusters",
+            cpu.clusters
+        );
+        assert_eq!((&gpu.labels, &gpu.core), (&cpu.labels, &cpu.core), "DBSCAN");
+    });
+    assert_no_validation_errors();
+}
+
+/// Every test above with the tiles forced on, and (on hardware) off.
+#[test]
+fn tiles_forced() {
+    rerun_with(&[("SIMJOIN_GPU_TILE", "1")], "the tiled run");
+    rerun_with(&[("SIMJOIN_GPU_TILE", "0")], "the untiled run");
 }
 
 #[test]

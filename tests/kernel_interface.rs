@@ -146,7 +146,8 @@ where
         "rank_hi, k, FLAG_KNN, FLAG_Q_IDS"
     );
     assert_eq!(seen[13][2], flags::FLAG_LINK, "FLAG_LINK");
-    assert_eq!(flags::ALL.len(), 9, "a new flag needs a line in this test");
+    assert_eq!(seen[13][3], flags::FLAG_TILE, "FLAG_TILE");
+    assert_eq!(flags::ALL.len(), 10, "a new flag needs a line in this test");
     // Bindings: each GLSL buffer reads the buffer Rust bound at its binding number.
     let tag = |b: u32| 1000 + b;
     let coord = |b: u32| T::from_f64(tag(b) as f64).bits();

@@ -7,8 +7,12 @@
 //! points (centred on the middle of both sets' bounding box), passed in the push constants
 //! (`JoinParams::dot_cutoff`). The copies are by point id, so one upload serves the host-
 //! and the device-built index alike (the kernel reads them through the point lookup).
-//! A real GPU would rather stage tiles of queries x candidates in shared memory; the
-//! kernel's one-thread-per-query scan (each thread in its own cells) has no shared tile.
+//!
+//! Tiled (FLAG_TILE, `tiling`): in the batches, a workgroup sweeps its queries one home
+//! cell at a time and stages the candidates' copies in shared memory, TILE at a time, so a
+//! candidate's copy is read from device memory once per workgroup instead of once per query
+//! (glsl/join_grid.glsl `tile_main`). The estimation pass (strided queries) and joins
+//! without the filter scan one thread per query.
 
 use super::device_data::{check_binding, coords_of};
 use crate::cpu::dot_filter::{centred_rows, FilterBound};
@@ -31,6 +35,90 @@ pub(super) struct DotFilter {
     pub q_dot: Option<Arc<Buffer>>,
     /// G, rounded up to f32.
     pub cutoff: f32,
+}
+
+/// Shared memory a tile may take: the least every Vulkan device offers (16 KiB), less room
+/// for the kernel's other shared words.
+const TILE_BYTES: u32 = 16 * 1024 - 512;
+/// DBSCAN's longest link (join_common.glsl `LINK_STEPS`, charged 2 * 64 + 2): a fresh
+/// dispatch must afford one after its first tile, or a stopped query could never progress.
+const LINK_CHARGE: u64 = 2 * 64 + 2;
+
+/// The shared-memory tiling of the filter (FLAG_TILE).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Tiling {
+    /// Candidates per tile (spec constant 5).
+    pub tile: u32,
+    /// Floats of the tile, tile * (dim + 1) (spec constant 6).
+    pub floats: u32,
+}
+
+/// Loop iterations the kernel charges one tile of `n` candidates (join_grid.glsl
+/// `sweep_cell`): the staging loop, then each member's filter, exact passes and step.
+fn tile_cost(n: u64, dim: u64, workgroup: u64, passes: u64) -> u64 {
+    (n * (dim + 1)).div_ceil(workgroup) + n * (passes * dim + 1)
+}
+
+/// The tiling for a filtered grid join, None (with the reason in `notes`) where it is off:
+/// on a `software` device unless `SIMJOIN_GPU_TILE=1`, where `SIMJOIN_GPU_TILE=0`, or a tile of one candidate exceeding the shared memory or a
+/// software device's loop `budget` (0 = none). Tiles are a workgroup's worth of
+/// candidates, fewer where shared memory or the budget ask. `log_cells` bounds a binary
+/// search; `reorder`: the exact test has its REORDER pass.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn tiling(
+    software: bool,
+    shared_bytes: u32,
+    workgroup: u32,
+    budget: u32,
+    dim: usize,
+    k: u32,
+    log_cells: u32,
+    reorder: bool,
+    notes: &mut Vec<String>,
+) -> Option<Tiling> {
+    match std::env::var("SIMJOIN_GPU_TILE").as_deref() {
+        Ok("0") => {
+            notes.push("GPU filter tiles off (SIMJOIN_GPU_TILE=0): one thread per query".into());
+            return None;
+        }
+        Ok("1") => {}
+        _ if software => {
+            // Measured on lavapipe (20k clustered points, 16-D and 64-D): the batches took
+            // 1.8-2.1x as long tiled; its threads share no memory hierarchy to save.
+            notes.push("GPU filter tiles off on a software device: one thread per query".into());
+            return None;
+        }
+        _ => {}
+    }
+    let (d, k, l, wg) = (dim as u64, k as u64, log_cells as u64, workgroup as u64);
+    let passes = 2 + u64::from(reorder);
+    let by_memory = (shared_bytes.min(TILE_BYTES) as u64 / 4) / (d + 1);
+    // Charged before a fresh dispatch's first tile: loading the query and its masks, a
+    // phase, a probe and the windows (tile_main, sweep, sweep_cell).
+    let fixed = 2 * d + k * (3 * l + 2) + k + (k + 2 * l) + (2 * l + 2) + LINK_CHARGE;
+    let mut tile = wg.min(by_memory);
+    if budget != 0 {
+        while tile > 0 && fixed + tile_cost(tile, d, wg, passes) > budget as u64 {
+            tile -= 1;
+        }
+    }
+    if tile == 0 {
+        notes.push(format!(
+            "GPU filter tiles off: one candidate's copy ({} bytes) exceeds the shared memory \
+             or the loop budget; one thread per query",
+            4 * (d + 1)
+        ));
+        return None;
+    }
+    notes.push(format!(
+        "GPU filter in shared-memory tiles: a workgroup of {workgroup} sweeps its queries one \
+         home cell at a time, {tile} candidates' f32 copies staged per tile ({} bytes)",
+        4 * tile * (d + 1)
+    ));
+    Some(Tiling {
+        tile: tile as u32,
+        floats: (tile * (d + 1)) as u32,
+    })
 }
 
 /// `SIMJOIN_GPU_DOT_FILTER=0` turns the filter off, `=1` on wherever it is safe (below

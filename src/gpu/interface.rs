@@ -72,6 +72,7 @@ join_interface! {
         FLAG_Q_IDS = 64, "LSS: query position -> query id through q_ids (else the position is the id).";
         FLAG_DOT_FILTER = 128, "Grid, Euclidean: reject by the f32 dot-product filter (cpu/dot_filter.rs's bound, cutoff dot_cutoff) before the exact test; counts in counters[2..6].";
         FLAG_LINK = 256, "DBSCAN: a pair of two core points (link_core) is linked in the device's union-find (link_parent) and not written; two non-core points are dropped; only core/non-core pairs (and links the device left to the host) are written.";
+        FLAG_TILE = 512, "Grid with FLAG_DOT_FILTER, batches of consecutive queries (q_stride 1): a workgroup sweeps its queries one home cell at a time, the candidates' filter copies staged in shared memory TILE (spec constant 5) at a time.";
     }
     bindings {
         R_COORDS = 0;

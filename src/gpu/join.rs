@@ -5,6 +5,7 @@
 
 use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
 use super::device_data::{prepare_brute, prepare_grid, Link, Prepared};
+use super::dot_filter::{self, Tiling};
 use super::interface::{binding, flags, JoinParams};
 use super::plan::estimate_stride;
 use crate::backend::Job;
@@ -168,6 +169,7 @@ fn join_kernel<T: Coord>(
     dim: usize,
     metric: u32,
     prepared: &Prepared,
+    tiling: Option<Tiling>,
 ) -> Result<Kernel> {
     let (name, spirv) = match (algorithm, std::mem::size_of::<T>()) {
         (Algorithm::Grid, 4) => ("grid_join", shaders::GRID_JOIN_F32),
@@ -182,6 +184,10 @@ fn join_kernel<T: Coord>(
         .constant(2, prepared.k)
         .constant(3, metric)
         .constant(4, prepared.sort_dim);
+    let spec = match tiling {
+        Some(t) => spec.constant(5, t.tile).constant(6, t.floats),
+        None => spec,
+    };
     ctx.kernel(name, spirv, &spec)
 }
 
@@ -280,6 +286,23 @@ where
             )));
         }
     }
+    let tiling = match (algorithm, prepared.dot_cutoff) {
+        (Algorithm::Grid, Some(_)) => dot_filter::tiling(
+            ctx.is_software(),
+            ctx.limits().max_compute_shared_memory_size,
+            workgroup,
+            budget,
+            dim,
+            prepared.k,
+            log_cells,
+            prepared.flags & flags::FLAG_REORDER != 0,
+            &mut report.notes,
+        ),
+        _ => None,
+    };
+    if tiling.is_some() {
+        prepared.flags |= flags::FLAG_TILE;
+    }
     let kernel = join_kernel::<T>(
         ctx,
         algorithm,
@@ -287,6 +310,7 @@ where
         dim,
         opts.metric as u32,
         &prepared,
+        tiling,
     )?;
 
     let counting = sink.is_none();
