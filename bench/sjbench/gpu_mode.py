@@ -34,6 +34,12 @@ def run_gpu_mode(args) -> int:
     log(f"Vulkan devices: {[d['name'] for d in devices]}; chosen: {device['name'] if device else args.device}")
     systems = [System("simjoin-gpu", f"simjoin Vulkan ({args.device})", True, True,
                       lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device))]  # fmt: skip
+    if args.compare_tiles:
+        # The high-dimensional filter one thread per query (its shared-memory tiles off), in
+        # the same run: from 8 Euclidean dimensions the two differ; below they are the same.
+        systems.append(System("simjoin-gpu-untiled", f"simjoin Vulkan ({args.device}), filter untiled", True, True,
+                              lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device,
+                                                                 env_extra={"SIMJOIN_GPU_TILE": "0"})))  # fmt: skip
     if args.with_cpu:
         systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
                               lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "cpu", "auto")))  # fmt: skip
@@ -84,7 +90,7 @@ def run_gpu_mode(args) -> int:
                             log(f"        transfer bound {bound:.4g} s (results at {bandwidth['download_gbps']} GB/s); "
                                 f"join = {row['median'] / bound:.3g}x the bound")  # fmt: skip
                     for note in row.get("notes", []):
-                        if note.startswith(("overlap", "GPU dot-product filter")):
+                        if note.startswith(("overlap", "GPU dot-product filter", "GPU filter")):
                             log(f"        {note}")
                 reference = check_agreement(rows, systems, 0.0)
                 points.append({"eps": eps, "pairs": reference,
@@ -138,7 +144,8 @@ def gpu_markdown(results: dict) -> str:
                          if "bytes_to_device" in r else "")  # fmt: skip
                 b = r.get("transfer_bound_s")
                 bound, x_bound = (f"{b:.3g}", f"{r['median'] / b:.3g}") if b else ("", "")
-                lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {r.get('device', key)} | "
+                shown = r.get("device", key) + (" (filter untiled)" if key.endswith("untiled") else "")
+                lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {shown} | "
                              f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
                              f"{moved} | {bound} | {x_bound} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip
         lines.append("")

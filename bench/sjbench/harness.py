@@ -350,6 +350,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--precision", choices=["f32", "f64"],
                      help="join precision (default f64, as generated); --with-cpu uses the same")  # fmt: skip
     gpu.add_argument("--with-cpu", action="store_true", help="also run simjoin's CPU backend (checks the pair count)")
+    gpu.add_argument("--compare-tiles", action="store_true",
+                     help="also run the GPU join with the filter's shared-memory tiles off (SIMJOIN_GPU_TILE=0)")  # fmt: skip
     gpu.add_argument("--out", default=str(BENCH_DIR / "out/gpu"))
     lss = sub.add_parser("lss", help="the LSS paper's experiments: GPU LSS join vs GPU grid join on one Vulkan device")
     add_common(lss)
