@@ -6,7 +6,9 @@
 //! oracle, on lavapipe with validation on. `without_the_filter` and `filter_forced_on`
 //! rerun every case in a child process with SIMJOIN_GPU_DOT_FILTER=0 and =1, so the
 //! unfiltered and the filtered GPU runs agree with each other as with the oracle;
-//! `device_built_index` reruns them over the index built on the device.
+//! `device_built_index` reruns them over the index built on the device, with the filter
+//! in its other mode (shared-memory tiles where they are off by default, and the reverse).
+//! `tiles_with_stops_everywhere` stops queries mid-tile and halts whole workgroups.
 #![cfg(feature = "gpu")]
 
 mod common;
@@ -297,7 +299,7 @@ fn rerun_with(env: &[(&str, &str)], me: &str) {
     let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
     cmd.env(CHILD_ENV, "1")
         .args(["--skip", "without_the_filter", "--skip", "filter_forced_on"])
-        .args(["--skip", "device_built_index", "--skip", "tiles_forced"])
+        .args(["--skip", "device_built_index"])
         .args(["--test-threads", "2"]);
     for (k, v) in env {
         cmd.env(k, v);
@@ -398,20 +400,6 @@ fn tiles_with_stops_everywhere() {
     assert_no_validation_errors();
 }
 
-/// Every test above with the tiles forced on, and off where the default is on (hardware
-/// GPUs; on software devices this process ran them untiled already).
-#[test]
-fn tiles_forced() {
-    rerun_with(&[("SIMJOIN_GPU_TILE", "1")], "the tiled run");
-    if simjoin::devices()
-        .unwrap_or_default()
-        .iter()
-        .any(|d| d.kind != "cpu")
-    {
-        rerun_with(&[("SIMJOIN_GPU_TILE", "0")], "the untiled run");
-    }
-}
-
 #[test]
 fn without_the_filter() {
     rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "0")], "the unfiltered run");
@@ -422,8 +410,18 @@ fn filter_forced_on() {
     rerun_with(&[("SIMJOIN_GPU_DOT_FILTER", "1")], "the forced filter");
 }
 
-/// The filter reads its copies through the point lookup, whichever side built it.
+/// The filter reads its copies through the point lookup, whichever side built it; this
+/// child also runs the filter in its other mode: tiled where tiles are off by default
+/// (software devices, as here in CI), untiled where they are on (hardware GPUs).
 #[test]
 fn device_built_index() {
-    rerun_with(&[("SIMJOIN_GPU_INDEX", "device")], "the device-built index");
+    let hardware = simjoin::devices()
+        .unwrap_or_default()
+        .iter()
+        .any(|d| d.kind != "cpu");
+    let tiles = if hardware { "0" } else { "1" };
+    rerun_with(
+        &[("SIMJOIN_GPU_INDEX", "device"), ("SIMJOIN_GPU_TILE", tiles)],
+        "the device-built index, the filter's other mode",
+    );
 }
