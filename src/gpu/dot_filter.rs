@@ -60,8 +60,9 @@ fn tile_cost(n: u64, dim: u64, workgroup: u64, passes: u64) -> u64 {
 }
 
 /// The tiling for a filtered grid join, None (with the reason in `notes`) where it is off:
-/// on a `software` device unless `SIMJOIN_GPU_TILE=1`, where `SIMJOIN_GPU_TILE=0`, or a tile of one candidate exceeding the shared memory or a
-/// software device's loop `budget` (0 = none). Tiles are a workgroup's worth of
+/// on a `software` device unless `SIMJOIN_GPU_TILE=1`, where `SIMJOIN_GPU_TILE=0`, or where
+/// a tile of one candidate exceeds the shared memory or a software device's loop `budget`
+/// (0 = none). Tiles are a workgroup's worth of
 /// candidates, fewer where shared memory or the budget ask. `log_cells` bounds a binary
 /// search; `reorder`: the exact test has its REORDER pass.
 #[allow(clippy::too_many_arguments)]
@@ -208,4 +209,51 @@ pub(super) fn prepare<T: Coord>(
         q_dot,
         cutoff,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiles(software: bool, shared: u32, wg: u32, budget: u32, dim: usize) -> Option<u32> {
+        let mut notes = Vec::new();
+        tiling(software, shared, wg, budget, dim, 3, 20, true, &mut notes).map(|t| {
+            assert_eq!(t.floats as usize, t.tile as usize * (dim + 1));
+            t.tile
+        })
+    }
+
+    #[test]
+    fn tiles_fit_shared_memory_and_the_loop_budget() {
+        if std::env::var_os("SIMJOIN_GPU_TILE").is_some() {
+            return; // forced: the defaults below do not apply
+        }
+        // Hardware: a workgroup's worth, fewer where 16 KiB (less the kernel's own words)
+        // cannot hold them, none past one candidate.
+        assert_eq!(tiles(false, 49152, 64, 0, 16), Some(64));
+        assert_eq!(tiles(false, 49152, 64, 0, 64), Some(61));
+        assert_eq!(tiles(false, 16384, 64, 0, 500), Some(7));
+        assert_eq!(tiles(false, 49152, 64, 0, 4000), None);
+        // Software devices: off unless forced.
+        assert_eq!(tiles(true, 49152, 8, 7000, 16), None);
+    }
+
+    #[test]
+    fn a_budgeted_tile_leaves_room_for_progress() {
+        let (d, k, l, wg) = (64u64, 3u64, 20u64, 8u64);
+        let fixed = 2 * d + k * (3 * l + 2) + k + (k + 2 * l) + (2 * l + 2) + LINK_CHARGE;
+        for budget in [2_000u32, 3_000, 7_000] {
+            let mut notes = Vec::new();
+            let t = tiling(false, 49152, 8, budget, 64, 3, 20, true, &mut notes);
+            let Some(t) = t else {
+                // Not even one candidate fits: off, said so.
+                assert!(fixed + tile_cost(1, d, wg, 3) > budget as u64);
+                assert!(notes[0].contains("tiles off"), "{notes:?}");
+                continue;
+            };
+            let n = t.tile as u64;
+            assert!(fixed + tile_cost(n, d, wg, 3) <= budget as u64);
+            assert!(n == wg || fixed + tile_cost(n + 1, d, wg, 3) > budget as u64);
+        }
+    }
 }
