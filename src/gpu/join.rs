@@ -152,9 +152,15 @@ fn choose_algorithm(job: &Job) -> Result<Algorithm> {
 }
 
 /// Software devices: one subgroup per workgroup and a loop budget per thread (0: none).
+/// `SIMJOIN_GPU_WORKGROUP=N` (N <= 64) sets a software device's workgroup instead, so that
+/// tests run kernels whose barriers span several subgroups there, as on hardware.
 pub(super) fn workgroup_and_budget(ctx: &Context) -> (u32, u32) {
     if ctx.is_software() {
-        let wg = ctx.limits().subgroup_size.clamp(1, 64);
+        let forced = std::env::var("SIMJOIN_GPU_WORKGROUP").ok();
+        let wg = forced
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(ctx.limits().subgroup_size)
+            .clamp(1, 64);
         (wg, LOOP_BUDGET / wg)
     } else {
         (WORKGROUP, 0)
