@@ -62,12 +62,14 @@ fn tile_cost(n: u64, dim: u64, workgroup: u64, passes: u64) -> u64 {
 /// The tiling for a filtered grid join, None (with the reason in `notes`) where it is off:
 /// on a `software` device unless `SIMJOIN_GPU_TILE=1`, where `SIMJOIN_GPU_TILE=0`, or where
 /// a tile of one candidate exceeds the shared memory or a software device's loop `budget`
-/// (0 = none). Tiles are a workgroup's worth of
+/// (0 = none), or where cells hold on average fewer queries than a workgroup
+/// (`queries_per_cell`). Tiles are a workgroup's worth of
 /// candidates, fewer where shared memory or the budget ask. `log_cells` bounds a binary
 /// search; `reorder`: the exact test has its REORDER pass.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn tiling(
     software: bool,
+    queries_per_cell: f64,
     shared_bytes: u32,
     workgroup: u32,
     budget: u32,
@@ -87,6 +89,15 @@ pub(super) fn tiling(
             // Measured on lavapipe (20k clustered points, 16-D and 64-D): the batches took
             // 1.8-2.1x as long tiled; its threads share no memory hierarchy to save.
             notes.push("GPU filter tiles off on a software device: one thread per query".into());
+            return None;
+        }
+        _ if queries_per_cell < workgroup as f64 => {
+            // A workgroup sweeps one home cell at a time: with small cells most of its
+            // threads would wait while the few in the cell being swept work.
+            notes.push(format!(
+                "GPU filter tiles off: {queries_per_cell:.1} queries per cell on average, \
+                 fewer than a workgroup ({workgroup}); one thread per query"
+            ));
             return None;
         }
         _ => {}
@@ -217,7 +228,10 @@ mod tests {
 
     fn tiles(software: bool, shared: u32, wg: u32, budget: u32, dim: usize) -> Option<u32> {
         let mut notes = Vec::new();
-        tiling(software, shared, wg, budget, dim, 3, 20, true, &mut notes).map(|t| {
+        tiling(
+            software, 1e3, shared, wg, budget, dim, 3, 20, true, &mut notes,
+        )
+        .map(|t| {
             assert_eq!(t.floats as usize, t.tile as usize * (dim + 1));
             t.tile
         })
@@ -236,6 +250,11 @@ mod tests {
         assert_eq!(tiles(false, 49152, 64, 0, 4000), None);
         // Software devices: off unless forced.
         assert_eq!(tiles(true, 49152, 8, 7000, 16), None);
+        // Cells smaller than a workgroup: off.
+        let mut notes = Vec::new();
+        let small = tiling(false, 20.0, 49152, 64, 0, 16, 3, 20, true, &mut notes);
+        assert_eq!(small, None, "{notes:?}");
+        assert!(notes[0].contains("queries per cell"), "{notes:?}");
     }
 
     #[test]
@@ -244,7 +263,7 @@ mod tests {
         let fixed = 2 * d + k * (3 * l + 2) + k + (k + 2 * l) + (2 * l + 2) + LINK_CHARGE;
         for budget in [2_000u32, 3_000, 7_000] {
             let mut notes = Vec::new();
-            let t = tiling(false, 49152, 8, budget, 64, 3, 20, true, &mut notes);
+            let t = tiling(false, 1e3, 49152, 8, budget, 64, 3, 20, true, &mut notes);
             let Some(t) = t else {
                 // Not even one candidate fits: off, said so.
                 assert!(fixed + tile_cost(1, d, wg, 3) > budget as u64);

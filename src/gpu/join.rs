@@ -295,6 +295,7 @@ where
     let tiling = match (algorithm, prepared.dot_cutoff) {
         (Algorithm::Grid, Some(_)) => dot_filter::tiling(
             ctx.is_software(),
+            prepared.nq as f64 / prepared.n_cells.max(1) as f64,
             ctx.limits().max_compute_shared_memory_size,
             workgroup,
             budget,
