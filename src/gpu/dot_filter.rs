@@ -86,8 +86,8 @@ pub(super) fn tiling(
         }
         Ok("1") => {}
         _ if software => {
-            // Measured on lavapipe (20k clustered points, 16-D and 64-D): the batches took
-            // 1.8-2.1x as long tiled; its threads share no memory hierarchy to save.
+            // Measured on lavapipe (20k clustered points, 16-D to 64-D): the batches took
+            // 2.1-3.2x as long tiled; its threads share no memory hierarchy to save.
             notes.push("GPU filter tiles off on a software device: one thread per query".into());
             return None;
         }

@@ -1,6 +1,7 @@
 //! The GPU join: picks the algorithm (grid or brute force), prepares the device data
 //! (`device_data`), builds the kernel, runs the estimation pass and the batches (`batch`),
-//! and writes the report. The kernels are glsl/grid_join_*.comp and brute_join_*.comp;
+//! and writes the report. The kernels are glsl/grid_join_*.comp (grid_tile_join_*.comp where
+//! the filter runs in shared-memory tiles) and brute_join_*.comp;
 //! their interface is `interface.rs`.
 
 use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
@@ -177,7 +178,10 @@ fn join_kernel<T: Coord>(
     prepared: &Prepared,
     tiling: Option<Tiling>,
 ) -> Result<Kernel> {
+    let tiled = tiling.is_some();
     let (name, spirv) = match (algorithm, std::mem::size_of::<T>()) {
+        (Algorithm::Grid, 4) if tiled => ("grid_tile_join", shaders::GRID_TILE_JOIN_F32),
+        (Algorithm::Grid, _) if tiled => ("grid_tile_join", shaders::GRID_TILE_JOIN_F64),
         (Algorithm::Grid, 4) => ("grid_join", shaders::GRID_JOIN_F32),
         (Algorithm::Grid, _) => ("grid_join", shaders::GRID_JOIN_F64),
         (_, 4) => ("brute_join", shaders::BRUTE_JOIN_F32),
