@@ -135,8 +135,8 @@ uint indexed_id(uint rpos) {
 
 // The dot-product filter (cpu/dot_filter.rs, the bound there): F = n_q + n_r - 2 q~.r~ in
 // f32, with FMA or not, in any order (the bound holds for all); F > G proves a non-match.
-// A NaN F is not > G: never a rejection.
-// The verdict on a candidate with dot product `dot` (q~.r~) and squared norm `rn2`; counted.
+// A NaN F is not > G: never a rejection. This is the verdict on a candidate with dot product
+// `dot` (q~.r~) and squared norm `rn2`, counted; the untiled and the tiled scan both use it.
 bool dot_verdict(float dot, float rn2) {
     float f = (qn2 + rn2) - 2.0 * dot;
     bool reject = f > float(pc.dot_cutoff);
