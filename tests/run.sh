@@ -56,9 +56,15 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
 # scikit-learn: the kNN tests compare with its kneighbors; dask, distributed, pandas and
-# pyarrow: simjoin.dask on a LocalCluster.
-"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' distributed pandas pyarrow duckdb polars
+# pyarrow: simjoin.dask on a LocalCluster; faiss-cpu and matplotlib: the benchmark
+# harness's own tests (its peers and plots).
+"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' distributed pandas pyarrow duckdb polars faiss-cpu matplotlib
 # Reinstall the package (no cache) so it bundles the library just built.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-cache-dir ./bindings/python
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.
 (cd /tmp && "$venv/bin/python" -m pytest -q "$root/bindings/python/tests")
+
+echo "== Benchmark harness tests (pytest)"
+# The harness's logic (peers' counts normalised, eps by sampling, the runners, the gpu
+# mode with GDS-Join) against fake binaries: no benchmark is timed here.
+(cd bench && "$venv/bin/python" -m pytest -q tests)

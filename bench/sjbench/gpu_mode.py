@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 from pathlib import Path
 
 import numpy as np
 
-from . import workloads as wl
+from . import gds_join, workloads as wl
 from .harness import check_agreement, log, machine_info, summarise, System
 from .runner import list_vulkan_devices, measure_bandwidth, run_simjoin_cli
 
@@ -40,6 +41,12 @@ def run_gpu_mode(args) -> int:
         systems.append(System("simjoin-gpu-untiled", f"simjoin Vulkan ({args.device}), filter untiled", True, True,
                               lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device,
                                                                  env_extra={"SIMJOIN_GPU_TILE": "0"})))  # fmt: skip
+    if args.gds_join:
+        # The seed authors' CUDA join on the same GPU and data, built for each dimension.
+        defines = dict(d.split("=", 1) for d in args.gds_define)
+        dtype = "float" if args.precision == "f32" else "double"
+        runner = gds_join.system(Path(args.gds_join), Path(args.data_dir) / "gds-build", dtype, args.gds_compute, defines, log)
+        systems.append(System("gds-join", "GDS-Join (CUDA)", False, False, runner))
     if args.with_cpu:
         systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
                               lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "cpu", "auto")))  # fmt: skip
@@ -73,7 +80,12 @@ def run_gpu_mode(args) -> int:
                     if s.key in given_up:
                         rows[s.key] = {"status": "skipped", "message": given_up[s.key], "median": None, "pairs": None, "times": []}
                         continue
-                    row = summarise(s.run(path, eps, args.repeats, args.timeout))
+                    outcome = s.run(path, eps, args.repeats, args.timeout)
+                    row = summarise(outcome)
+                    if s.key == "gds-join" and row["status"] == "ok":
+                        # As GDS-Join reports itself (index build excluded), and its index build.
+                        row["reported_median"] = statistics.median(r["reported"] for r in outcome.runs)
+                        row["index_median"] = statistics.median(r["index"] for r in outcome.runs)
                     rows[s.key] = row
                     if row["status"] != "ok":
                         given_up[s.key] = f"{row['status']} at eps = {eps:g}"
@@ -93,6 +105,13 @@ def run_gpu_mode(args) -> int:
                         if note.startswith(("overlap", "GPU dot-product filter", "GPU filter")):
                             log(f"        {note}")
                 reference = check_agreement(rows, systems, 0.0)
+                gds, ours = rows.get("gds-join"), rows.get("simjoin-gpu")
+                if gds and ours and gds["status"] == ours["status"] == "ok":
+                    gds["speedup_end_to_end"] = gds["median"] / ours["median"]
+                    gds["speedup_reported"] = gds["reported_median"] / ours["median"]
+                    log(f"    simjoin vs GDS-Join: {gds['speedup_end_to_end']:.3g}x end to end, "
+                        f"{gds['speedup_reported']:.3g}x against the time GDS-Join reports"
+                        + (f"; GDS-Join's count differs by {gds['deviation']:+,}" if gds.get("deviation") else ""))  # fmt: skip
                 points.append({"eps": eps, "pairs": reference,
                                "selectivity": wl.selectivity(reference, n) if reference is not None else None,
                                "systems": rows})  # fmt: skip
@@ -104,7 +123,10 @@ def run_gpu_mode(args) -> int:
     (out / f"gpu-{slug}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"gpu-{slug}.md").write_text(gpu_markdown(results))
     log(f"done in {results['elapsed_s']} s; wrote {out}/gpu-{slug}.json and .md")
-    return 1 if any(r.get("agrees") is False for w in results["workloads"] for p in w["points"] for r in p["systems"].values()) else 0
+    # A wrong count of simjoin's fails the run; GDS-Join's boundary test (sqrt(d^2) <= eps)
+    # may count points at exactly eps differently, which the tables show.
+    return 1 if any(r.get("agrees") is False for w in results["workloads"] for p in w["points"]
+                    for key, r in p["systems"].items() if key != "gds-join") else 0  # fmt: skip
 
 
 def transfer_bound(row: dict, bandwidth: dict | None) -> float | None:
@@ -122,7 +144,9 @@ def gpu_markdown(results: dict) -> str:
              f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`, "
              f"{results['options'].get('precision', 'f64')} coordinates. "
              f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
-             f"`wall` = the whole CLI process (.npy load and Vulkan start-up included).", ""]  # fmt: skip
+             f"`wall` = the whole CLI process (.npy load and Vulkan start-up included). "
+             f"GDS-Join rows (where run): `seconds` = its index build + the time it reports, the same span as simjoin's; "
+             f"`wall` = its whole process (CSV import and CUDA start-up included).", ""]  # fmt: skip
     bw = results.get("bandwidth")
     if bw:
         lines += [f"Measured copy bandwidth (`simjoin info --bandwidth {bw['mib']}`): host->device {bw['upload_gbps']} GB/s, "
@@ -140,11 +164,18 @@ def gpu_markdown(results: dict) -> str:
                     continue
                 phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
                 agree = "" if r.get("agrees", True) else " **WRONG COUNT**"
+                if key == "gds-join":
+                    agree = f" ({r['deviation']:+,} vs simjoin)" if r.get("deviation") else ""
+                    vs = (f"simjoin {r['speedup_end_to_end']:.3g}x faster end to end, "
+                          f"{r['speedup_reported']:.3g}x against its reported time; "
+                          if "speedup_end_to_end" in r else "")  # fmt: skip
+                    phases = (f"{vs}as it reports itself {r['reported_median']:.3g} + its index build "
+                              f"{r['index_median']:.3g} (not counted by it); {phases}")  # fmt: skip
                 moved = (f"{r['bytes_to_device'] / 1e6:.3g} / {r['bytes_from_device'] / 1e6:.3g}"
                          if "bytes_to_device" in r else "")  # fmt: skip
                 b = r.get("transfer_bound_s")
                 bound, x_bound = (f"{b:.3g}", f"{r['median'] / b:.3g}") if b else ("", "")
-                shown = r.get("device", key) + (" (filter untiled)" if key.endswith("untiled") else "")
+                shown = "GDS-Join (CUDA)" if key == "gds-join" else r.get("device", key) + (" (filter untiled)" if key.endswith("untiled") else "")
                 lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {shown} | "
                              f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
                              f"{moved} | {bound} | {x_bound} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip

@@ -352,6 +352,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--with-cpu", action="store_true", help="also run simjoin's CPU backend (checks the pair count)")
     gpu.add_argument("--compare-tiles", action="store_true",
                      help="also run the GPU join with the filter's shared-memory tiles off (SIMJOIN_GPU_TILE=0)")  # fmt: skip
+    gpu.add_argument("--gds-join", metavar="DIR",
+                     help="also run GDS-Join, the seed authors' CUDA code, built with nvcc from the sources in DIR")  # fmt: skip
+    gpu.add_argument("--gds-compute", type=int, default=90, help="GDS-Join's compute capability (H100/H200: 90)")
+    gpu.add_argument("--gds-define", action="append", default=[], metavar="NAME=VALUE",
+                     help="another params.h setting for GDS-Join, e.g. STAMP=1 (unicomp)")  # fmt: skip
     gpu.add_argument("--out", default=str(BENCH_DIR / "out/gpu"))
     lss = sub.add_parser("lss", help="the LSS paper's experiments: GPU LSS join vs GPU grid join on one Vulkan device")
     add_common(lss)

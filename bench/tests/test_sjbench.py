@@ -269,7 +269,7 @@ fi
     assert rows[0]["bytes_to_device"] == 2_000_000 and rows[0]["bytes_from_device"] == 500_000
     md = (out / "gpu-fake-gpu.md").read_text()
     assert "search kernels 0.2" in md
-    assert "| 2 / 0.5 | 1.24 |" in md
+    assert "| 2 / 0.5 |  |  | 1.24 |" in md  # no bandwidth measured: no bound
 
 
 def test_lss_suite_points_scale_and_report():
@@ -296,3 +296,111 @@ def test_lss_suite_points_scale_and_report():
     }  # fmt: skip
     md = lss_markdown(results)
     assert "not GPU performance" in md and "| 1,000 | 0.1 | 0 | 1 | 2 | 2.00 |" in md
+
+
+# GDS-Join's output for one mode-3 run, in the format of its printf calls (main.cu, GPU.cu).
+GDS_OUTPUT = """
+Dataset file: data.csv
+Epsilon: 0.500000
+Number of dimensions (NDIM): 2
+
+*****************
+Warming up GPU:
+*****************
+
+Grid: total cells (including empty) 400
+Time to index (not counted in the time): 0.012500
+Time to estimate batches: 0.002000
+Time to allocate pinned memory for results (tid: 0): 0.031000
+TOTAL RESULT SET SIZE ON HOST:  {total}
+Time to launch kernel and execute everything (get results etc.) except freeing memory: 0.090000
+Time freeing memory: 0.004000
+Time: 0.125000
+"""
+
+
+def test_gds_join_output_parsed_into_unique_pairs_and_phases():
+    from sjbench import gds_join
+
+    r = gds_join.parse_output(GDS_OUTPUT.format(total=1000 + 2 * 37), 1000)
+    assert r["pairs"] == 37 and r["index"] == 0.0125 and r["reported"] == 0.125
+    assert ["Time to estimate batches", 0.002] in r["phases"] and ["Time freeing memory", 0.004] in r["phases"]
+    with pytest.raises(ValueError, match="ordered pairs"):
+        gds_join.parse_output(GDS_OUTPUT.format(total=1001), 1000)  # not n + 2 x pairs
+    with pytest.raises(ValueError, match="index time"):
+        gds_join.parse_output(GDS_OUTPUT.format(total=1000).replace("Time to index", "Index"), 1000)
+
+
+PARAMS_H = """//Number of dimensions of the data (n)
+#define GPUNUMDIM 100
+#define NUMINDEXEDDIM 6
+#define DTYPE double
+#define STAMP 0
+"""
+
+
+def fake_gds_source(tmp_path: Path) -> Path:
+    """A folder shaped like GDS-Join's sources whose `make` builds a `main` that joins the
+    CSV it is given by brute force (in numpy) and prints GDS-Join's output format."""
+    src = tmp_path / "gds-src"
+    src.mkdir()
+    (src / "params.h").write_text(PARAMS_H)
+    (src / "Makefile").write_text("COMPUTE_CAPABILITY = 75\nall:\n\tcp fake_main.py main\n\tchmod +x main\n")
+    body = GDS_OUTPUT.replace("{total}", "%d")
+    (src / "fake_main.py").write_text(f"""#!{sys.executable}
+import re, sys
+import numpy as np
+params = open("params.h").read()
+assert re.search(r"#define GPUNUMDIM {{}}\\b".format(sys.argv[3]), params), "built for other dimensions"
+assert "COMPUTE_CAPABILITY = 90" in open("Makefile").read()
+x = np.loadtxt(sys.argv[1], delimiter=",", ndmin=2)
+eps = float(sys.argv[2])
+d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+print({body!r} % int(np.count_nonzero(d2 <= eps * eps)))
+""")
+    return src
+
+
+def test_gpu_mode_runs_gds_join_beside_simjoin(tmp_path, monkeypatch):
+    """--gds-join: built once per dimensions with its parameters set in a copy of its
+    sources, handed the same points as CSV (parsed back to the same doubles), its count
+    normalised to unique pairs and checked, and both of its times recorded with the ratios."""
+    from sjbench import harness
+
+    def stats_for(pairs: int) -> str:
+        return json.dumps({"pairs": pairs, "seconds": 0.05, "backend": "vulkan", "device": "Fake GPU",
+                           "algorithm": "grid", "batches": 1, "phases": []})  # fmt: skip
+
+    # The fake simjoin counts exactly, like the real one, so that agreement means something.
+    binary = fake_simjoin(tmp_path, f"""if [ "$1" = info ]; then
+  echo '  [0] Fake GPU (discrete), Vulkan 1.3.0, driver x'
+else
+  exec {sys.executable} -c '
+import sys, numpy as np, json
+x = np.load(sys.argv[1]); eps = float(sys.argv[2])
+d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
+p = int(np.count_nonzero(np.triu(d2 <= eps * eps, k=1)))
+print(json.dumps({{"pairs": p, "seconds": 0.05, "backend": "vulkan", "device": "Fake GPU", "batches": 1}}))' "$2" "$4"
+fi
+""")
+    assert stats_for(1)  # the shape the real CLI prints (test_simjoin_runner_parses_stats)
+    out = tmp_path / "out"
+    rc = harness.main(["gpu", "--device", "0", "--simjoin-bin", str(binary), "--no-build", "--sizes", "300",
+                       "--workloads", "uniform-2d,expo-16d", "--selectivities", "2,20", "--repeats", "2",
+                       "--gds-join", str(fake_gds_source(tmp_path)), "--gds-define", "STAMP=1",
+                       "--out", str(out), "--data-dir", str(tmp_path / "data")])  # fmt: skip
+    assert rc == 0
+    result = json.loads((out / "gpu-fake-gpu.json").read_text())
+    for w in result["workloads"]:
+        for p in w["points"]:
+            gds, ours = p["systems"]["gds-join"], p["systems"]["simjoin-gpu"]
+            assert gds["status"] == "ok", gds["message"]
+            assert gds["pairs"] == ours["pairs"] > 0 and gds["agrees"]
+            assert gds["median"] == pytest.approx(0.0125 + 0.125) and gds["reported_median"] == 0.125
+            assert gds["speedup_end_to_end"] == pytest.approx(gds["median"] / ours["median"])
+    builds = sorted(p.name for p in (tmp_path / "data" / "gds-build").iterdir())
+    assert builds == ["gds-join-d16-double-sm90-STAMP1", "gds-join-d2-double-sm90-STAMP1"]
+    params = (tmp_path / "data" / "gds-build" / builds[0] / "params.h").read_text()
+    assert "#define GPUNUMDIM 16" in params and "#define NUMINDEXEDDIM 6" in params and "#define STAMP 1" in params
+    md = (out / "gpu-fake-gpu.md").read_text()
+    assert "GDS-Join (CUDA)" in md and "faster end to end" in md and "as it reports itself 0.125" in md
