@@ -49,7 +49,9 @@ def configure(src: Path, build: Path, dim: int, dtype: str, compute: int, define
     Makefile: the GPU's compute capability). The source folder is left as it is."""
     if build.exists():
         shutil.rmtree(build)
-    shutil.copytree(src, build)
+    # Plain copies (the peers' folder may be read-only; the build writes beside them).
+    shutil.copytree(src, build, copy_function=shutil.copyfile)
+    build.chmod(0o755)
     values = {"GPUNUMDIM": str(dim), "NUMINDEXEDDIM": str(indexed_dims(dim)), "DTYPE": dtype, **defines}
     params = (build / "params.h").read_text()
     for name, value in values.items():
@@ -81,6 +83,22 @@ def build(src: Path, root: Path, dim: int, dtype: str, compute: int, defines: di
         raise RuntimeError(f"building GDS-Join ({tag}) failed:\n{tail}")
     log(f"built GDS-Join {tag} in {time.perf_counter() - t0:.0f} s")
     return binary
+
+
+def prebuild(src: Path, root: Path, dims: list[int], dtype: str, compute: int, defines: dict[str, str],
+             log=print) -> None:  # fmt: skip
+    """Builds every dimensions' binary at once (nvcc takes about a minute a build, and the
+    device machine's time is short); a failure is logged and left to `system` to report."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(dim: int) -> None:
+        try:
+            build(src, root, dim, dtype, compute, defines, log)
+        except (RuntimeError, ValueError, OSError) as e:
+            log(str(e))
+
+    with ThreadPoolExecutor(max_workers=max(len(dims), 1)) as pool:
+        list(pool.map(one, dims))
 
 
 def write_csv(x: np.ndarray, path: Path) -> None:

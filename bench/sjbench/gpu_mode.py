@@ -45,7 +45,10 @@ def run_gpu_mode(args) -> int:
         # The seed authors' CUDA join on the same GPU and data, built for each dimension.
         defines = dict(d.split("=", 1) for d in args.gds_define)
         dtype = "float" if args.precision == "f32" else "double"
-        runner = gds_join.system(Path(args.gds_join), Path(args.data_dir) / "gds-build", dtype, args.gds_compute, defines, log)
+        build_root = Path(args.data_dir) / "gds-build"
+        dims = sorted({wl.WORKLOADS[name].dim for name in args.workloads})
+        gds_join.prebuild(Path(args.gds_join), build_root, dims, dtype, args.gds_compute, defines, log)
+        runner = gds_join.system(Path(args.gds_join), build_root, dtype, args.gds_compute, defines, log)
         systems.append(System("gds-join", "GDS-Join (CUDA)", False, False, runner))
     if args.with_cpu:
         systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
@@ -118,6 +121,7 @@ def run_gpu_mode(args) -> int:
             results["workloads"].append({"workload": w.name, "description": w.describe(), "dim": w.dim, "n": n, "points": points})
             if not args.keep_data:
                 path.unlink(missing_ok=True)
+                path.with_suffix(".csv").unlink(missing_ok=True)  # GDS-Join's copy
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", (device or {}).get("name", args.device)).strip("-").lower()
     (out / f"gpu-{slug}.json").write_text(json.dumps(results, indent=1) + "\n")

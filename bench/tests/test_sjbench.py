@@ -358,6 +358,10 @@ eps = float(sys.argv[2])
 d2 = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
 print({body!r} % int(np.count_nonzero(d2 <= eps * eps)))
 """)
+    # Read-only, as ../shared/peers is: the build must work on its own copy.
+    for f in src.iterdir():
+        f.chmod(0o444)
+    src.chmod(0o555)
     return src
 
 

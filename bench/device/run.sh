@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# On the device machine (the `device` tool: an H100/H200, x86-64, the NVIDIA driver, nvcc,
+# python3 with numpy and pyarrow, no Rust), from the repository root, with .device/ from
+# bench/device/pack.sh carried. Every step appends to $OUT/run.log, so what finished comes
+# back even when the call is stopped at its limit; results go under $OUT (the tool returns
+# at most 8 files, two folders deep).
+#   bash bench/device/run.sh tests          GPU test binaries, NVIDIA driver, validation on
+#   bash bench/device/run.sh bench low      uniform 2-D and 6-D (GPU-SJ): simjoin vs GDS-Join
+#   bash bench/device/run.sh bench high     exponential 16/32/64-D (GPU-JOIN), tiles on and off
+#   bash bench/device/run.sh tests bench low    steps run in order, in one call
+# Sizes, selectivities and repeats: SIZES (default 2000000,10000000 for low, 2000000 for
+# high), SEL (10,100 low; 1,10,100 high), REPEATS (2), RUN_TIMEOUT per run (300 s: GDS-Join parses a CSV each run);
+# TESTS="gpu_join vk_kernels" runs only those test binaries.
+# Off the device (lavapipe, no nvcc) the same steps run as a rehearsal with small SIZES.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+kit=.device
+OUT=${OUT:-/tmp/simjoin-device-out}
+mkdir -p "$OUT"
+log=$OUT/run.log
+say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
+
+[ -f $kit/bins.tar.xz ] || { echo "no $kit/bins.tar.xz: run bench/device/pack.sh here first and carry .device" >&2; exit 2; }
+[ -x $kit/simjoin ] || tar -C $kit -xJf $kit/bins.tar.xz
+say "kit of $(tr '\n' ' ' <$kit/COMMIT)on $(uname -m), $(nproc) cores"
+
+# The Vulkan loader, where the machine has none (the device tool's recipe), and the
+# validation layers unpacked beside the tree (into / they could break the system).
+if ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
+  for f in $kit/debs/libvulkan1_*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+vl=/tmp/simjoin-vl
+if [ ! -d $vl ]; then
+  mkdir -p $vl && dpkg -x $kit/debs/vulkan-validationlayers_*.deb $vl
+fi
+export VK_LAYER_PATH=$vl/usr/share/vulkan/explicit_layer.d
+export LD_LIBRARY_PATH=$vl/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f $nvidia_icd ]; then export VK_DRIVER_FILES=$nvidia_icd; fi
+# Tests that read the source tree find it at the path cargo baked in at pack time.
+manifest=$(cat $kit/MANIFEST_DIR)
+if [ ! -e "$manifest" ]; then mkdir -p "$(dirname "$manifest")" && ln -s "$PWD" "$manifest"; fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
+$kit/simjoin info 2>&1 | tee -a "$log"
+
+failed=0
+run_tests() {
+  say "tests: GPU test binaries, SIMJOIN_VALIDATION=1 (a validation error fails a test)"
+  local sum=$OUT/tests-summary.txt
+  for t in $kit/tests/*; do
+    local name t0 rc
+    name=$(basename "$t"); t0=$(date +%s.%N)
+    if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $name "* ]]; then continue; fi
+    SIMJOIN_VALIDATION=1 timeout "${TEST_TIMEOUT:-300}" "$t" -q >>"$OUT/tests.log" 2>&1
+    rc=$?
+    printf '%-20s rc=%-3s %6.1f s\n' "$name" $rc "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$sum" "$log"
+    [ $rc -eq 0 ] || { failed=$((failed + 1)); grep -E "^test .* FAILED|panicked|VUID|error" "$OUT/tests.log" | tail -20 >>"$log"; }
+  done
+}
+
+run_bench() {
+  local which=$1 workloads sizes sel extra=()
+  case $which in
+    low) workloads=uniform-2d,uniform-6d sizes=${SIZES:-2000000,10000000} sel=${SEL:-10,100} ;;
+    high) workloads=expo-16d,expo-32d,expo-64d sizes=${SIZES:-2000000} sel=${SEL:-1,10,100} extra=(--compare-tiles) ;;
+    *) echo "bench: low or high, not '$which'" >&2; return 2 ;;
+  esac
+  if [ -d $kit/gds-join ] && command -v nvcc >/dev/null; then
+    extra+=(--gds-join $kit/gds-join)
+  else
+    say "bench $which: no nvcc or no GDS-Join sources here: simjoin alone"
+  fi
+  local device=${DEVICE:-NVIDIA}
+  [ -n "${DEVICE:-}" ] || $kit/simjoin info 2>/dev/null | grep -q NVIDIA || device=0
+  say "bench $which: $workloads at $sizes, selectivities $sel, device $device"
+  PYTHONUNBUFFERED=1 python3 bench/run.py gpu --device "$device" --simjoin-bin $kit/simjoin --no-build \
+    --data-dir /tmp/simjoin-data --out "$OUT/bench-$which" --workloads $workloads --sizes "$sizes" \
+    --selectivities "$sel" --repeats "${REPEATS:-2}" --timeout "${RUN_TIMEOUT:-300}" "${extra[@]}" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
+}
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    tests) run_tests; shift ;;
+    bench) run_bench "${2:-low}"; shift 2 ;;
+    *) echo "unknown step '$1' (tests, bench low, bench high)" >&2; exit 2 ;;
+  esac
+done
+say "done: $failed step(s) failed"
+[ $failed -eq 0 ]
