@@ -100,7 +100,7 @@ fn two_engines_from_two_threads_at_once() {
             let (data, want) = (&data, &want);
             s.spawn(move || {
                 let engine = Engine::with_options(EngineOptions {
-                    device: Some("llvmpipe".into()),
+                    device: Some(common::test_device_name()),
                     threads: Some(1 + t),
                     validation: Some(true),
                 })
@@ -148,11 +148,17 @@ fn the_device_is_an_engine_option() {
     })
     .unwrap();
     let r = here.self_join(&data, &gpu(0.1, Algorithm::Grid)).unwrap();
-    assert!(r.report.device.contains("llvmpipe"), "{}", r.report.device);
-    // `auto` never picks a software device: the CPU runs it.
+    let name = common::test_device_name();
+    assert!(r.report.device.contains(&name), "{}", r.report.device);
+    // `auto` never picks a software device: the CPU runs it (on a hardware GPU, the GPU).
     let mut auto = gpu(0.1, Algorithm::Auto);
     auto.backend = Backend::Auto;
-    assert_eq!(here.self_join(&data, &auto).unwrap().report.backend, "cpu");
+    let want = if common::on_lavapipe() {
+        "cpu"
+    } else {
+        "vulkan"
+    };
+    assert_eq!(here.self_join(&data, &auto).unwrap().report.backend, want);
     assert_eq!(
         Engine::with_options(EngineOptions {
             device: Some("  ".into()),

@@ -319,7 +319,10 @@ fn lss_long_walks_resume_past_the_software_loop_limit() {
         .iter()
         .find(|n| n.contains("resubmissions"))
         .unwrap();
-    assert!(!note.contains("(0 resubmissions"), "{note}");
+    // Only software devices have a loop budget (hardware GPUs have no such cut).
+    if common::on_lavapipe() {
+        assert!(!note.contains("(0 resubmissions"), "{note}");
+    }
     assert_no_validation_errors();
 }
 

@@ -24,6 +24,32 @@ pub fn gpu_test_setup() {
     });
 }
 
+/// Whether the GPU tests run on lavapipe (CI, and `VK_DRIVER_FILES` unset) rather than on
+/// a hardware driver (a lent GPU machine: `bench/device/run.sh` points `VK_DRIVER_FILES` at
+/// NVIDIA's). Software-only behaviour (loop budgets, `auto` declining the device, host
+/// index builds) is asserted only there.
+pub fn on_lavapipe() -> bool {
+    gpu_test_setup();
+    let files = std::env::var("VK_DRIVER_FILES")
+        .or_else(|_| std::env::var("VK_ICD_FILENAMES"))
+        .unwrap_or_default();
+    files.contains("lvp_icd")
+}
+
+/// A name that selects the tests' device: "llvmpipe", else the first usable device's name.
+#[cfg(feature = "gpu")]
+pub fn test_device_name() -> String {
+    if on_lavapipe() {
+        return "llvmpipe".into();
+    }
+    simjoin::devices()
+        .expect("the Vulkan devices")
+        .into_iter()
+        .find(|d| d.details.iter().any(|l| l == "usable by simjoin: yes"))
+        .expect("a usable Vulkan device")
+        .name
+}
+
 /// Fails the test when the validation layers have reported any error so far in this process
 /// (messages are on stderr; run with `--nocapture` to see them).
 #[cfg(feature = "gpu")]
@@ -42,8 +68,7 @@ pub fn shared_context() -> std::sync::Arc<simjoin::vk::Context> {
         std::sync::OnceLock::new();
     gpu_test_setup();
     CTX.get_or_init(|| {
-        let ctx =
-            simjoin::vk::Context::new(&Default::default()).expect("a Vulkan context on lavapipe");
+        let ctx = simjoin::vk::Context::new(&Default::default()).expect("a Vulkan context");
         assert!(
             ctx.validation_enabled(),
             "tests must run with validation on"
