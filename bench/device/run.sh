@@ -7,6 +7,7 @@
 #   bash bench/device/run.sh tests          GPU test binaries, NVIDIA driver, validation on
 #   bash bench/device/run.sh bench low      uniform 2-D and 6-D (GPU-SJ): simjoin vs GDS-Join
 #   bash bench/device/run.sh bench high     exponential 16/32/64-D (GPU-JOIN), tiles on and off
+#   bash bench/device/run.sh stress         the test binaries repeatedly (STRESS_RUNS, STRESS_JOBS)
 #   bash bench/device/run.sh tests bench low    steps run in order, in one call
 # Sizes, selectivities and repeats: SIZES (default 2000000,10000000 for low, 2000000 for
 # high), SEL (10,100 low; 1,10,100 high), REPEATS (2), RUN_TIMEOUT per run (300 s: GDS-Join parses a CSV each run);
@@ -59,6 +60,25 @@ run_tests() {
   done
 }
 
+run_stress() {
+  # The GPU test binaries again and again on the hardware driver, STRESS_JOBS at a time,
+  # freed memory poisoned as in tests/stress.sh; one CSV line a run.
+  local runs=${STRESS_RUNS:-20} jobs=${STRESS_JOBS:-$(($(nproc) / 2))} csv=$OUT/stress.csv
+  say "stress: $runs runs of each test binary, $jobs at a time"
+  echo "binary,run,rc,seconds" >"$csv"
+  for i in $(seq 1 "$runs"); do for t in $kit/tests/*; do
+    if [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" $(basename "$t") "* ]]; then echo "$t $i"; fi
+  done; done |
+    xargs -P "$jobs" -L 1 bash -c 't0=$(date +%s.%N); d=$(mktemp -d); (cd "$d" && XDG_CACHE_HOME=$d \
+      GLIBC_TUNABLES=glibc.malloc.tcache_count=0 MALLOC_PERTURB_=165 SIMJOIN_VALIDATION=1 \
+      timeout 600 "$OLDPWD/$0" -q >"$d/log" 2>&1); rc=$?; [ $rc -eq 0 ] || flock "'"$OUT"'/stress-failures.log" sh -c "{ echo == \$0 run \$1 rc \$2; cat \$3; } >>'"$OUT"'/stress-failures.log" "$(basename $0)" "$1" "$rc" "$d/log"; rm -rf "$d"
+      echo "$(basename $0),$1,$rc,$(echo "$(date +%s.%N) - $t0" | bc)" >>"'"$csv"'"'
+  local bad
+  bad=$(awk -F, 'NR > 1 && $3 != 0' "$csv" | wc -l)
+  say "stress: $(($(wc -l <"$csv") - 1)) runs, $bad failed"
+  [ "$bad" -eq 0 ] || failed=$((failed + 1))
+}
+
 run_bench() {
   local which=$1 workloads sizes sel extra=()
   case $which in
@@ -83,8 +103,9 @@ run_bench() {
 while [ $# -gt 0 ]; do
   case $1 in
     tests) run_tests; shift ;;
+    stress) run_stress; shift ;;
     bench) run_bench "${2:-low}"; shift 2 ;;
-    *) echo "unknown step '$1' (tests, bench low, bench high)" >&2; exit 2 ;;
+    *) echo "unknown step '$1' (tests, stress, bench low, bench high)" >&2; exit 2 ;;
   esac
 done
 say "done: $failed step(s) failed"
