@@ -194,8 +194,8 @@ class _Methods:
             X, self.eps, self.min_samples, self.metric, self.backend, None, self.algorithm
         )
         self.labels_ = labels
-        self.core_sample_indices_ = np.flatnonzero(core).astype(np.int64)
-        self.components_ = data[self.core_sample_indices_].copy()
+        self.core_sample_indices_ = np.flatnonzero(core).astype(np.int64, copy=False)
+        self.components_ = data[self.core_sample_indices_]  # fancy indexing: already a copy
         self.n_features_in_ = data.shape[1]
         self.report_ = stats
         return self
