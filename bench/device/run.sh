@@ -24,6 +24,7 @@ say() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$log"; }
 [ -f $kit/bins.tar.xz ] || { echo "no $kit/bins.tar.xz: run bench/device/pack.sh here first and carry .device" >&2; exit 2; }
 [ -x $kit/simjoin ] || tar -C $kit -xJf $kit/bins.tar.xz
 say "kit of $(tr '\n' ' ' <$kit/COMMIT)on $(uname -m), $(nproc) cores"
+export SIMJOIN_COMMIT="$(tr '\n' ' ' <$kit/COMMIT | sed 's/ *$//') (bench/device kit)"
 
 # The Vulkan loader, where the machine has none (the device tool's recipe), and the
 # validation layers unpacked beside the tree (into / they could break the system).

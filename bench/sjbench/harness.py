@@ -266,7 +266,8 @@ def machine_info(args) -> dict:
         except OSError:
             return ""
 
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    # Without git (the device machine's copy): the commit bench/device/pack.sh recorded.
+    commit = git("rev-parse", "--short", "HEAD") or os.environ.get("SIMJOIN_COMMIT", "unknown")
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return {
         "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
