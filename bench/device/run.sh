@@ -47,6 +47,8 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 $kit/simjoin info 2>&1 | tee -a "$log"
 
 failed=0
+# Seconds since $1 (date +%s.%N), without bc (the device image may lack it).
+since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 run_tests() {
   say "tests: GPU test binaries, SIMJOIN_VALIDATION=1 (a validation error fails a test)"
   local sum=$OUT/tests-summary.txt
@@ -56,7 +58,7 @@ run_tests() {
     if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $name "* ]]; then continue; fi
     SIMJOIN_VALIDATION=1 timeout "${TEST_TIMEOUT:-300}" "$t" -q >>"$OUT/tests.log" 2>&1
     rc=$?
-    printf '%-20s rc=%-3s %6.1f s\n' "$name" $rc "$(echo "$(date +%s.%N) - $t0" | bc)" | tee -a "$sum" "$log"
+    printf '%-20s rc=%-3s %6.1f s\n' "$name" $rc "$(since "$t0")" | tee -a "$sum" "$log"
     [ $rc -eq 0 ] || { failed=$((failed + 1)); grep -E "^test .* FAILED|panicked|VUID|error" "$OUT/tests.log" | tail -20 >>"$log"; }
   done
 }
@@ -73,7 +75,7 @@ run_stress() {
     xargs -P "$jobs" -L 1 bash -c 't0=$(date +%s.%N); d=$(mktemp -d); (cd "$d" && XDG_CACHE_HOME=$d \
       GLIBC_TUNABLES=glibc.malloc.tcache_count=0 MALLOC_PERTURB_=165 SIMJOIN_VALIDATION=1 \
       timeout 600 "$OLDPWD/$0" -q >"$d/log" 2>&1); rc=$?; [ $rc -eq 0 ] || flock "'"$OUT"'/stress-failures.log" sh -c "{ echo == \$0 run \$1 rc \$2; cat \$3; } >>'"$OUT"'/stress-failures.log" "$(basename $0)" "$1" "$rc" "$d/log"; rm -rf "$d"
-      echo "$(basename $0),$1,$rc,$(echo "$(date +%s.%N) - $t0" | bc)" >>"'"$csv"'"'
+      echo "$(basename $0),$1,$rc,$(awk -v a="$(date +%s.%N)" -v b="$t0" "BEGIN { print a - b }")" >>"'"$csv"'"'
   local bad
   bad=$(awk -F, 'NR > 1 && $3 != 0' "$csv" | wc -l)
   say "stress: $(($(wc -l <"$csv") - 1)) runs, $bad failed"
