@@ -40,7 +40,8 @@ enum simjoin_status
  {
   SIMJOIN_OK = 0,
   /**
-   * Bad input: a NULL pointer, NaN/inf coordinates, eps <= 0 or NaN, zero dimensions,
+   * Bad input: a NULL pointer, NaN/inf coordinates, eps <= 0 or NaN (or out of the
+   * data precision's range: eps*eps overflowing or not a normal number), zero dimensions,
    * mismatched dimensions or precisions, an unknown enum value.
    */
   SIMJOIN_INVALID_ARGUMENT = 1,
@@ -144,7 +145,9 @@ typedef struct simjoin_options {
    */
   size_t size;
   /**
-   * Distance threshold: finite and > 0. A pair matches when dist <= eps.
+   * Distance threshold: finite and > 0. A pair matches when dist <= eps. The comparison
+   * threshold (eps*eps for Euclidean, else eps, in the data's precision) must be a
+   * normal number: f64 Euclidean eps within about [1.5e-154, 1.3e154], f32 [1.1e-19, 1.8e19].
    */
   double eps;
   simjoin_metric metric;

@@ -298,6 +298,8 @@ impl Engine {
         opts: &JoinOptions,
     ) -> Result<Option<(Vec<u32>, JoinReport)>> {
         let start = Instant::now();
+        opts.validate()?;
+        crate::metric::check_eps(opts.metric, opts.eps, a.precision())?;
         let job = Job {
             a: *a,
             b: None,
@@ -379,6 +381,7 @@ impl Engine {
                 ));
             }
         }
+        crate::metric::check_eps(opts.metric, opts.eps, a.precision())?;
         let job = Job {
             a: *a,
             b: b.copied(),

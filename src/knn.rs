@@ -118,6 +118,10 @@ impl<'a> KnnJob<'a> {
                 "a {rows} x {k} result does not fit in memory"
             )));
         }
+        // Distances are ranked in the input precision: none may overflow (a pass over
+        // the points, small beside the kNN search itself).
+        let (lo, hi, _) = crate::stats::bounds_and_variance(data, query);
+        crate::metric::check_extent(opts.metric, &lo, &hi, data.precision())?;
         Ok(KnnJob {
             data: *data,
             query: query.copied(),

@@ -15,6 +15,8 @@
 //! order to *reject* with a safety margin (`reject_margin`) and must confirm survivors with
 //! the canonical order.
 
+use crate::dataset::Precision;
+use crate::error::{Error, Result};
 use crate::options::Metric;
 
 /// A coordinate type: f32 or f64.
@@ -107,6 +109,78 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
         Metric::Euclidean => e * e,
         Metric::Manhattan | Metric::Chebyshev => e,
     }
+}
+
+/// Checks that an eps-join with `eps` compares exactly in `precision`: the threshold
+/// ([`threshold`] in that precision) must be a finite, normal number. Euclidean eps above
+/// about 1.3e154 (f64; 1.8e19 for f32) squares to infinity, which every overflowed
+/// squared distance would "match"; eps below about 1.5e-154 (f64; 1.1e-19 for f32)
+/// squares to zero or a subnormal, which every tiny squared distance that underflowed
+/// with it would match too. Both would be wrong answers, so they are errors.
+pub fn check_eps(metric: Metric, eps: f64, precision: Precision) -> Result<()> {
+    let (thr, name) = match precision {
+        Precision::F32 => (f64::from(threshold::<f32>(metric, eps)), "f32"),
+        Precision::F64 => (threshold::<f64>(metric, eps), "f64"),
+    };
+    // An f32 normal number is an f64 normal number, so test the f32 value itself.
+    let normal = match precision {
+        Precision::F32 => (thr as f32).is_normal(),
+        Precision::F64 => thr.is_normal(),
+    };
+    if normal {
+        return Ok(());
+    }
+    let what = if metric == Metric::Euclidean {
+        "eps squared"
+    } else {
+        "eps"
+    };
+    Err(Error::invalid(format!(
+        "eps = {eps:e} is out of range for {name} coordinates: {what} is {} in {name}, so \
+         distances could not be compared exactly; rescale the data (and eps)",
+        if thr.is_infinite() {
+            "infinite"
+        } else if thr == 0.0 {
+            "zero"
+        } else {
+            "subnormal"
+        }
+    )))
+}
+
+/// Checks that no distance between points within the per-dimension bounds `lo..=hi`
+/// overflows in `precision`: an infinite distance would tie points that are not equally
+/// far (kNN ranks them). Underflow stays as the input precision gives it: points closer
+/// than the smallest normal square are at distance 0, ties broken by index (the oracle's
+/// arithmetic, and an absolute error below that square).
+pub fn check_extent(metric: Metric, lo: &[f64], hi: &[f64], precision: Precision) -> Result<()> {
+    fn largest<T: Coord>(metric: Metric, lo: &[f64], hi: &[f64]) -> f64 {
+        // Every coordinate difference is at most hi - lo, and rounding is monotone, so no
+        // pair accumulates more than this.
+        let mut acc = T::ZERO;
+        for (&l, &h) in lo.iter().zip(hi) {
+            if h >= l {
+                acc = accumulate(metric, acc, T::from_f64(h - l), T::ZERO);
+            }
+        }
+        acc.to_f64()
+    }
+    let (acc, name) = match precision {
+        Precision::F32 => (largest::<f32>(metric, lo, hi), "f32"),
+        Precision::F64 => (largest::<f64>(metric, lo, hi), "f64"),
+    };
+    if acc.is_finite() {
+        return Ok(());
+    }
+    Err(Error::invalid(format!(
+        "the points' extent is out of range for {name} distances: the largest {} overflows, \
+         so distances could not be ranked exactly; rescale the data",
+        if metric == Metric::Euclidean {
+            "squared distance"
+        } else {
+            "distance"
+        }
+    )))
 }
 
 /// One dimension's contribution and how it is folded into the accumulator.

@@ -2,7 +2,8 @@
 //! kind, trivial inputs give exact (empty) answers, and output forms agree with each other.
 
 use simjoin::{
-    oracle, Backend, Dataset, Engine, ErrorKind, JoinOptions, JoinOutput, Metric, OutputForm,
+    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, JoinOutput, Metric,
+    OutputForm,
 };
 
 fn cpu(eps: f64) -> JoinOptions {
@@ -188,4 +189,161 @@ fn neighbour_counts_match_the_oracle() {
         .unwrap()
         .0
         .is_empty());
+}
+
+/// 2^s exactly, subnormals included (`powi` rounds on the way down there).
+fn pow2(s: i32) -> f64 {
+    if s >= -1022 {
+        f64::from_bits(((s + 1023) as u64) << 52)
+    } else {
+        f64::from_bits(1u64 << (s + 1074))
+    }
+}
+
+/// A 5 x 5 x 5 lattice of pitch `h` (a power of two, so every coordinate, difference and
+/// square is exact).
+fn lattice(h: f64) -> Vec<f64> {
+    (0..125)
+        .flat_map(|i| {
+            [
+                (i % 5) as f64 * h,
+                (i / 5 % 5) as f64 * h,
+                (i / 25) as f64 * h,
+            ]
+        })
+        .collect()
+}
+
+/// Extreme magnitudes: the same lattice scaled by 2^s with eps = the pitch gives the same
+/// pairs wherever the threshold (eps² for Euclidean) is a normal number; beyond that range
+/// (eps² infinite, zero or subnormal) it is a clear error, never the wrong pairs the
+/// overflowed or underflowed comparison would give (every pair "within" eps).
+#[test]
+fn extreme_magnitudes_are_exact_or_rejected() {
+    let engine = Engine::new();
+    let unit = lattice(1.0);
+    let unit_data = Dataset::from_f64(&unit, 3).unwrap();
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        let want = oracle::self_join(&unit_data, metric, 1.0);
+        assert!(!want.is_empty());
+        // (scale exponents that must work, that must fail) per precision.
+        let (ok64, bad64): (Vec<i32>, Vec<i32>) = if metric == Metric::Euclidean {
+            (vec![-511, -300, 0, 300, 510], vec![-512, -600, 512, 600])
+        } else {
+            (vec![-1022, -511, 0, 511, 1000], vec![-1023, -1074])
+        };
+        let (ok32, bad32): (Vec<i32>, Vec<i32>) = if metric == Metric::Euclidean {
+            (vec![-63, 0, 62], vec![-64, -70, 64, 70])
+        } else {
+            (vec![-126, 0, 120], vec![-127, -140])
+        };
+        for algorithm in [
+            Algorithm::Auto,
+            Algorithm::Grid,
+            Algorithm::Ego,
+            Algorithm::Brute,
+        ] {
+            let mut o = cpu(1.0);
+            o.metric = metric;
+            o.algorithm = algorithm;
+            o.sorted = true;
+            for (s, ok) in ok64
+                .iter()
+                .map(|&s| (s, true))
+                .chain(bad64.iter().map(|&s| (s, false)))
+            {
+                let h = pow2(s);
+                let x = lattice(h);
+                let data = Dataset::from_f64(&x, 3).unwrap();
+                o.eps = h;
+                let what = format!("{metric} {algorithm} f64 2^{s}");
+                check_scaled(&engine, &data, &o, ok, &want, &what);
+            }
+            for (s, ok) in ok32
+                .iter()
+                .map(|&s| (s, true))
+                .chain(bad32.iter().map(|&s| (s, false)))
+            {
+                let h = pow2(s);
+                let x: Vec<f32> = lattice(h).iter().map(|&v| v as f32).collect();
+                let data = Dataset::from_f32(&x, 3).unwrap();
+                o.eps = h;
+                let what = format!("{metric} {algorithm} f32 2^{s}");
+                check_scaled(&engine, &data, &o, ok, &want, &what);
+            }
+        }
+    }
+}
+
+fn check_scaled(
+    engine: &Engine,
+    data: &Dataset,
+    o: &JoinOptions,
+    ok: bool,
+    want: &[simjoin::Pair],
+    what: &str,
+) {
+    let got = engine.self_join(data, o);
+    let counts = engine.neighbour_counts(data, o);
+    let mut d = simjoin::DbscanOptions::new(o.eps, 3);
+    d.metric = o.metric;
+    d.backend = o.backend;
+    let clusters = simjoin::dbscan(engine, data, &d);
+    if ok {
+        let got = got.unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(got.pairs().unwrap(), want, "{what}");
+        assert_eq!(counts.unwrap().1.pairs, want.len() as u64, "{what}");
+        assert_eq!(clusters.unwrap().clusters, 1, "{what}");
+    } else {
+        for err in [
+            got.map(|_| ()).unwrap_err(),
+            counts.map(|_| ()).unwrap_err(),
+            clusters.map(|_| ()).unwrap_err(),
+        ] {
+            assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{what}");
+            assert!(err.to_string().contains("out of range"), "{what}: {err}");
+        }
+    }
+}
+
+/// kNN ranks distances in the input precision: points so far apart that a distance
+/// overflows are an error; a lattice scaled to the edge of the range ranks as at scale 1.
+#[test]
+fn knn_extreme_magnitudes() {
+    let engine = Engine::new();
+    // Centred on 0 (coordinates -2h..2h): differences of 4h overflow before any
+    // coordinate does, for Chebyshev too.
+    let centred = |h: f64| -> Vec<f64> {
+        let c = |v: usize| (v as f64 - 2.0) * h;
+        (0..125)
+            .flat_map(|i| [c(i % 5), c(i / 5 % 5), c(i / 25)])
+            .collect()
+    };
+    for metric in [Metric::Euclidean, Metric::Manhattan, Metric::Chebyshev] {
+        let o = simjoin::KnnOptions {
+            metric,
+            backend: Backend::Cpu,
+            ..Default::default()
+        };
+        let unit = centred(1.0);
+        let unit_data = Dataset::from_f64(&unit, 3).unwrap();
+        let want = engine.knn(&unit_data, None, 6, &o).unwrap().indices;
+        // Largest squared (Euclidean) distance of the lattice: 48 h^2 < 2^6 h^2.
+        let (ok, bad) = if metric == Metric::Euclidean {
+            (505, 512)
+        } else {
+            (1018, 1022)
+        };
+        let x = centred(pow2(ok));
+        let got = engine
+            .knn(&Dataset::from_f64(&x, 3).unwrap(), None, 6, &o)
+            .unwrap_or_else(|e| panic!("{metric} 2^{ok}: {e}"));
+        assert_eq!(got.indices, want, "{metric} 2^{ok}");
+        let x = centred(pow2(bad));
+        let err = engine
+            .knn(&Dataset::from_f64(&x, 3).unwrap(), None, 6, &o)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument, "{metric} 2^{bad}");
+        assert!(err.to_string().contains("overflows"), "{err}");
+    }
 }

@@ -756,3 +756,90 @@ fn neighbour_counts_on_the_device() {
     }
     assert_no_validation_errors();
 }
+
+/// 2^s exactly (subnormals included).
+fn pow2(s: i32) -> f64 {
+    if s >= -1022 {
+        f64::from_bits(((s + 1023) as u64) << 52)
+    } else {
+        f64::from_bits(1u64 << (s + 1074))
+    }
+}
+
+/// The lattice test of `tests/engine_api.rs` on the GPU: a 5 x 5 x 5 lattice of pitch
+/// 2^s with eps = the pitch gives the pairs of the unit lattice at the edges of each
+/// precision's range (every value exact), with the index built on the host and on the
+/// device, and kNN ranks it as at scale 1; just past the range both are clear errors.
+#[test]
+fn extreme_magnitudes() {
+    let engine = setup();
+    let lattice = |h: f64| -> Vec<f64> {
+        let c = |v: usize| (v as f64 - 2.0) * h;
+        (0..125)
+            .flat_map(|i| [c(i % 5), c(i / 5 % 5), c(i / 25)])
+            .collect()
+    };
+    let unit = lattice(1.0);
+    let unit_data = Dataset::from_f64(&unit, 3).unwrap();
+    for metric in [Metric::Euclidean, Metric::Manhattan] {
+        let want = oracle::self_join(&unit_data, metric, 1.0);
+        let knn_opts = simjoin::KnnOptions {
+            metric,
+            backend: Backend::Gpu,
+            ..Default::default()
+        };
+        let want_knn = engine.knn(&unit_data, None, 6, &knn_opts).unwrap().indices;
+        let (ok64, ok32, bad64) = if metric == Metric::Euclidean {
+            (vec![-511, 505], vec![-63, 60], vec![-512, 512])
+        } else {
+            (vec![-1022, 1018], vec![-126, 120], vec![-1023])
+        };
+        for algorithm in [Algorithm::Grid, Algorithm::Brute, Algorithm::Lss] {
+            for build in [simjoin::IndexBuild::Host, simjoin::IndexBuild::Device] {
+                let mut o = gpu(1.0, metric, algorithm);
+                o.index_build = build;
+                let cases = ok64
+                    .iter()
+                    .map(|&s| (s, true))
+                    .chain(ok32.iter().map(|&s| (s, false)));
+                for (s, wide) in cases {
+                    o.eps = pow2(s);
+                    let x = lattice(o.eps);
+                    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+                    let data = if wide {
+                        Dataset::from_f64(&x, 3).unwrap()
+                    } else {
+                        Dataset::from_f32(&x32, 3).unwrap()
+                    };
+                    let what = format!(
+                        "{metric} {algorithm} {build:?} 2^{s} {:?}",
+                        data.precision()
+                    );
+                    let got = engine
+                        .self_join(&data, &o)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert_eq!(got.pairs().unwrap(), want, "{what}");
+                    if algorithm == Algorithm::Grid {
+                        assert_eq!(got.report.index_build, Some(build), "{what}");
+                    }
+                    if algorithm == Algorithm::Grid && build == simjoin::IndexBuild::Host {
+                        let got = engine
+                            .knn(&data, None, 6, &knn_opts)
+                            .unwrap_or_else(|e| panic!("{what} kNN: {e}"));
+                        assert_eq!(got.indices, want_knn, "{what} kNN");
+                    }
+                }
+                for &s in &bad64 {
+                    o.eps = pow2(s);
+                    let x = lattice(o.eps);
+                    let err = engine
+                        .self_join(&Dataset::from_f64(&x, 3).unwrap(), &o)
+                        .unwrap_err();
+                    assert_eq!(err.kind(), ErrorKind::InvalidArgument, "2^{s}");
+                    assert!(err.to_string().contains("out of range"), "{err}");
+                }
+            }
+        }
+    }
+    assert_no_validation_errors();
+}

@@ -66,7 +66,8 @@ pub const SIMJOIN_ABI_VERSION: u32 = 2;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum simjoin_status {
     SIMJOIN_OK = 0,
-    /// Bad input: a NULL pointer, NaN/inf coordinates, eps <= 0 or NaN, zero dimensions,
+    /// Bad input: a NULL pointer, NaN/inf coordinates, eps <= 0 or NaN (or out of the
+    /// data precision's range: eps*eps overflowing or not a normal number), zero dimensions,
     /// mismatched dimensions or precisions, an unknown enum value.
     SIMJOIN_INVALID_ARGUMENT = 1,
     /// The option combination or the device does not support what was asked.

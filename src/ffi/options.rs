@@ -53,7 +53,9 @@ pub const SIMJOIN_OUTPUT_COUNT: simjoin_output = 2;
 pub struct simjoin_options {
     /// `sizeof(simjoin_options)` as the caller compiled it.
     pub size: usize,
-    /// Distance threshold: finite and > 0. A pair matches when dist <= eps.
+    /// Distance threshold: finite and > 0. A pair matches when dist <= eps. The comparison
+    /// threshold (eps*eps for Euclidean, else eps, in the data's precision) must be a
+    /// normal number: f64 Euclidean eps within about [1.5e-154, 1.3e154], f32 [1.1e-19, 1.8e19].
     pub eps: f64,
     pub metric: simjoin_metric,
     pub backend: simjoin_backend,

@@ -138,6 +138,19 @@ def test_errors_carry_the_engine_message():
         simjoin.self_join(X, 0.1, metric="cosine")
     with pytest.raises(simjoin.InvalidArgumentError, match="unknown output"):
         simjoin.self_join(X, 0.1, output="dict")
+    # eps whose square overflows or underflows the data's precision: an error, not every
+    # pair (the squared distances would overflow or underflow with it).
+    huge = np.array([[0.0], [1e200], [3e200]])
+    with pytest.raises(simjoin.InvalidArgumentError, match="eps squared is infinite in f64"):
+        simjoin.self_join(huge, 2e200)
+    with pytest.raises(simjoin.InvalidArgumentError, match="eps squared is zero in f64"):
+        simjoin.self_join(np.array([[0.0], [1e-300], [3e-300]]), 1e-300)
+    with pytest.raises(simjoin.InvalidArgumentError, match="eps squared is infinite in f32"):
+        simjoin.self_join(np.array([[0.0], [1e19]], dtype=np.float32), 2e19)
+    with pytest.raises(simjoin.InvalidArgumentError, match="out of range"):
+        simjoin.dbscan(huge, 2e200)
+    with pytest.raises(simjoin.InvalidArgumentError, match="overflows"):
+        simjoin.knn(huge, 1)
     # An algorithm the chosen backend does not have: a status error, not a crash.
     with pytest.raises(simjoin.Error) as info:
         simjoin.self_join(X, 0.1, backend="cpu", algorithm="lss")
