@@ -312,6 +312,10 @@ def test_errors(client):
         sjd.join(da.from_array(X, chunks=50), da.zeros((10, 3), chunks=5), 0.1)
     with pytest.raises(simjoin.InvalidArgumentError, match="column"):
         sjd.self_join(dd.from_pandas(pd.DataFrame({"x": [0.0]}), npartitions=1), 0.1, columns=["y"])
+    with pytest.raises(simjoin.InvalidArgumentError, match="real numbers"):
+        sjd.self_join(da.from_array(X.astype(complex), chunks=50), 0.1)
+    with pytest.raises(simjoin.InvalidArgumentError, match="out of range"):
+        sjd.self_join(da.from_array(X * 1e200, chunks=50), 1e200)
 
 
 def test_import_simjoin_without_dask():

@@ -151,6 +151,13 @@ def test_errors_carry_the_engine_message():
         simjoin.dbscan(huge, 2e200)
     with pytest.raises(simjoin.InvalidArgumentError, match="overflows"):
         simjoin.knn(huge, 1)
+    # Not real numbers: complex (its imaginary part would be dropped), strings, objects
+    # that are not numbers.
+    for bad in (X.astype(complex), X.astype(str), np.array([[1.0, 2j]], dtype=object)):
+        with pytest.raises(simjoin.InvalidArgumentError, match="real numbers"):
+            simjoin.self_join(bad, 0.1)
+    with pytest.raises(simjoin.InvalidArgumentError, match="real numbers"):
+        simjoin.knn(X.astype(complex), 1)
     # An algorithm the chosen backend does not have: a status error, not a crash.
     with pytest.raises(simjoin.Error) as info:
         simjoin.self_join(X, 0.1, backend="cpu", algorithm="lss")

@@ -52,10 +52,21 @@ def _as_points(X, name, dtype=None):
         raise InvalidArgumentError(
             _native.INVALID_ARGUMENT, f"{name} must be a 2-D array (points x dimensions), got shape {arr.shape}"
         )
+    # Real numbers only: a complex array would lose its imaginary parts, strings and dates
+    # are no coordinates. Objects (e.g. Decimal) go through NumPy's float conversion.
+    if arr.dtype.kind not in "biufO":
+        raise InvalidArgumentError(
+            _native.INVALID_ARGUMENT, f"{name} must hold real numbers, got dtype {arr.dtype}"
+        )
     if dtype is None:
         dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else np.float64
     # C order and aligned (arrays from pickles or buffers may be unaligned): a copy only then.
-    return np.require(arr, dtype=dtype, requirements=["C", "A"])
+    try:
+        return np.require(arr, dtype=dtype, requirements=["C", "A"])
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(
+            _native.INVALID_ARGUMENT, f"{name} could not be read as real numbers: {e}"
+        ) from None
 
 
 def _matrix(arr):

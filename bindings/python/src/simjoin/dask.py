@@ -143,6 +143,8 @@ class _Input:
             if len(points.chunks[1]) > 1:
                 points = points.rechunk({1: -1})
             dt = np.dtype(points.dtype)
+            if dt.kind not in "fiub":
+                raise _invalid(f"{name} must hold real numbers, got dtype {dt}")
             self.dtype = dt if dt in (np.float32, np.float64) else np.dtype(np.float64)
             self.dims = int(points.shape[1]) if not math.isnan(points.shape[1]) else None
             self.parts = list(points.to_delayed().ravel())
