@@ -2,8 +2,8 @@
 # The whole test suite: Rust unit and integration tests (GPU paths on lavapipe with the
 # Vulkan validation layers on; the CLI in tests/cli.rs; the header check in tests/header.rs),
 # then the C/C++ tests under ctest (shared, static, and AddressSanitizer builds), the static
-# link line check, the database extensions (PostgreSQL and SQLite, tests/db/run.sh), and the
-# Python tests under pytest.
+# link line check, the database extensions (PostgreSQL and SQLite, tests/db/run.sh), the
+# Python tests under pytest, and the randomised differential tests (tests/fuzz).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -63,6 +63,11 @@ fi
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-cache-dir ./bindings/python
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.
 (cd /tmp && "$venv/bin/python" -m pytest -q "$root/bindings/python/tests")
+
+echo "== Randomised differential tests (tests/fuzz/fuzz.py: every backend against an oracle)"
+for what in join knn dbscan; do
+  (cd /tmp && "$venv/bin/python" "$root/tests/fuzz/fuzz.py" "$what" --seed 1 --iterations 150)
+done
 
 echo "== Benchmark harness tests (pytest)"
 # The harness's logic (peers' counts normalised, eps by sampling, the runners, the gpu
