@@ -242,6 +242,10 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     distance; output="arrow_stream": a pyarrow.RecordBatchReader whose batches are made
     while the join runs (unsorted; for results larger than memory). DuckDB and Polars read
     both directly.
+
+    Raises InvalidArgumentError (a ValueError) for NaN/inf coordinates, eps <= 0, and an eps
+    the data's precision cannot compare exactly (Euclidean eps*eps overflowing or below the
+    normal range: float64 eps outside about [1.5e-154, 1.3e154], float32 [1.1e-19, 1.8e19]).
     """
     points = _as_points(X, "X")
     if str(output).lower() in _ARROW_OUTPUTS:
