@@ -290,6 +290,15 @@ typedef struct simjoin_dbscan_options {
    * whichever runs.
    */
   simjoin_algorithm algorithm;
+  /**
+   * NULL (the default: every weight 1) or one weight per row, read during the call
+   * only (scikit-learn's `sample_weight`): a row is core when the weights within eps,
+   * its own included, sum to at least `min_samples`. Finite, below 2^63 in magnitude;
+   * zero and negative weights allowed; summed exactly (see `dbscan_weighted`). The last
+   * field added: callers compiled against a header without it pass a smaller `size`
+   * and get NULL.
+   */
+  const double *sample_weight;
 } simjoin_dbscan_options;
 
 /**

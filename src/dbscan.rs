@@ -40,6 +40,11 @@
 //! numbers), the kept pairs (at most 64 bytes per point), and from 2^19 points the
 //! reordered copy of the input and its order (16 bytes per point while sorting).
 //!
+//! With sample weights ([`dbscan_weighted`], scikit-learn's `sample_weight`) a point is core
+//! when the weights within eps, its own included, sum to at least min_samples: the sums
+//! are exact (fixed point) so the answer keeps not depending on the pairs' order; a first
+//! pass sums them (32 bytes per point more), a second links.
+//!
 //! A free function rather than an `Engine` method: DBSCAN is a client of the engine's public
 //! streaming interface and needs nothing inside it, so the engine stays as it is.
 
@@ -129,7 +134,28 @@ impl DbscanResult {
 
 /// DBSCAN of `data` (see the module documentation for the exact answer).
 pub fn dbscan(engine: &Engine, data: &Dataset, opts: &DbscanOptions) -> Result<DbscanResult> {
-    dbscan_reordered(engine, data, opts, data.len() >= REORDER_MIN)
+    dbscan_weighted(engine, data, opts, None)
+}
+
+/// [`dbscan`] with a weight per point (scikit-learn's `sample_weight`): a point is a core
+/// point when the weights of the points within eps, its own included, sum to at least
+/// `min_samples`. Weights may be fractional, zero or negative (a negative weight keeps
+/// its neighbours from being core); they must be finite and below 2^63 in magnitude.
+/// The sums are exact and independent of the order the pairs come in (fixed point with
+/// enough bits for both ends of the weights' range), so the answer is deterministic; scikit-learn rounds its float sums, so
+/// where a sum falls within rounding of min_samples it can decide otherwise (ten
+/// neighbours of weight 0.1 sum to 1.0000000000000000555 here, to 0.9999999999999999 in
+/// NumPy). Clusters, border points and noise follow as without weights. Counting needs
+/// its own pass over the join (the running sums of possibly negative weights prove
+/// nothing before the end), then a second pass links; neither keeps pairs. `None`: every
+/// weight 1, which is [`dbscan`].
+pub fn dbscan_weighted(
+    engine: &Engine,
+    data: &Dataset,
+    opts: &DbscanOptions,
+    sample_weight: Option<&[f64]>,
+) -> Result<DbscanResult> {
+    dbscan_reordered_weighted(engine, data, opts, data.len() >= REORDER_MIN, sample_weight)
 }
 
 /// [`dbscan`], with the Z-order copy of the points made or not whatever their number (for
@@ -141,10 +167,123 @@ pub fn dbscan_reordered(
     opts: &DbscanOptions,
     reorder: bool,
 ) -> Result<DbscanResult> {
+    dbscan_reordered_weighted(engine, data, opts, reorder, None)
+}
+
+/// [`dbscan_weighted`] with the reordering chosen (tests).
+#[doc(hidden)]
+pub fn dbscan_reordered_weighted(
+    engine: &Engine,
+    data: &Dataset,
+    opts: &DbscanOptions,
+    reorder: bool,
+    sample_weight: Option<&[f64]>,
+) -> Result<DbscanResult> {
     opts.validate()?;
+    if let Some(w) = sample_weight {
+        check_weights(w, data.len())?;
+    }
     match data.coords() {
-        Coords::F32(x) => run(engine, data.dim(), x, opts, reorder),
-        Coords::F64(x) => run(engine, data.dim(), x, opts, reorder),
+        Coords::F32(x) => run(engine, data.dim(), x, opts, reorder, sample_weight),
+        Coords::F64(x) => run(engine, data.dim(), x, opts, reorder, sample_weight),
+    }
+}
+
+/// Largest |weight| accepted: 2^63, so that 2^32 points' weights sum without overflow in
+/// [`Fixed`] at a resolution of 2^-31 or finer.
+const MAX_WEIGHT: f64 = (1u64 << 63) as f64;
+
+fn check_weights(w: &[f64], n: usize) -> Result<()> {
+    if w.len() != n {
+        return Err(Error::invalid(format!(
+            "sample_weight has {} entries for {n} points",
+            w.len()
+        )));
+    }
+    if let Some(i) = w.iter().position(|x| x.is_nan() || x.abs() >= MAX_WEIGHT) {
+        return Err(Error::invalid(format!(
+            "sample_weight[{i}] = {} is not a finite number below 2^63 in magnitude",
+            w[i]
+        )));
+    }
+    Ok(())
+}
+
+/// Exact sums of f64 weights whatever their order: each weight as a signed fixed-point
+/// number with `shift` fraction bits, chosen from the largest |weight| (< 2^e) as 94 - e,
+/// so that 2^32 of them stay below 2^126. A weight converts exactly unless it is more than
+/// 2^41 times smaller than the largest; then it is truncated toward zero by less than
+/// 2^(e-94) (the sum of all such errors is below 2^(e-62)).
+struct Fixed {
+    shift: i32,
+}
+
+impl Fixed {
+    fn new(weights: &[f64]) -> Self {
+        let max = weights.iter().fold(0.0f64, |m, w| m.max(w.abs()));
+        // max < 2^e (for 0 any e will do).
+        let e = if max == 0.0 {
+            0
+        } else {
+            (((max.to_bits() >> 52) & 0x7ff) as i32 - 1022).max(-1021)
+        };
+        Fixed { shift: 94 - e }
+    }
+
+    /// `w * 2^shift`, exact where w's last bit is at least 2^-shift, else truncated.
+    fn to_fixed(&self, w: f64) -> i128 {
+        if w == 0.0 {
+            return 0;
+        }
+        let bits = w.to_bits();
+        let exp = ((bits >> 52) & 0x7ff) as i32;
+        let frac = (bits & ((1u64 << 52) - 1)) as i128;
+        // w = m * 2^k with m an integer.
+        let (m, k) = if exp == 0 {
+            (frac, -1074)
+        } else {
+            (frac | (1i128 << 52), exp - 1075)
+        };
+        let s = k + self.shift;
+        let v = if s >= 0 {
+            // No overflow: |w| < 2^e, so m * 2^(k + shift) < 2^(e + shift) = 2^94.
+            m << s
+        } else if s > -127 {
+            m >> -s
+        } else {
+            0
+        };
+        if w < 0.0 {
+            -v
+        } else {
+            v
+        }
+    }
+
+    /// `min_samples * 2^shift`; `None` where that exceeds every possible sum (no core
+    /// points).
+    fn threshold(&self, min_samples: usize) -> Option<i128> {
+        let m = min_samples as i128;
+        let bits = 128 - m.leading_zeros() as i32;
+        (self.shift >= 0 && bits + self.shift <= 126).then(|| m << self.shift)
+    }
+}
+
+/// The weighted count pass: each pair adds each point's fixed-point weight to the other's
+/// sum (each sum starts at the point's own weight). Links wait for the second pass.
+struct WeightSink<'a> {
+    weight: &'a [i128],
+    sum: &'a mut [i128],
+}
+
+impl PairSink for WeightSink<'_> {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        for &[i, j] in chunk {
+            // No overflow: |sum| <= 2^32 * 2^94 (see `Fixed`).
+            self.sum[i as usize] += self.weight[j as usize];
+            self.sum[j as usize] += self.weight[i as usize];
+        }
+        Ok(())
     }
 }
 
@@ -502,6 +641,7 @@ fn run<T: Points>(
     x: &[T],
     opts: &DbscanOptions,
     reorder: bool,
+    sample_weight: Option<&[f64]>,
 ) -> Result<DbscanResult> {
     let start = Instant::now();
     let n = x.len() / dim;
@@ -541,10 +681,39 @@ fn run<T: Points>(
         *p = i as u32;
     }
     let mut deferred = Deferred::new(n.saturating_mul(DEFERRED_PER_POINT));
+    // With weights: exact fixed-point sums, in the positions' order, counted in a pass of
+    // their own (`WeightSink`); the core flags come from them below.
+    let mut weighted_core: Option<Vec<bool>> = None;
+    if let Some(w) = sample_weight {
+        let t = Instant::now();
+        let fixed = Fixed::new(w);
+        let mut weight: Vec<i128> = alloc(n, 0i128, "weights")?;
+        for (p, &i) in orig.iter().enumerate() {
+            weight[p] = fixed.to_fixed(w[i as usize]);
+        }
+        let mut sum = weight.clone();
+        if n > 1 {
+            let mut sink = WeightSink {
+                weight: &weight,
+                sum: &mut sum,
+            };
+            report = engine.self_join_stream(&data, &join, &mut sink)?;
+        }
+        let threshold = fixed.threshold(opts.min_samples);
+        weighted_core = Some(
+            sum.iter()
+                .map(|&s| threshold.is_some_and(|t| s >= t))
+                .collect(),
+        );
+        phases.push((
+            "weight sums (join 1)".to_string(),
+            t.elapsed().as_secs_f64(),
+        ));
+    }
     // On a GPU the counts are made on the device (no pair is read back for them); then
     // every link waits for the second pass below.
     let t = Instant::now();
-    let on_device = if n > 1 {
+    let on_device = if n > 1 && weighted_core.is_none() {
         engine.device_neighbour_counts(&data, &join)?
     } else {
         None
@@ -560,6 +729,7 @@ fn run<T: Points>(
             ));
             true
         }
+        None if weighted_core.is_some() => true,
         None => {
             if n > 1 {
                 let mut sink = CountSink {
@@ -589,12 +759,17 @@ fn run<T: Points>(
             .drain(..)
             .map(|(k, v)| (format!("join 1: {k}"), v)),
     );
-    let mut core: Vec<bool> = alloc(n, false, "core flags")?;
-    let mut core_points = 0usize;
-    for (c, &d) in core.iter_mut().zip(&degree) {
-        *c = d >= threshold;
-        core_points += usize::from(*c);
-    }
+    let core: Vec<bool> = match weighted_core {
+        Some(core) => core,
+        None => {
+            let mut core: Vec<bool> = alloc(n, false, "core flags")?;
+            for (c, &d) in core.iter_mut().zip(&degree) {
+                *c = d >= threshold;
+            }
+            core
+        }
+    };
+    let core_points = core.iter().filter(|&&c| c).count();
     drop(degree);
 
     // The kept pairs, now that every point's core flag is known: links, and each border

@@ -57,7 +57,7 @@ pub mod grid_index_check {
 }
 
 pub use dataset::{Coords, Dataset, Precision};
-pub use dbscan::{dbscan, DbscanOptions, DbscanResult};
+pub use dbscan::{dbscan, dbscan_weighted, DbscanOptions, DbscanResult};
 pub use device::{devices, DeviceInfo};
 pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};

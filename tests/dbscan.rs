@@ -36,13 +36,26 @@ fn opts(eps: f64, min_samples: usize, metric: Metric, backend: Backend) -> Dbsca
 /// clusters by a search over core-core edges, border points to the nearest core
 /// neighbour (smaller index on ties), clusters numbered by smallest member.
 fn reference(data: &Dataset, o: &DbscanOptions) -> (Vec<i64>, Vec<bool>) {
+    reference_weighted(data, o, None)
+}
+
+/// [`reference`] with weights: core when the weights within eps, the point's own
+/// included, sum to min_samples (the tests' weights are dyadic, so f64 sums are exact).
+fn reference_weighted(
+    data: &Dataset,
+    o: &DbscanOptions,
+    weight: Option<&[f64]>,
+) -> (Vec<i64>, Vec<bool>) {
     let n = data.len();
     let mut adj = vec![Vec::new(); n];
     for [i, j] in simjoin::oracle::self_join(data, o.metric, o.eps) {
         adj[i as usize].push(j as usize);
         adj[j as usize].push(i as usize);
     }
-    let core: Vec<bool> = (0..n).map(|i| adj[i].len() + 1 >= o.min_samples).collect();
+    let w = |i: usize| weight.map_or(1.0, |w| w[i]);
+    let core: Vec<bool> = (0..n)
+        .map(|i| w(i) + adj[i].iter().map(|&j| w(j)).sum::<f64>() >= o.min_samples as f64)
+        .collect();
     // Components of the core points (arbitrary ids first).
     let mut comp = vec![usize::MAX; n];
     for s in 0..n {
@@ -276,6 +289,76 @@ fn hand_checked_cases() {
             assert_eq!(r.labels, vec![0, 1, 0, 0, 1, 1, 1], "{m}");
         }
     }
+}
+
+/// Sample weights (dyadic: 0, negative, fractional, one large enough to make a point core
+/// by itself) against the reference, in input order and in Z-order, every metric; unit
+/// weights give the unweighted answer; bad weights are refused.
+#[test]
+fn sample_weights_match_the_reference() {
+    let mut rng = Rng(41);
+    for &dim in &[1usize, 2, 3, 8] {
+        for kind in 0..4u8 {
+            for &metric in &METRICS {
+                let n = 300;
+                let eps = eps_for(n, dim, metric, kind);
+                let x = points(&mut rng, n, dim, kind, eps);
+                let data = Dataset::from_f64(&x, dim).unwrap();
+                let choices = [0.0, 0.5, 1.0, 1.25, 2.0, -1.0, 3.5];
+                let mut w: Vec<f64> = (0..n)
+                    .map(|_| choices[(rng.next() % choices.len() as u64) as usize])
+                    .collect();
+                w[n / 2] = 64.0;
+                for min_samples in [1, 4, 9] {
+                    let o = opts(eps, min_samples, metric, Backend::Cpu);
+                    let what = format!("dim {dim} kind {kind} {metric} min {min_samples}");
+                    let (labels, core) = reference_weighted(&data, &o, Some(&w));
+                    assert!(core[n / 2], "{what}");
+                    for reorder in [false, true] {
+                        let r = simjoin::dbscan::dbscan_reordered_weighted(
+                            engine(),
+                            &data,
+                            &o,
+                            reorder,
+                            Some(&w),
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        assert_eq!(r.core, core, "{what}: core (reordered: {reorder})");
+                        assert_eq!(r.labels, labels, "{what}: labels (reordered: {reorder})");
+                        check_counts(&r);
+                    }
+                    let unit =
+                        simjoin::dbscan_weighted(engine(), &data, &o, Some(&vec![1.0; n])).unwrap();
+                    let plain = dbscan(engine(), &data, &o).unwrap();
+                    assert_eq!(unit.labels, plain.labels, "{what}: unit weights");
+                    assert_eq!(unit.core, plain.core, "{what}: unit weights");
+                }
+            }
+        }
+    }
+    let data = Dataset::from_f64(&[0.0, 1.0, 2.0], 1).unwrap();
+    let o = opts(1.0, 2, Metric::Euclidean, Backend::Cpu);
+    for bad in [
+        vec![1.0, 1.0],
+        vec![1.0, f64::NAN, 1.0],
+        vec![1.0, f64::INFINITY, 1.0],
+        vec![1e19, 1.0, 1.0],
+    ] {
+        let err = simjoin::dbscan_weighted(engine(), &data, &o, Some(&bad)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+        assert!(err.to_string().contains("sample_weight"), "{err}");
+    }
+    // Weights far apart in magnitude sum exactly, in any order: point 1's neighbourhood
+    // sums to 2^60 + 1 - 2^60 = 1 (a float sum in this order gives 0), so it is core at
+    // min_samples = 1; point 0's is 2^60 + 1, point 2's 1 - 2^60.
+    let big = simjoin::dbscan_weighted(
+        engine(),
+        &data,
+        &opts(1.0, 1, Metric::Euclidean, Backend::Cpu),
+        Some(&[2f64.powi(60), 1.0, -(2f64.powi(60))]),
+    )
+    .unwrap();
+    assert_eq!(big.core, vec![true, true, false]);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use super::options::{
     BACKENDS, METRICS,
 };
 use super::{guard, null_arg, simjoin_status};
-use crate::dbscan::{dbscan, DbscanOptions};
+use crate::dbscan::{dbscan_weighted, DbscanOptions};
 use crate::error::Error;
 use std::ffi::c_char;
 
@@ -24,6 +24,13 @@ pub struct simjoin_dbscan_options {
     /// The join's algorithm: AUTO, GRID, EGO, BRUTE or LSS (GPU); the labels are the same
     /// whichever runs.
     pub algorithm: simjoin_algorithm,
+    /// NULL (the default: every weight 1) or one weight per row, read during the call
+    /// only (scikit-learn's `sample_weight`): a row is core when the weights within eps,
+    /// its own included, sum to at least `min_samples`. Finite, below 2^63 in magnitude;
+    /// zero and negative weights allowed; summed exactly (see `dbscan_weighted`). The last
+    /// field added: callers compiled against a header without it pass a smaller `size`
+    /// and get NULL.
+    pub sample_weight: *const f64,
 }
 
 impl simjoin_dbscan_options {
@@ -34,6 +41,7 @@ impl simjoin_dbscan_options {
             metric: d.metric as u32,
             backend: d.backend as u32,
             algorithm: d.algorithm as u32,
+            sample_weight: std::ptr::null(),
         }
     }
 }
@@ -123,7 +131,14 @@ pub unsafe extern "C" fn simjoin_dbscan(
             backend: enum_value("backend", o.backend, &BACKENDS)?,
             algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
         };
-        let r = dbscan(&engine.engine, &data, &options)?;
+        let weights = if o.sample_weight.is_null() || data.is_empty() {
+            None
+        } else {
+            // SAFETY: non-NULL and readable for `points->rows` doubles during this call
+            // (header contract).
+            Some(unsafe { std::slice::from_raw_parts(o.sample_weight, data.len()) })
+        };
+        let r = dbscan_weighted(&engine.engine, &data, &options, weights)?;
         let n = r.labels.len();
         if n > 0 {
             // SAFETY: `labels` is non-NULL (checked above, n > 0) and writable for

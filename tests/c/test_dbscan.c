@@ -229,6 +229,38 @@ int main(void) {
     CHECK(simjoin_dbscan_options_init(NULL) == SIMJOIN_INVALID_ARGUMENT);
   }
   {
+    /* sample_weight on the hand-checked rows: unit weights give the same answer; row 6
+     * weighing 4 is core by itself and joins both clusters; row 3 weighing -5 keeps rows 0
+     * and 2 from being core, leaving row 1's cluster (rows 1, 4, 5, 6) and noise. A caller
+     * built before the field existed (a smaller size) gets no weights. */
+    double x[7] = {-0.25, 3.0, 0.0, -0.5, 3.25, 3.5, 1.5};
+    double w[7] = {1, 1, 1, 1, 1, 1, 1};
+    int64_t unit[7] = {0, 1, 0, 0, 1, 1, 1}, joined[7] = {0, 0, 0, 0, 0, 0, 0};
+    int64_t negative[7] = {-1, 0, -1, -1, 0, 0, 0}, labels[7];
+    uint8_t core[7];
+    simjoin_matrix h = {x, 7, 1, SIMJOIN_DTYPE_F64};
+    simjoin_dbscan_options opts;
+    CHECK_OK(simjoin_dbscan_options_init(&opts));
+    CHECK(opts.sample_weight == NULL);
+    opts.sample_weight = w;
+    CHECK_OK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL));
+    CHECK(memcmp(labels, unit, sizeof unit) == 0);
+    w[6] = 4;
+    CHECK_OK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, core, NULL));
+    CHECK(memcmp(labels, joined, sizeof joined) == 0);
+    CHECK(core[6] == 1 && core[1] == 1 && core[2] == 1 && core[0] == 0);
+    w[6] = 1;
+    w[3] = -5;
+    CHECK_OK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL));
+    CHECK(memcmp(labels, negative, sizeof negative) == 0);
+    opts.size = offsetof(simjoin_dbscan_options, sample_weight);
+    CHECK_OK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL));
+    CHECK(memcmp(labels, unit, sizeof unit) == 0);
+    opts.size = sizeof opts;
+    w[3] = NAN;
+    CHECK(simjoin_dbscan(engine, &h, 1.5, 4, &opts, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
+  }
+  {
     /* 0, 1 and 2 rows. */
     float p[4] = {0, 0, 0.5f, 0};
     int64_t labels[2];

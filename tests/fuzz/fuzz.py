@@ -12,7 +12,7 @@ n = 0..1500, 1-D to 100-D, self-joins and A x B.
   precision, dimensions in order, eps rounded once and squared in that precision), so sets
   must be equal exactly; an eps out of the precision's range must be an "out of range" error.
 - knn: the oracle ranks the same accumulated distances by (distance, index).
-- dbscan: scikit-learn's DBSCAN: the same core points, the same partition of them, the same
+- dbscan: scikit-learn's DBSCAN (a third of the cases with integer sample weights): the same core points, the same partition of them, the same
   noise, and every border point in a cluster with a core point within eps.
 
 GPU cases run on whatever Vulkan device the loader gives (tests/run.sh pins lavapipe with
@@ -188,13 +188,19 @@ def fuzz_dbscan(rng, failures):
         eps = float(rng.choice([1.0, 2.0]))
     else:
         eps = float(rng.choice([0.05, 0.1, 0.3])) * (np.sqrt(d) if kind == "uniform" else 1)
-    ref = DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(X)
+    # Integer sample weights (zero and negative included) in a third of the cases: exact
+    # sums in both, so the answers must agree.
+    weight = rng.integers(-1, 4, n).astype(float) if rng.random() < 0.3 else None
+    if weight is not None and not weight.any():
+        weight = None  # scikit-learn refuses all-zero weights (simjoin: every point noise)
+    ref = DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(X, sample_weight=weight)
     core = np.zeros(n, bool)
     core[ref.core_sample_indices_] = True
     for backend in ["cpu", "gpu"] if n <= GPU_MAX_N else ["cpu"]:
-        what = f"dbscan {kind} {X.shape} eps={eps} min_samples={min_samples} {metric} {backend}"
+        what = f"dbscan {kind} {X.shape} eps={eps} min_samples={min_samples} {metric} {backend}{' weighted' if weight is not None else ''}"
         try:
-            est = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend=backend).fit(X)
+            est = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend=backend)
+            est.fit(X, sample_weight=weight)
         except simjoin.Error as e:
             fail(failures, what, f"error: {e}", X)
             continue

@@ -65,8 +65,8 @@ def eps_for(kind, X, metric):
     return float(np.quantile(kth, 0.6)) * (1 + 1e-6)
 
 
-def check_against_sklearn(X, eps, min_samples, metric, labels, core):
-    ref = sklearn_cluster.DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(X)
+def check_against_sklearn(X, eps, min_samples, metric, labels, core, sample_weight=None):
+    ref = sklearn_cluster.DBSCAN(eps=eps, min_samples=min_samples, metric=metric).fit(X, sample_weight=sample_weight)
     ref_labels = ref.labels_
     ref_core = np.zeros(len(X), dtype=bool)
     ref_core[ref.core_sample_indices_] = True
@@ -230,10 +230,55 @@ def test_bad_input():
         simjoin.dbscan(X[0], 0.1, 5)  # 1-D input
     with pytest.raises(simjoin.InvalidArgumentError, match="eps"):
         simjoin.DBSCAN(eps=-0.5).fit(X)
-    with pytest.raises(simjoin.InvalidArgumentError, match="sample_weight"):
-        simjoin.DBSCAN().fit(X, sample_weight=np.ones(20))
+    for w in (np.ones(19), np.ones((20, 1)), np.r_[np.ones(19), np.nan], np.r_[np.ones(19), 1e300], ["a"] * 20):
+        with pytest.raises(simjoin.InvalidArgumentError, match="sample_weight"):
+            simjoin.DBSCAN().fit(X, sample_weight=w)
     with pytest.raises(ValueError):  # InvalidArgumentError is a ValueError too
         simjoin.DBSCAN(min_samples=0).fit(X)
+
+
+@pytest.mark.parametrize("metric", METRICS)
+@pytest.mark.parametrize("weights", ["integers", "dyadic", "with_negatives"])
+def test_sample_weight_matches_sklearn(metric, weights):
+    """scikit-learn's sample_weight: core when the weights within eps sum to min_samples.
+    Integer and dyadic weights sum exactly in both, so the answers must agree; zero and
+    negative weights (which keep neighbours from being core) and a weight that makes a
+    lone point core by itself included."""
+    rng = np.random.default_rng(len(metric) * 3 + len(weights))
+    n, dim = 500, 2
+    X = make_data("clustered", n, dim, seed=5)
+    eps = eps_for("clustered", X, metric)
+    if weights == "integers":
+        w = rng.integers(0, 4, n).astype(float)
+    elif weights == "dyadic":
+        w = rng.choice([0.25, 0.5, 1.0, 1.5, 2.75], n)
+    else:
+        w = rng.integers(-2, 4, n).astype(float)
+    w[0] = 20.0  # core by itself whatever its neighbours
+    for min_samples in (1, 3, 6, 15):
+        for backend in ("cpu",) + (("gpu",) if gpu_available() else ()):
+            est = simjoin.DBSCAN(eps=eps, min_samples=min_samples, metric=metric, backend=backend)
+            est.fit(X, sample_weight=w)
+            core = np.zeros(n, dtype=bool)
+            core[est.core_sample_indices_] = True
+            assert core[0]
+            check_against_sklearn(X, eps, min_samples, metric, est.labels_, core, sample_weight=w)
+            np.testing.assert_array_equal(
+                simjoin.dbscan(X, eps, min_samples, metric=metric, backend=backend, sample_weight=w), est.labels_
+            )
+    # Unit weights are the unweighted clustering; the sums are exact and order-free: ten
+    # points of weight 0.1 within eps reach min_samples = 1 (NumPy's sum: 0.9999999999999999).
+    np.testing.assert_array_equal(simjoin.dbscan(X, eps, 5, sample_weight=np.ones(n)), simjoin.dbscan(X, eps, 5))
+    ten = np.zeros((10, 1))
+    assert (simjoin.dbscan(ten, 0.5, 1, sample_weight=np.full(10, 0.1)) == 0).all()
+
+
+def gpu_available():
+    try:
+        simjoin.self_join(np.zeros((2, 1)), 1.0, backend="gpu")
+        return True
+    except simjoin.Error:
+        return False
 
 
 def gpu_or_skip():

@@ -29,7 +29,13 @@ _JOIN_ALGORITHMS = ("auto", "grid", "ego", "brute", "lss")
 
 
 class _DbscanOptions(ctypes.Structure):
-    _fields_ = [("size", c_size_t), ("metric", c_uint32), ("backend", c_uint32), ("algorithm", c_uint32)]
+    _fields_ = [
+        ("size", c_size_t),
+        ("metric", c_uint32),
+        ("backend", c_uint32),
+        ("algorithm", c_uint32),
+        ("sample_weight", POINTER(c_double)),
+    ]
 
 
 class _DbscanReport(ctypes.Structure):
@@ -64,7 +70,7 @@ def _invalid(message):
     return InvalidArgumentError(_native.INVALID_ARGUMENT, message)
 
 
-def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto"):
+def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample_weight=None):
     """(X as the engine read it, labels int64, core mask bool, report dict)."""
     from . import _Engine, _as_points, _check, _lookup, _matrix
 
@@ -85,6 +91,16 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto"):
         raise _invalid(f"unknown algorithm {algorithm!r} (expected one of: {', '.join(_JOIN_ALGORITHMS)})")
     opts.algorithm = _native.ALGORITHMS[str(algorithm_name).lower()]
     n = data.shape[0]
+    weights = None
+    if sample_weight is not None:
+        try:
+            weights = np.require(np.asarray(sample_weight, dtype=np.float64), requirements=["C", "A"])
+        except (TypeError, ValueError) as e:
+            raise _invalid(f"sample_weight could not be read as real numbers: {e}") from None
+        if weights.shape != (n,):
+            raise _invalid(f"sample_weight must have one entry per row: shape {weights.shape} for {n} rows")
+        if n:
+            opts.sample_weight = weights.ctypes.data_as(POINTER(c_double))
     labels = np.empty(n, dtype=np.int64)
     core = np.empty(n, dtype=np.uint8)
     report = _DbscanReport()
@@ -112,7 +128,8 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto"):
     return data, labels, core.view(np.bool_), stats
 
 
-def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorithm="auto", threads=None):
+def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorithm="auto", threads=None,
+           sample_weight=None):
     """DBSCAN of the rows of X: an int64 array of labels, 0, 1, ... per cluster (numbered by
     their smallest row) and -1 for noise. A row with at least `min_samples` rows within
     `eps` (itself included, as scikit-learn counts) is a core sample; a non-core row with a
@@ -122,8 +139,12 @@ def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorit
     "brute" or "lss" (GPU) -- the labels are the same whichever runs (scikit-learn's
     "kd_tree" and "ball_tree" mean "auto"). float32 inputs are clustered in float32 arithmetic,
     others in float64. Memory beyond X: a few bytes per row, whatever the number of pairs.
+    sample_weight: one weight per row, as scikit-learn's: a row is core when the weights
+    within eps, its own included, sum to at least min_samples (zero and negative weights
+    allowed); summed exactly, so where NumPy's rounded float sum falls on the other side
+    of min_samples the answer can differ from scikit-learn's (integer weights never do).
     """
-    return _run(X, eps, min_samples, metric, backend, threads, algorithm)[1]
+    return _run(X, eps, min_samples, metric, backend, threads, algorithm, sample_weight)[1]
 
 
 _estimator = None
@@ -187,11 +208,9 @@ class _Methods:
         """Clusters X (rows are samples). Sets `labels_` (int64, -1 for noise),
         `core_sample_indices_` (int64, ascending), `components_` (the core samples' rows),
         `n_features_in_` and `report_` (clusters, noise, core points, pairs, seconds,
-        backend). Returns self."""
-        if sample_weight is not None:
-            raise _invalid("sample_weight is not supported by simjoin.DBSCAN")
+        backend). sample_weight: as in `simjoin.dbscan`. Returns self."""
         data, labels, core, stats = _run(
-            X, self.eps, self.min_samples, self.metric, self.backend, None, self.algorithm
+            X, self.eps, self.min_samples, self.metric, self.backend, None, self.algorithm, sample_weight
         )
         self.labels_ = labels
         self.core_sample_indices_ = np.flatnonzero(core).astype(np.int64, copy=False)
