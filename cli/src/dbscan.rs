@@ -32,6 +32,11 @@ pub struct DbscanArgs {
     /// Print one JSON object: clusters, noise points, core points, pairs, seconds, backend.
     #[arg(long)]
     stats: bool,
+    /// One weight per point (scikit-learn's sample_weight): a 1-D .npy, or a .csv/.txt
+    /// with one value per line. A point is core when the weights within eps, its own
+    /// included, sum to at least --min-samples.
+    #[arg(long, value_name = "FILE")]
+    sample_weight: Option<PathBuf>,
 }
 
 fn check_output_path(path: &Path) -> Result<()> {
@@ -98,9 +103,14 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
     let data = points
         .dataset()
         .with_context(|| args.input.display().to_string())?;
+    let weights = args
+        .sample_weight
+        .as_deref()
+        .map(crate::input::read_weights)
+        .transpose()?;
     let read_seconds = read_start.elapsed().as_secs_f64();
     let progress = crate::Progress::start("clustering");
-    let result = simjoin::dbscan(&engine, &data, &opts);
+    let result = simjoin::dbscan_weighted(&engine, &data, &opts, weights.as_deref());
     progress.finish();
     let result = result?;
     let t = Instant::now();

@@ -63,6 +63,44 @@ pub fn read_points(path: &Path) -> Result<Points> {
     points.with_context(|| format!("{}", path.display()))
 }
 
+/// Reads one number per point: a 1-D .npy (float32/float64) or any point file with one
+/// column (.npy n x 1, .csv/.txt one value per line).
+pub fn read_weights(path: &Path) -> Result<Vec<f64>> {
+    if extension(path) == "npy" {
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let npy = npyz::NpyFile::new(BufReader::new(file))
+            .with_context(|| format!("{}: not a valid .npy file", path.display()))?;
+        if npy.shape().len() == 1 {
+            use npyz::{DType, TypeChar};
+            let values: Result<Vec<f64>> = match npy.dtype() {
+                DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 8 => {
+                    Ok(npy.into_vec::<f64>()?)
+                }
+                DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 4 => {
+                    Ok(npy.into_vec::<f32>()?.into_iter().map(f64::from).collect())
+                }
+                other => Err(anyhow::anyhow!(
+                    "unsupported dtype {} (expected float32 or float64)",
+                    other.descr()
+                )),
+            };
+            return values.with_context(|| format!("{}", path.display()));
+        }
+    }
+    let (values, dim) = match read_points(path)? {
+        Points::F32 { data, dim } => (data.into_iter().map(f64::from).collect(), dim),
+        Points::F64 { data, dim } => (data, dim),
+    };
+    if dim != 1 {
+        bail!(
+            "{}: expected one weight per line (one column), got {dim} columns",
+            path.display()
+        );
+    }
+    Ok(values)
+}
+
 pub fn extension(path: &Path) -> String {
     path.extension()
         .and_then(|e| e.to_str())

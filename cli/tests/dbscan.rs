@@ -238,6 +238,89 @@ fn tiny_inputs() {
     );
 }
 
+/// --sample-weight (1-D .npy or one value per line): the labels of the library's
+/// `dbscan_weighted`; a wrong count or a NaN weight is one clear line.
+#[test]
+fn sample_weights() {
+    let dir = scratch("weights");
+    let x = blobs(1500);
+    write_npy(&dir.join("x.npy"), &x, 2);
+    let w: Vec<f64> = (0..1500)
+        .map(|i| [0.0, 0.5, 1.0, 2.0, -1.0][i % 5])
+        .collect();
+    let file = std::fs::File::create(dir.join("w.npy")).unwrap();
+    {
+        use npyz::WriterBuilder;
+        let mut out = npyz::WriteOptions::<f64>::new()
+            .default_dtype()
+            .shape(&[w.len() as u64])
+            .writer(std::io::BufWriter::new(file))
+            .begin_nd()
+            .unwrap();
+        out.extend(w.iter().copied()).unwrap();
+        out.finish().unwrap();
+    }
+    let text: String = w.iter().map(|v| format!("{v}\n")).collect();
+    std::fs::write(dir.join("w.csv"), text).unwrap();
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let opts = DbscanOptions {
+        backend: Backend::Cpu,
+        ..DbscanOptions::new(0.03, 4)
+    };
+    let want = simjoin::dbscan_weighted(&Engine::new(), &data, &opts, Some(&w)).unwrap();
+    assert_ne!(want.labels, expected(&x, 0.03, 4, Metric::Euclidean).labels);
+    for weights in ["w.npy", "w.csv"] {
+        stdout_ok(&run(
+            &dir,
+            &[
+                "dbscan",
+                "x.npy",
+                "--eps",
+                "0.03",
+                "--min-samples",
+                "4",
+                "--backend",
+                "cpu",
+                "--sample-weight",
+                weights,
+                "-o",
+                "l.npy",
+            ],
+        ));
+        let labels: Vec<i64> = npyz::NpyFile::new(std::fs::File::open(dir.join("l.npy")).unwrap())
+            .unwrap()
+            .into_vec()
+            .unwrap();
+        assert_eq!(labels, want.labels, "{weights}");
+    }
+    std::fs::write(dir.join("short.csv"), "1\n2\n").unwrap();
+    let out = run(
+        &dir,
+        &[
+            "dbscan",
+            "x.npy",
+            "--eps",
+            "0.03",
+            "--sample-weight",
+            "short.csv",
+        ],
+    );
+    assert_error(&out, "sample_weight has 2 entries");
+    std::fs::write(dir.join("nan.csv"), "1\nnan\n".repeat(750)).unwrap();
+    let out = run(
+        &dir,
+        &[
+            "dbscan",
+            "x.npy",
+            "--eps",
+            "0.03",
+            "--sample-weight",
+            "nan.csv",
+        ],
+    );
+    assert_error(&out, "sample_weight[1]");
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     let dir = scratch("bad");
