@@ -72,7 +72,8 @@ impl PairBatches {
         b: Option<&Dataset<'_>>,
         opts: &JoinOptions,
     ) -> crate::error::Result<PairBatches> {
-        opts.validate()?;
+        // Bad input is an error here, before the stream exists, not in its first batch.
+        crate::engine::check_join(a, b, opts)?;
         let mut opts = opts.clone();
         opts.output = OutputForm::Pairs;
         let dist_type = match a.precision() {

@@ -298,8 +298,7 @@ impl Engine {
         opts: &JoinOptions,
     ) -> Result<Option<(Vec<u32>, JoinReport)>> {
         let start = Instant::now();
-        opts.validate()?;
-        crate::metric::check_eps(opts.metric, opts.eps, a.precision())?;
+        check_join(a, None, opts)?;
         let job = Job {
             a: *a,
             b: None,
@@ -366,22 +365,7 @@ impl Engine {
         sink: Option<&mut dyn PairSink>,
     ) -> Result<JoinReport> {
         let start = Instant::now();
-        opts.validate()?;
-        if let Some(b) = b {
-            if b.dim() != a.dim() {
-                return Err(Error::invalid(format!(
-                    "A has {} dimensions but B has {}",
-                    a.dim(),
-                    b.dim()
-                )));
-            }
-            if b.precision() != a.precision() {
-                return Err(Error::invalid(
-                    "A and B must have the same coordinate precision (both f32 or both f64)",
-                ));
-            }
-        }
-        crate::metric::check_eps(opts.metric, opts.eps, a.precision())?;
+        check_join(a, b, opts)?;
         let job = Job {
             a: *a,
             b: b.copied(),
@@ -448,4 +432,25 @@ impl Engine {
             other => other,
         }
     }
+}
+
+/// What every join checks before a backend runs: the options, A and B alike in dimensions
+/// and precision, and an eps the data's precision can compare exactly.
+pub(crate) fn check_join(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<()> {
+    opts.validate()?;
+    if let Some(b) = b {
+        if b.dim() != a.dim() {
+            return Err(Error::invalid(format!(
+                "A has {} dimensions but B has {}",
+                a.dim(),
+                b.dim()
+            )));
+        }
+        if b.precision() != a.precision() {
+            return Err(Error::invalid(
+                "A and B must have the same coordinate precision (both f32 or both f64)",
+            ));
+        }
+    }
+    crate::metric::check_eps(opts.metric, opts.eps, a.precision())
 }

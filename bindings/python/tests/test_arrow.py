@@ -49,6 +49,14 @@ def test_stream_in_batches_and_early_release():
     # Errors of the join come out of the call (bad input) or the stream.
     with pytest.raises(simjoin.InvalidArgumentError):
         simjoin.self_join(X, -1.0, output="arrow")
+    # An eps the precision cannot compare, and mismatched sets: the call's own error too,
+    # not an error from the stream's first batch.
+    huge = np.array([[0.0], [1e200], [3e200]])
+    for output in ("arrow", "arrow_stream"):
+        with pytest.raises(simjoin.InvalidArgumentError, match="out of range"):
+            simjoin.self_join(huge, 2e200, output=output)
+        with pytest.raises(simjoin.InvalidArgumentError, match="dimensions"):
+            simjoin.join(X, np.zeros((3, 3)), 0.1, output=output)
 
 
 def test_duckdb_and_polars_read_it():
