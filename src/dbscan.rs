@@ -713,7 +713,7 @@ fn run<T: Points>(
     // On a GPU the counts are made on the device (no pair is read back for them); then
     // every link waits for the second pass below.
     let t = Instant::now();
-    let on_device = if n > 1 && weighted_core.is_none() {
+    let on_device = if n > 1 && sample_weight.is_none() {
         engine.device_neighbour_counts(&data, &join)?
     } else {
         None
@@ -729,7 +729,8 @@ fn run<T: Points>(
             ));
             true
         }
-        None if weighted_core.is_some() => true,
+        // Weighted: the sums above were the first pass; links need the second.
+        None if sample_weight.is_some() => true,
         None => {
             if n > 1 {
                 let mut sink = CountSink {

@@ -118,14 +118,16 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
 /// squares to zero or a subnormal, which every tiny squared distance that underflowed
 /// with it would match too. Both would be wrong answers, so they are errors.
 pub fn check_eps(metric: Metric, eps: f64, precision: Precision) -> Result<()> {
-    let (thr, name) = match precision {
-        Precision::F32 => (f64::from(threshold::<f32>(metric, eps)), "f32"),
-        Precision::F64 => (threshold::<f64>(metric, eps), "f64"),
-    };
-    // An f32 normal number is an f64 normal number, so test the f32 value itself.
-    let normal = match precision {
-        Precision::F32 => (thr as f32).is_normal(),
-        Precision::F64 => thr.is_normal(),
+    // Normality is tested in the data's own precision (an f32 subnormal is an f64 normal).
+    let (thr, normal, name) = match precision {
+        Precision::F32 => {
+            let t = threshold::<f32>(metric, eps);
+            (f64::from(t), t.is_normal(), "f32")
+        }
+        Precision::F64 => {
+            let t = threshold::<f64>(metric, eps);
+            (t, t.is_normal(), "f64")
+        }
     };
     if normal {
         return Ok(());
