@@ -50,12 +50,17 @@ pub enum Precision {
 
 /// Reads a point file, choosing the format by extension.
 pub fn read_points(path: &Path) -> Result<Points> {
+    read_file(path, false)
+}
+
+/// `read_points`; with `column`, a 1-D .npy array reads as one column.
+fn read_file(path: &Path, column: bool) -> Result<Points> {
     let ext = extension(path);
     let file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let reader = BufReader::new(file);
     let points = match ext.as_str() {
-        "npy" => read_npy(reader),
+        "npy" => read_npy(reader, column),
         "csv" | "txt" | "tsv" => read_text(reader),
         "fvecs" => read_fvecs(reader),
         _ => bail!("unknown input format '.{ext}' (expected .npy, .csv, .txt or .fvecs)"),
@@ -66,29 +71,7 @@ pub fn read_points(path: &Path) -> Result<Points> {
 /// Reads one number per point: a 1-D .npy (float32/float64) or any point file with one
 /// column (.npy n x 1, .csv/.txt one value per line).
 pub fn read_weights(path: &Path) -> Result<Vec<f64>> {
-    if extension(path) == "npy" {
-        let file =
-            std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        let npy = npyz::NpyFile::new(BufReader::new(file))
-            .with_context(|| format!("{}: not a valid .npy file", path.display()))?;
-        if npy.shape().len() == 1 {
-            use npyz::{DType, TypeChar};
-            let values: Result<Vec<f64>> = match npy.dtype() {
-                DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 8 => {
-                    Ok(npy.into_vec::<f64>()?)
-                }
-                DType::Plain(t) if t.type_char() == TypeChar::Float && t.size_field() == 4 => {
-                    Ok(npy.into_vec::<f32>()?.into_iter().map(f64::from).collect())
-                }
-                other => Err(anyhow::anyhow!(
-                    "unsupported dtype {} (expected float32 or float64)",
-                    other.descr()
-                )),
-            };
-            return values.with_context(|| format!("{}", path.display()));
-        }
-    }
-    let (values, dim) = match read_points(path)? {
+    let (values, dim) = match read_file(path, true)? {
         Points::F32 { data, dim } => (data.into_iter().map(f64::from).collect(), dim),
         Points::F64 { data, dim } => (data, dim),
     };
@@ -108,10 +91,13 @@ pub fn extension(path: &Path) -> String {
         .to_ascii_lowercase()
 }
 
-fn read_npy(reader: impl Read) -> Result<Points> {
+fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
     use npyz::{DType, TypeChar};
     let npy = npyz::NpyFile::new(reader).context("not a valid .npy file")?;
-    let shape = npy.shape().to_vec();
+    let mut shape = npy.shape().to_vec();
+    if column && shape.len() == 1 {
+        shape.push(1);
+    }
     if shape.len() != 2 {
         bail!("expected a 2-D array (points x dimensions), got shape {shape:?}");
     }
