@@ -435,7 +435,8 @@ struct LinkSink<'a, T: Coord> {
     metric: Metric,
     core: &'a [bool],
     parent: &'a mut [u32],
-    /// The original index of each position (ties between core points go to the smaller).
+    /// The original index of each position (ties between core points go to the smaller);
+    /// empty: positions are the original indices.
     orig: &'a [u32],
     /// For a non-core point: its nearest core neighbour so far (`u32::MAX`: none) and the
     /// accumulated distance to it.
@@ -455,11 +456,21 @@ impl<T: Coord> LinkSink<'_, T> {
         let best = self.nearest[p];
         if best == u32::MAX
             || acc < self.nearest_acc[p]
-            || (acc == self.nearest_acc[p] && self.orig[c as usize] < self.orig[best as usize])
+            || (acc == self.nearest_acc[p] && original(self.orig, c) < original(self.orig, best))
         {
             self.nearest[p] = c;
             self.nearest_acc[p] = acc;
         }
+    }
+}
+
+/// The original index of position `p` (`orig` empty: the points were not reordered).
+#[inline]
+fn original(orig: &[u32], p: u32) -> u32 {
+    if orig.is_empty() {
+        p
+    } else {
+        orig[p as usize]
     }
 }
 
@@ -653,17 +664,14 @@ fn run<T: Points>(
     let mut report = JoinReport::default();
     let mut phases = Vec::new();
 
-    // Large inputs in Z-order (a copy: the input stays as it is); `orig` maps back.
+    // Large inputs in Z-order (a copy: the input stays as it is); `orig` maps back (empty
+    // when the points keep their order).
     let t = Instant::now();
     let reorder = reorder && n > 1;
     let (orig, sorted) = if reorder {
         spatial_order(engine, x, n, dim)?
     } else {
-        let mut orig = alloc(n, 0u32, "point order")?;
-        for (p, o) in orig.iter_mut().enumerate() {
-            *o = p as u32;
-        }
-        (orig, Vec::new())
+        (Vec::new(), Vec::new())
     };
     let xs: &[T] = if reorder { &sorted } else { x };
     let data = T::dataset(xs, dim)?;
@@ -688,8 +696,8 @@ fn run<T: Points>(
         let t = Instant::now();
         let fixed = Fixed::new(w);
         let mut weight: Vec<i128> = alloc(n, 0i128, "weights")?;
-        for (p, &i) in orig.iter().enumerate() {
-            weight[p] = fixed.to_fixed(w[i as usize]);
+        for (p, wp) in weight.iter_mut().enumerate() {
+            *wp = fixed.to_fixed(w[original(&orig, p as u32) as usize]);
         }
         let mut sum = weight.clone();
         if n > 1 {
@@ -771,7 +779,6 @@ fn run<T: Points>(
         }
     };
     let core_points = core.iter().filter(|&&c| c).count();
-    drop(degree);
 
     // The kept pairs, now that every point's core flag is known: links, and each border
     // point's nearest core point. Over budget, a second pass over the join instead.
@@ -852,22 +859,31 @@ fn run<T: Points>(
     }
     let root = nearest;
     // Back to the input's order: `position[i]` is where original point i went (the
-    // union-find's array is free now).
+    // union-find's array is free now; none is needed when the points kept their order).
     let mut position = parent;
     for (p, &i) in orig.iter().enumerate() {
         position[i as usize] = p as u32;
     }
+    let reordered = !orig.is_empty();
     drop(orig);
+    let core_out = if reordered {
+        let mut out: Vec<bool> = alloc(n, false, "core flags")?;
+        for (o, &p) in out.iter_mut().zip(&position) {
+            *o = core[p as usize];
+        }
+        out
+    } else {
+        core
+    };
     // Clusters numbered in the order of their smallest original index; `number` maps a
-    // root to its cluster (u32::MAX: not numbered yet).
+    // root to its cluster (u32::MAX: not numbered yet), in the counts' array.
     let mut labels: Vec<i64> = alloc(n, -1i64, "labels")?;
-    let mut core_out: Vec<bool> = alloc(n, false, "core flags")?;
-    let mut number: Vec<u32> = alloc(n, u32::MAX, "cluster numbers")?;
+    let mut number = degree;
+    number.fill(u32::MAX);
     let mut clusters = 0u32;
     let mut noise = 0usize;
     for i in 0..n {
-        let p = position[i] as usize;
-        core_out[i] = core[p];
+        let p = if reordered { position[i] as usize } else { i };
         let r = root[p];
         if r == u32::MAX {
             noise += 1;

@@ -51,27 +51,31 @@ impl<T: Coord> GridIndex<T> {
     /// u64) and stores it in dataset dimension order.
     pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
         let n = data.len() / dim;
-        let keys: Vec<u64> = (0..n)
-            .into_par_iter()
-            .with_min_len(4096)
-            .map(|i| {
-                let p = &data[i * dim..(i + 1) * dim];
-                let mut id = 0u64;
-                for (axis, &j) in geom.dims.iter().enumerate() {
-                    id = id * geom.cells[axis] + geom.coord(axis, p[j].to_f64());
-                }
-                id
-            })
-            .collect();
+        let key = |i: usize| {
+            let p = &data[i * dim..(i + 1) * dim];
+            let mut id = 0u64;
+            for (axis, &j) in geom.dims.iter().enumerate() {
+                id = id * geom.cells[axis] + geom.coord(axis, p[j].to_f64());
+            }
+            id
+        };
         let total = geom
             .total_cells()
             .expect("grid plans keep linear cell ids in u64");
-        let mut cell_ids = Vec::new();
-        let mut cell_start = Vec::new();
+        // Room for every cell up front: capacity is not touched until written, and growing
+        // would copy (fresh pages and copies are much of a 10^5-point build's time).
+        let mut cell_ids = Vec::with_capacity(n);
+        let mut cell_start = Vec::with_capacity(n + 1);
         let (order, dense) = if total <= (DENSE_CELLS_PER_POINT * n as u64).max(1024) {
             // Counting sort: O(n), and the prefix sums double as a direct cell -> slot table.
             // Parallel: each part of the points counts its cells, then scatters its points
             // to its own (disjoint) positions within each cell, keeping the input order.
+            // Cell ids fit u32 here (total <= 4n).
+            let keys: Vec<u32> = (0..n)
+                .into_par_iter()
+                .with_min_len(4096)
+                .map(|i| key(i) as u32)
+                .collect();
             let total = total as usize;
             let parts = rayon::current_num_threads().clamp(1, 8);
             let part_len = n.div_ceil(parts).max(1);
@@ -99,7 +103,8 @@ impl<T: Coord> GridIndex<T> {
                 }
                 start[c + 1] = acc;
             }
-            let mut order = vec![0u32; n];
+            let mut order = Vec::with_capacity(n + LANES);
+            order.resize(n, 0u32);
             let out = SlotsPtr(order.as_mut_ptr());
             keys.par_chunks(part_len)
                 .zip(next.par_iter_mut())
@@ -117,10 +122,10 @@ impl<T: Coord> GridIndex<T> {
             // Cell ids fit u32: a radix sort of (cell, point), stable, so each cell's points
             // stay in input order as the counting sort leaves them (10^5 clustered 3-D
             // points in 10^6 cells: the index build's sort 10% -> 1% of DBSCAN's time).
-            let mut pairs: Vec<[u32; 2]> = keys
-                .iter()
-                .enumerate()
-                .map(|(i, &k)| [k as u32, i as u32])
+            let mut pairs: Vec<[u32; 2]> = (0..n)
+                .into_par_iter()
+                .with_min_len(4096)
+                .map(|i| [key(i) as u32, i as u32])
                 .collect();
             crate::radix::sort_by_first(&mut pairs);
             for (s, &[id, _]) in pairs.iter().enumerate() {
@@ -129,12 +134,14 @@ impl<T: Coord> GridIndex<T> {
                     cell_start.push(s);
                 }
             }
-            (pairs.into_iter().map(|[_, i]| i).collect(), None)
+            let mut order = Vec::with_capacity(n + LANES);
+            order.extend(pairs.iter().map(|&[_, i]| i));
+            (order, None)
         } else {
-            let mut pairs: Vec<(u64, u32)> = keys
-                .iter()
-                .enumerate()
-                .map(|(i, &k)| (k, i as u32))
+            let mut pairs: Vec<(u64, u32)> = (0..n)
+                .into_par_iter()
+                .with_min_len(4096)
+                .map(|i| (key(i), i as u32))
                 .collect();
             pairs.par_sort_unstable();
             for (s, &(id, _)) in pairs.iter().enumerate() {
@@ -143,7 +150,9 @@ impl<T: Coord> GridIndex<T> {
                     cell_start.push(s);
                 }
             }
-            (pairs.into_iter().map(|(_, i)| i).collect(), None)
+            let mut order = Vec::with_capacity(n + LANES);
+            order.extend(pairs.iter().map(|&(_, i)| i));
+            (order, None)
         };
         cell_start.push(n);
         let dims: Vec<usize> = (0..dim).collect();
@@ -170,7 +179,16 @@ impl<T: Coord> GridIndex<T> {
             *from = 0;
         }
         let a = *from + gallop(&self.cell_ids[*from..], |&x| x < lo);
-        let b = a + gallop(&self.cell_ids[a..], |&x| x <= hi);
+        let b = if hi.saturating_sub(lo) < 4 {
+            // A join's row of at most 3 cells: at most 3 steps, no search.
+            let mut b = a;
+            while b < self.cell_ids.len() && self.cell_ids[b] <= hi {
+                b += 1;
+            }
+            b
+        } else {
+            a + gallop(&self.cell_ids[a..], |&x| x <= hi)
+        };
         *from = a;
         (self.cell_start[a], self.cell_start[b])
     }
@@ -399,17 +417,17 @@ fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
         if self_join {
-            scan_blocks::<T, M>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
+            scan_blocks::<T, M, AVX>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
                 emit_block::<AVX>(em, ids, qid, b, mask, true)
             });
             for &(lo, hi) in ranges {
-                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
                     emit_block::<AVX>(em, ids, qid, b, mask, true)
                 });
             }
         } else {
             for &(lo, hi) in ranges {
-                scan_blocks::<T, M>(q, &idx.store, lo, hi, thr, early, |b, mask| {
+                scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
                     emit_block::<AVX>(em, ids, qid, b, mask, false)
                 });
             }
