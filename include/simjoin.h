@@ -515,8 +515,16 @@ simjoin_status simjoin_join_stream(const struct simjoin_engine *engine,
                                    struct simjoin_result **out);
 
 /**
- * Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
- * `opts->size = sizeof(simjoin_knn_options)`.
+ * Fills the caller's `simjoin_knn_options` of `size` bytes with the defaults (Euclidean,
+ * automatic backend and algorithm) and sets `opts->size = size`, as
+ * `simjoin_options_init_sized` does. The header's `simjoin_knn_options_init(opts)` macro
+ * calls this with `sizeof *(opts)`.
+ */
+simjoin_status simjoin_knn_options_init_sized(struct simjoin_knn_options *opts, size_t size);
+
+/**
+ * For programs compiled against simjoin 0.2: `simjoin_knn_options_init_sized` with the
+ * 0.2 size of the struct.
  */
 simjoin_status simjoin_knn_options_init(struct simjoin_knn_options *opts);
 
@@ -560,14 +568,33 @@ simjoin_status simjoin_knn_result_report(const struct simjoin_knn_result *result
                                          struct simjoin_report *report);
 
 /**
- * Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic
- * backend and algorithm; pairs output) and `opts->size = sizeof(simjoin_options)`.
+ * Fills the caller's `simjoin_options` of `size` bytes (`sizeof` as the caller compiled
+ * it) with the defaults (eps = 0, which must be set; Euclidean; automatic backend and
+ * algorithm; pairs output) and sets `opts->size = size`. Fields of a newer header that
+ * this library lacks are zeroed (their defaults); a smaller, older struct is filled as
+ * far as it goes. The header's `simjoin_options_init(opts)` macro calls this with
+ * `sizeof *(opts)`.
+ */
+simjoin_status simjoin_options_init_sized(struct simjoin_options *opts, size_t size);
+
+/**
+ * The function programs compiled against simjoin 0.2 call: `simjoin_options_init_sized`
+ * with the 0.2 size of the struct. (Compiled against this header, `simjoin_options_init`
+ * is a macro passing the caller's own `sizeof`.)
  */
 simjoin_status simjoin_options_init(struct simjoin_options *opts);
 
 /**
- * Fills `*opts` with the engine defaults (the default device, one CPU thread per core,
- * validation from the environment) and `opts->size = sizeof(simjoin_engine_options)`.
+ * Fills the caller's `simjoin_engine_options` of `size` bytes with the engine defaults
+ * (the default device, one CPU thread per core, validation from the environment) and
+ * sets `opts->size = size`, as `simjoin_options_init_sized` does. The header's
+ * `simjoin_engine_options_init(opts)` macro calls this with `sizeof *(opts)`.
+ */
+simjoin_status simjoin_engine_options_init_sized(struct simjoin_engine_options *opts, size_t size);
+
+/**
+ * For programs compiled against simjoin 0.2: `simjoin_engine_options_init_sized` with
+ * the 0.2 size of the struct.
  */
 simjoin_status simjoin_engine_options_init(struct simjoin_engine_options *opts);
 
@@ -627,8 +654,16 @@ simjoin_status simjoin_result_report(const struct simjoin_result *result,
                                      struct simjoin_report *report);
 
 /**
- * Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
- * `opts->size = sizeof(simjoin_dbscan_options)`.
+ * Fills the caller's `simjoin_dbscan_options` of `size` bytes with the defaults
+ * (Euclidean, automatic backend and algorithm, no weights) and sets `opts->size = size`,
+ * as `simjoin_options_init_sized` does. The header's `simjoin_dbscan_options_init(opts)`
+ * macro calls this with `sizeof *(opts)`.
+ */
+simjoin_status simjoin_dbscan_options_init_sized(struct simjoin_dbscan_options *opts, size_t size);
+
+/**
+ * For programs compiled against simjoin 0.2: `simjoin_dbscan_options_init_sized` with
+ * the 0.2 size of the struct.
  */
 simjoin_status simjoin_dbscan_options_init(struct simjoin_dbscan_options *opts);
 
@@ -658,3 +693,13 @@ simjoin_status simjoin_dbscan(const struct simjoin_engine *engine,
 #endif  // __cplusplus
 
 #endif  /* SIMJOIN_H */
+
+
+/* Options initialisers: they pass the struct size the caller was compiled with. */
+#ifndef SIMJOIN_INIT_MACROS
+#define SIMJOIN_INIT_MACROS
+#define simjoin_options_init(opts) simjoin_options_init_sized((opts), sizeof *(opts))
+#define simjoin_engine_options_init(opts) simjoin_engine_options_init_sized((opts), sizeof *(opts))
+#define simjoin_knn_options_init(opts) simjoin_knn_options_init_sized((opts), sizeof *(opts))
+#define simjoin_dbscan_options_init(opts) simjoin_dbscan_options_init_sized((opts), sizeof *(opts))
+#endif  /* SIMJOIN_INIT_MACROS */

@@ -19,6 +19,27 @@ fn version_macros() -> String {
     )
 }
 
+/// Each options struct's `_init` as a macro passing the caller's own `sizeof`, so that a
+/// program compiled against this header is never written past its struct's end by a later
+/// library whose struct has grown (the functions of those names remain, for programs
+/// compiled against 0.2 headers).
+fn init_macros() -> String {
+    // cbindgen writes the trailer after the include guard: these have their own.
+    let mut s = String::from(
+        "\n/* Options initialisers: they pass the struct size the caller was compiled with. */\n\
+         #ifndef SIMJOIN_INIT_MACROS\n#define SIMJOIN_INIT_MACROS\n",
+    );
+    for t in [
+        "simjoin_options",
+        "simjoin_engine_options",
+        "simjoin_knn_options",
+        "simjoin_dbscan_options",
+    ] {
+        s += &format!("#define {t}_init(opts) {t}_init_sized((opts), sizeof *(opts))\n");
+    }
+    s + "#endif  /* SIMJOIN_INIT_MACROS */\n"
+}
+
 fn generate() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut config = cbindgen::Config {
@@ -37,6 +58,7 @@ fn generate() -> String {
              * threads at once. */"
                 .into(),
         ),
+        trailer: Some(init_macros()),
         sys_includes: vec!["stddef.h".into(), "stdint.h".into()],
         no_includes: true,
         after_includes: Some(version_macros()),

@@ -4,8 +4,8 @@
 use super::engine::simjoin_engine;
 use super::matrix::{read_matrix, simjoin_matrix};
 use super::options::{
-    enum_value, read_sized, simjoin_algorithm, simjoin_backend, simjoin_metric, ALGORITHMS,
-    BACKENDS, METRICS,
+    enum_value, init_sized, padded, read_sized, simjoin_algorithm, simjoin_backend, simjoin_metric,
+    ALGORITHMS, BACKENDS, METRICS,
 };
 use super::{guard, null_arg, simjoin_status};
 use crate::dbscan::{dbscan_weighted, DbscanOptions};
@@ -63,19 +63,44 @@ pub struct simjoin_dbscan_report {
     pub backend: *const c_char,
 }
 
-/// Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
-/// `opts->size = sizeof(simjoin_dbscan_options)`.
+/// The size of `simjoin_dbscan_options` in simjoin 0.2 (frozen: what
+/// `simjoin_dbscan_options_init` writes).
+const DBSCAN_OPTIONS_0_2: usize = padded(
+    std::mem::offset_of!(simjoin_dbscan_options, sample_weight) + std::mem::size_of::<*const f64>(),
+    std::mem::align_of::<simjoin_dbscan_options>(),
+);
+
+/// Fills the caller's `simjoin_dbscan_options` of `size` bytes with the defaults
+/// (Euclidean, automatic backend and algorithm, no weights) and sets `opts->size = size`,
+/// as `simjoin_options_init_sized` does. The header's `simjoin_dbscan_options_init(opts)`
+/// macro calls this with `sizeof *(opts)`.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_dbscan_options_init_sized(
+    opts: *mut simjoin_dbscan_options,
+    size: usize,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL (refused) or `size` writable bytes (header contract).
+        unsafe {
+            init_sized(
+                opts,
+                size,
+                simjoin_dbscan_options::defaults(),
+                std::mem::size_of::<usize>(),
+                "simjoin_dbscan_options",
+            )
+        }
+    })
+}
+
+/// For programs compiled against simjoin 0.2: `simjoin_dbscan_options_init_sized` with
+/// the 0.2 size of the struct.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_dbscan_options_init(
     opts: *mut simjoin_dbscan_options,
 ) -> simjoin_status {
-    guard(|| {
-        // SAFETY: NULL or a writable simjoin_dbscan_options (header contract); checked for
-        // NULL.
-        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
-        *opts = simjoin_dbscan_options::defaults();
-        Ok(())
-    })
+    // SAFETY: a 0.2 caller's struct has DBSCAN_OPTIONS_0_2 writable bytes.
+    unsafe { simjoin_dbscan_options_init_sized(opts, DBSCAN_OPTIONS_0_2) }
 }
 
 /// DBSCAN of the rows of `points` on the eps-join, in memory proportional to the number

@@ -6,8 +6,8 @@ use super::matrix::{
     read_matrix, simjoin_dtype, simjoin_matrix, SIMJOIN_DTYPE_F32, SIMJOIN_DTYPE_F64,
 };
 use super::options::{
-    enum_value, optional_count, read_sized, simjoin_algorithm, simjoin_backend, simjoin_metric,
-    ALGORITHMS, BACKENDS, METRICS,
+    enum_value, init_sized, optional_count, padded, read_sized, simjoin_algorithm, simjoin_backend,
+    simjoin_metric, ALGORITHMS, BACKENDS, METRICS,
 };
 use super::result::{c_report, simjoin_report};
 use super::{guard, null_arg, simjoin_status};
@@ -43,18 +43,44 @@ impl simjoin_knn_options {
     }
 }
 
-/// Fills `*opts` with the defaults (Euclidean, automatic backend and algorithm) and
-/// `opts->size = sizeof(simjoin_knn_options)`.
+/// The size of `simjoin_knn_options` in simjoin 0.2 (frozen: what
+/// `simjoin_knn_options_init` writes).
+const KNN_OPTIONS_0_2: usize = padded(
+    std::mem::offset_of!(simjoin_knn_options, lss_lists) + std::mem::size_of::<u64>(),
+    std::mem::align_of::<simjoin_knn_options>(),
+);
+
+/// Fills the caller's `simjoin_knn_options` of `size` bytes with the defaults (Euclidean,
+/// automatic backend and algorithm) and sets `opts->size = size`, as
+/// `simjoin_options_init_sized` does. The header's `simjoin_knn_options_init(opts)` macro
+/// calls this with `sizeof *(opts)`.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_knn_options_init_sized(
+    opts: *mut simjoin_knn_options,
+    size: usize,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL (refused) or `size` writable bytes (header contract).
+        unsafe {
+            init_sized(
+                opts,
+                size,
+                simjoin_knn_options::defaults(),
+                std::mem::size_of::<usize>(),
+                "simjoin_knn_options",
+            )
+        }
+    })
+}
+
+/// For programs compiled against simjoin 0.2: `simjoin_knn_options_init_sized` with the
+/// 0.2 size of the struct.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_knn_options_init(
     opts: *mut simjoin_knn_options,
 ) -> simjoin_status {
-    guard(|| {
-        // SAFETY: NULL or a writable simjoin_knn_options (header contract); checked for NULL.
-        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
-        *opts = simjoin_knn_options::defaults();
-        Ok(())
-    })
+    // SAFETY: a 0.2 caller's struct has KNN_OPTIONS_0_2 writable bytes.
+    unsafe { simjoin_knn_options_init_sized(opts, KNN_OPTIONS_0_2) }
 }
 
 /// A kNN result (opaque, immutable). Pointers it hands out stay valid until

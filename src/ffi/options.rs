@@ -221,6 +221,51 @@ pub(crate) unsafe fn read_sized<T: Copy>(
     Ok(out)
 }
 
+/// `sizeof` of a struct whose last field ends at `end` (trailing padding to `align`).
+pub(crate) const fn padded(end: usize, align: usize) -> usize {
+    end.div_ceil(align) * align
+}
+
+/// The `_init_sized` functions' one body: `defaults` written into the caller's struct of
+/// `size` bytes, as far as both structs go (an older, smaller caller's struct is never
+/// written past its end); the bytes of a newer, larger caller's struct beyond ours set to
+/// zero (their defaults, which `read_sized` accepts); its `size` field set to `size`.
+///
+/// # Safety
+/// `ptr` is NULL (refused) or points at `size` writable bytes.
+pub(crate) unsafe fn init_sized<T: Copy>(
+    ptr: *mut T,
+    size: usize,
+    defaults: T,
+    least: usize,
+    what: &str,
+) -> Result<(), Error> {
+    if ptr.is_null() {
+        return Err(null_arg("opts"));
+    }
+    if size < least {
+        return Err(Error::invalid(format!(
+            "{what}_init_sized: size {size} is smaller than the smallest {what} ({least} bytes)"
+        )));
+    }
+    let ours = std::mem::size_of::<T>();
+    // SAFETY: `ptr` has `size` writable bytes (contract); min(size, ours) bytes are copied
+    // from `defaults` (readable: a local T), the rest up to `size` zeroed, and the size
+    // written unaligned into its first usize (size >= least >= size_of::<usize>()).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            &defaults as *const T as *const u8,
+            ptr as *mut u8,
+            size.min(ours),
+        );
+        if size > ours {
+            std::ptr::write_bytes((ptr as *mut u8).add(ours), 0, size - ours);
+        }
+        std::ptr::write_unaligned(ptr as *mut usize, size);
+    }
+    Ok(())
+}
+
 /// Reads the caller's options struct, honouring its `size` (see `simjoin_options`).
 pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOptions, Error> {
     if opts.is_null() {
@@ -297,28 +342,87 @@ pub(crate) unsafe fn read_engine_options(
     Ok(options)
 }
 
-/// Fills `*opts` with the defaults (eps = 0, which must be set; Euclidean; automatic
-/// backend and algorithm; pairs output) and `opts->size = sizeof(simjoin_options)`.
+/// The size of `simjoin_options` in simjoin 0.2 (frozen: what `simjoin_options_init`
+/// writes, so that a program compiled against a 0.2 header is never written past the end
+/// of its struct by a later library whose struct has grown).
+const OPTIONS_0_2: usize = padded(
+    std::mem::offset_of!(simjoin_options, distances) + std::mem::size_of::<u32>(),
+    std::mem::align_of::<simjoin_options>(),
+);
+
+/// The smallest `simjoin_options` read: up to `eps`, which has no default.
+const OPTIONS_LEAST: usize =
+    std::mem::offset_of!(simjoin_options, eps) + std::mem::size_of::<f64>();
+
+/// Fills the caller's `simjoin_options` of `size` bytes (`sizeof` as the caller compiled
+/// it) with the defaults (eps = 0, which must be set; Euclidean; automatic backend and
+/// algorithm; pairs output) and sets `opts->size = size`. Fields of a newer header that
+/// this library lacks are zeroed (their defaults); a smaller, older struct is filled as
+/// far as it goes. The header's `simjoin_options_init(opts)` macro calls this with
+/// `sizeof *(opts)`.
 #[no_mangle]
-pub unsafe extern "C" fn simjoin_options_init(opts: *mut simjoin_options) -> simjoin_status {
+pub unsafe extern "C" fn simjoin_options_init_sized(
+    opts: *mut simjoin_options,
+    size: usize,
+) -> simjoin_status {
     guard(|| {
-        // SAFETY: NULL or a writable simjoin_options (header contract); checked for NULL.
-        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
-        *opts = simjoin_options::defaults();
-        Ok(())
+        // SAFETY: NULL (refused) or `size` writable bytes (header contract).
+        unsafe {
+            init_sized(
+                opts,
+                size,
+                simjoin_options::defaults(),
+                OPTIONS_LEAST,
+                "simjoin_options",
+            )
+        }
     })
 }
 
-/// Fills `*opts` with the engine defaults (the default device, one CPU thread per core,
-/// validation from the environment) and `opts->size = sizeof(simjoin_engine_options)`.
+/// The function programs compiled against simjoin 0.2 call: `simjoin_options_init_sized`
+/// with the 0.2 size of the struct. (Compiled against this header, `simjoin_options_init`
+/// is a macro passing the caller's own `sizeof`.)
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_options_init(opts: *mut simjoin_options) -> simjoin_status {
+    // SAFETY: a 0.2 caller's struct has OPTIONS_0_2 writable bytes (its header's contract).
+    unsafe { simjoin_options_init_sized(opts, OPTIONS_0_2) }
+}
+
+/// The size of `simjoin_engine_options` in simjoin 0.2 (frozen, as `OPTIONS_0_2`).
+const ENGINE_OPTIONS_0_2: usize = padded(
+    std::mem::offset_of!(simjoin_engine_options, validation) + std::mem::size_of::<u32>(),
+    std::mem::align_of::<simjoin_engine_options>(),
+);
+
+/// Fills the caller's `simjoin_engine_options` of `size` bytes with the engine defaults
+/// (the default device, one CPU thread per core, validation from the environment) and
+/// sets `opts->size = size`, as `simjoin_options_init_sized` does. The header's
+/// `simjoin_engine_options_init(opts)` macro calls this with `sizeof *(opts)`.
+#[no_mangle]
+pub unsafe extern "C" fn simjoin_engine_options_init_sized(
+    opts: *mut simjoin_engine_options,
+    size: usize,
+) -> simjoin_status {
+    guard(|| {
+        // SAFETY: NULL (refused) or `size` writable bytes (header contract).
+        unsafe {
+            init_sized(
+                opts,
+                size,
+                simjoin_engine_options::defaults(),
+                std::mem::size_of::<usize>(),
+                "simjoin_engine_options",
+            )
+        }
+    })
+}
+
+/// For programs compiled against simjoin 0.2: `simjoin_engine_options_init_sized` with
+/// the 0.2 size of the struct.
 #[no_mangle]
 pub unsafe extern "C" fn simjoin_engine_options_init(
     opts: *mut simjoin_engine_options,
 ) -> simjoin_status {
-    guard(|| {
-        // SAFETY: NULL or a writable simjoin_engine_options (header contract).
-        let opts = unsafe { opts.as_mut() }.ok_or_else(|| null_arg("opts"))?;
-        *opts = simjoin_engine_options::defaults();
-        Ok(())
-    })
+    // SAFETY: a 0.2 caller's struct has ENGINE_OPTIONS_0_2 writable bytes.
+    unsafe { simjoin_engine_options_init_sized(opts, ENGINE_OPTIONS_0_2) }
 }

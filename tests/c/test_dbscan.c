@@ -226,7 +226,7 @@ int main(void) {
     x[3] = NAN;
     CHECK(simjoin_dbscan(engine, &h, 1.5, 4, NULL, labels, NULL, NULL) == SIMJOIN_INVALID_ARGUMENT);
     for (i = 0; i < sizeof labels; i++) CHECK(((unsigned char *)labels)[i] == 0x55);
-    CHECK(simjoin_dbscan_options_init(NULL) == SIMJOIN_INVALID_ARGUMENT);
+    CHECK((simjoin_dbscan_options_init)(NULL) == SIMJOIN_INVALID_ARGUMENT);
   }
   {
     /* sample_weight on the hand-checked rows: unit weights give the same answer; row 6

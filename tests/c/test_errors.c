@@ -52,7 +52,7 @@ int main(void) {
 
   /* NULL out-parameters and handles. */
   CHECK(simjoin_engine_new(NULL) == SIMJOIN_INVALID_ARGUMENT);
-  CHECK(simjoin_options_init(NULL) == SIMJOIN_INVALID_ARGUMENT);
+  CHECK((simjoin_options_init)(NULL) == SIMJOIN_INVALID_ARGUMENT);
   CHECK_OK(simjoin_engine_new(&engine));
   CHECK_OK(simjoin_options_init(&opts));
   opts.eps = 1.5;
@@ -166,7 +166,7 @@ int main(void) {
   {
     simjoin_engine_options eo;
     simjoin_engine *elsewhere = NULL, *bad = SENTINEL_ENGINE;
-    CHECK(simjoin_engine_options_init(NULL) == SIMJOIN_INVALID_ARGUMENT);
+    CHECK((simjoin_engine_options_init)(NULL) == SIMJOIN_INVALID_ARGUMENT);
     CHECK_OK(simjoin_engine_options_init(&eo));
     CHECK(eo.size == sizeof eo && eo.device == NULL && eo.threads == 0);
     eo.validation = 99;

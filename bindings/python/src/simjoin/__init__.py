@@ -86,7 +86,7 @@ def _lookup(table, what, value):
 
 def _options(eps, metric, backend, algorithm, output, sorted, return_distance=False):
     opts = _native.Options()
-    _check(lib.simjoin_options_init(ctypes.byref(opts)))
+    _check(lib.simjoin_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     opts.eps = float(eps)
     opts.metric = _lookup(_native.METRICS, "metric", metric)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
@@ -113,7 +113,7 @@ class _Engine:
             handle = cls.handles.get(key)
             if handle is None:
                 opts = _native.EngineOptions()
-                _check(lib.simjoin_engine_options_init(ctypes.byref(opts)))
+                _check(lib.simjoin_engine_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
                 opts.threads = key or 0
                 handle = ctypes.c_void_p()
                 _check(lib.simjoin_engine_new_with(ctypes.byref(opts), ctypes.byref(handle)))
@@ -360,7 +360,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
             data = _as_points(data, "X", common)
         q = _as_points(qa, "query", common)
     opts = _native.KnnOptions()
-    _check(lib.simjoin_knn_options_init(ctypes.byref(opts)))
+    _check(lib.simjoin_knn_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     opts.metric = _lookup(_native.METRICS, "metric", metric)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
     opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)

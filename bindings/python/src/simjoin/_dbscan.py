@@ -49,8 +49,8 @@ class _DbscanReport(ctypes.Structure):
     ]
 
 
-lib.simjoin_dbscan_options_init.restype = c_uint32
-lib.simjoin_dbscan_options_init.argtypes = [POINTER(_DbscanOptions)]
+lib.simjoin_dbscan_options_init_sized.restype = c_uint32
+lib.simjoin_dbscan_options_init_sized.argtypes = [POINTER(_DbscanOptions), c_size_t]
 lib.simjoin_dbscan.restype = c_uint32
 lib.simjoin_dbscan.argtypes = [
     c_void_p,
@@ -83,7 +83,7 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
     data = _as_points(X, "X")
     metric_name = _METRIC_ALIASES.get(str(metric).lower(), metric)
     opts = _DbscanOptions()
-    _check(lib.simjoin_dbscan_options_init(ctypes.byref(opts)))
+    _check(lib.simjoin_dbscan_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     opts.metric = _lookup(_native.METRICS, "metric", metric_name)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
     algorithm_name = _ALGORITHM_ALIASES.get(str(algorithm).lower(), algorithm)
