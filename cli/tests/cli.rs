@@ -322,6 +322,7 @@ fn bad_input_is_one_clear_line() {
     std::fs::write(dir.join("inf.txt"), "1 2\n3 inf\n").unwrap();
     std::fs::write(dir.join("three.csv"), "1,2,3\n").unwrap();
     std::fs::write(dir.join("data.xyz"), "1,2\n").unwrap();
+    std::fs::write(dir.join("far.csv"), "0,0\n1e300,1e300\n").unwrap();
     write_npy(&dir.join("flat.npy"), &[1.0f64, 2.0, 3.0], &[3], false);
     write_npy(&dir.join("ints.npy"), &[1i32, 2, 3, 4], &[2, 2], false);
     let cases: &[(&[&str], &str)] = &[
@@ -350,6 +351,20 @@ fn bad_input_is_one_clear_line() {
         (
             &["self-join", "ok.csv", "--eps", "NaN"],
             "eps must be a finite number > 0",
+        ),
+        // Beyond what the data's precision can compare exactly (metric::check_eps and
+        // check_extent): an error, never a wrong answer.
+        (
+            &["self-join", "ok.csv", "--eps", "1e200"],
+            "eps = 1e200 is out of range for f64 coordinates",
+        ),
+        (
+            &["dbscan", "ok.csv", "--eps", "1e-200", "--min-samples", "2"],
+            "eps = 1e-200 is out of range for f64 coordinates",
+        ),
+        (
+            &["knn", "far.csv", "--k", "1"],
+            "extent is out of range for f64 distances",
         ),
         (
             &["self-join", "data.xyz", "--eps", "1"],

@@ -101,6 +101,21 @@ int main(void) {
   expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "eps");
   o.eps = INFINITY;
   expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "eps");
+  /* eps beyond what the coordinates' precision compares exactly: eps squared infinite or
+   * zero in float (f32 points) or double. */
+  o.eps = 1e20;
+  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "out of range for f32 coordinates");
+  o.eps = 1e-20;
+  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "out of range for f32 coordinates");
+  o.eps = 1e200;
+  expect_self_join_error(&m64, &o, SIMJOIN_INVALID_ARGUMENT, "out of range for f64 coordinates");
+  o.eps = 1e20;
+  {
+    simjoin_result *r = NULL;
+    CHECK_OK(simjoin_self_join(engine, &m64, &o, &r)); /* fine in double */
+    CHECK(simjoin_result_count(r) == 3);
+    simjoin_result_free(r);
+  }
 
   /* Zero dimensions; unknown dtype and enum values; an options struct never initialised. */
   x = m;
