@@ -7,6 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
+use crate::radix::SortingSink;
 use crate::result::{assemble, entry_distances, CollectSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -212,20 +213,33 @@ impl Engine {
                 distances: None,
             });
         }
-        let mut sink = CollectSink::default();
-        let mut report = self.run(a, b, opts, Some(&mut sink))?;
-        let t = Instant::now();
-        // On the engine's threads, not the caller's alone.
-        let output = self.cpu.install(|| {
-            assemble(
-                sink.into_pairs()?,
-                opts.output,
-                b.is_none(),
-                a.len(),
-                opts.include_self,
-                opts.sorted,
-            )
-        })??;
+        // Sorted pairs are bucketed as they arrive (`SortingSink`) rather than collected
+        // and then sorted.
+        let sorting = (opts.output == OutputForm::Pairs && opts.sorted)
+            .then(|| SortingSink::new(a.len(), b.unwrap_or(a).len()))
+            .flatten();
+        let (mut report, t, output) = if let Some(mut sink) = sorting {
+            let report = self.run(a, b, opts, Some(&mut sink))?;
+            let t = Instant::now();
+            let pairs = self.cpu.install(|| sink.finish())??;
+            (report, t, crate::result::JoinOutput::Pairs(pairs))
+        } else {
+            let mut sink = CollectSink::default();
+            let report = self.run(a, b, opts, Some(&mut sink))?;
+            let t = Instant::now();
+            // On the engine's threads, not the caller's alone.
+            let output = self.cpu.install(|| {
+                assemble(
+                    sink.into_pairs()?,
+                    opts.output,
+                    b.is_none(),
+                    a.len(),
+                    opts.include_self,
+                    opts.sorted,
+                )
+            })??;
+            (report, t, output)
+        };
         report
             .phases
             .push(("assemble output".into(), t.elapsed().as_secs_f64()));

@@ -65,6 +65,146 @@ pub fn sort_pairs(pairs: &mut Vec<Pair>) {
         });
 }
 
+/// Entries of a [`SortingSink`] bucket's first block; each next one is twice as large, up
+/// to `BLOCK` (16 KiB) and to an equal share of `OPEN_ENTRIES` (32 MiB) among the buckets,
+/// so that a small join's buckets stay small and partly filled blocks never hold much.
+const FIRST_BLOCK: usize = 64;
+const BLOCK: usize = 1 << 12;
+const OPEN_ENTRIES: usize = 1 << 23;
+
+/// Sorted pairs built as a join streams them: the streaming form of [`sort_pairs`]. Each
+/// arriving pair goes at once into a bucket by the top bits of its key `(i, j)`, as the
+/// key's low bits in a u32, so the pairs are never stored unsorted; [`finish`] sorts each
+/// bucket in cache and writes the pairs out in order. That is one 4-byte scatter a pair,
+/// where collecting and then sorting stores 8 bytes a pair, reads them three times
+/// (bounds, histogram, scatter) and scatters them.
+///
+/// [`finish`]: SortingSink::finish
+pub(crate) struct SortingSink {
+    /// Every first element is below `rows`, every second below `cols`.
+    rows: u32,
+    cols: u32,
+    j_bits: u32,
+    /// Key bits below the bucket digit (at most 32: they are what a bucket stores).
+    shift: u32,
+    /// Entries of a bucket's largest block.
+    block: usize,
+    /// Full blocks of each bucket, then its block being filled.
+    full: Vec<Vec<Vec<u32>>>,
+    open: Vec<Vec<u32>>,
+    len: usize,
+}
+
+impl SortingSink {
+    /// A sink for pairs `[i, j]` with `i < rows` and `j < cols`, or `None` where the keys
+    /// would need more than 2^16 buckets (more than 2^24 points each side): then
+    /// collect and [`sort_pairs`].
+    pub(crate) fn new(rows: usize, cols: usize) -> Option<Self> {
+        let rows = u32::try_from(rows).ok()?;
+        let cols = u32::try_from(cols).ok()?;
+        let (i_bits, j_bits) = (bits(rows.saturating_sub(1)), bits(cols.saturating_sub(1)));
+        let key_bits = i_bits + j_bits;
+        // 2^10 buckets by the key's top bits (16M pairs of 10^6 points: 16k pairs, 64 KiB,
+        // a bucket, sorted inside L2), more where the bits below must fit 32.
+        let digit = key_bits.saturating_sub(32).max(key_bits.min(10));
+        if digit > MAX_DIGIT_BITS {
+            return None;
+        }
+        let buckets = 1usize << digit;
+        Some(SortingSink {
+            rows,
+            cols,
+            j_bits,
+            shift: key_bits - digit,
+            block: (OPEN_ENTRIES / buckets).clamp(FIRST_BLOCK, BLOCK),
+            full: vec![Vec::new(); buckets],
+            open: vec![Vec::new(); buckets],
+            len: 0,
+        })
+    }
+
+    /// The pairs, lexicographically sorted (as [`sort_pairs`] sorts them).
+    pub(crate) fn finish(self) -> Result<Vec<Pair>> {
+        let SortingSink {
+            j_bits,
+            shift,
+            full,
+            open,
+            len,
+            ..
+        } = self;
+        let mut starts = Vec::with_capacity(open.len() + 1);
+        let mut acc = 0;
+        for (f, o) in full.iter().zip(&open) {
+            starts.push(acc);
+            acc += f.iter().map(Vec::len).sum::<usize>() + o.len();
+        }
+        starts.push(acc);
+        debug_assert_eq!(acc, len);
+        // Zeroed, so untouched until written, on huge pages where the kernel gives them.
+        let mut out: Vec<Pair> = crate::huge::zeroed(len, [0, 0]);
+        let j_mask = (1u64 << j_bits) - 1;
+        split_mut(&mut out, &starts)
+            .into_par_iter()
+            .zip(full.into_par_iter().zip(open))
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), Vec::new()),
+                |(keys, scratch), (b, (dst, (full, open)))| {
+                    keys.clear();
+                    for block in &full {
+                        keys.extend_from_slice(block);
+                    }
+                    keys.extend_from_slice(&open);
+                    drop((full, open));
+                    lsd(keys, scratch, shift, &|&k: &u32| u64::from(k));
+                    let high = (b as u64) << shift;
+                    for (o, &k) in dst.iter_mut().zip(keys.iter()) {
+                        let key = high | u64::from(k);
+                        *o = [(key >> j_bits) as u32, (key & j_mask) as u32];
+                    }
+                },
+            );
+        Ok(out)
+    }
+
+    #[cold]
+    fn next_block(&mut self, b: usize) -> anyhow::Result<()> {
+        let size = (2 * self.open[b].capacity()).clamp(FIRST_BLOCK, self.block);
+        let mut block = Vec::new();
+        block
+            .try_reserve_exact(size)
+            .map_err(|_| anyhow::anyhow!("out of memory for {} result pairs", self.len))?;
+        let full = std::mem::replace(&mut self.open[b], block);
+        if full.capacity() > 0 {
+            self.full[b].push(full);
+        }
+        Ok(())
+    }
+}
+
+impl crate::result::PairSink for SortingSink {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        let low = (1u64 << self.shift) - 1;
+        for &[i, j] in chunk {
+            anyhow::ensure!(
+                i < self.rows && j < self.cols,
+                "pair ({i}, {j}) beyond the join's {} x {} points",
+                self.rows,
+                self.cols
+            );
+            let key = (u64::from(i) << self.j_bits) | u64::from(j);
+            let b = (key >> self.shift) as usize;
+            if self.open[b].len() == self.open[b].capacity() {
+                self.next_block(b)?;
+            }
+            self.open[b].push((key & low) as u32);
+        }
+        self.len += chunk.len();
+        Ok(())
+    }
+}
+
 /// Sorts `pairs` by their first element, stably (entries with equal first elements keep
 /// their order): the grid index's (cell, point) entries.
 pub fn sort_by_first(pairs: &mut Vec<Pair>) {
@@ -601,6 +741,51 @@ mod tests {
             sort_pairs(&mut pairs);
             assert_eq!(pairs, want);
         }
+    }
+
+    #[test]
+    fn sorting_sink_sorts_like_a_comparison_sort() {
+        use crate::result::PairSink;
+        // Point counts from one bucket (small) to the largest that gets a sink; pairs
+        // delivered in chunks of several sizes, with duplicates.
+        for (rows, cols, n) in [
+            (0usize, 0usize, 0usize),
+            (1, 1, 5),
+            (1000, 1000, 20_000),
+            (1 << 20, 1 << 20, 300_000),
+            (5, 3_000_000, 100_000),
+            (3_000_000, 7, 100_000),
+            (1 << 24, 1 << 24, 200_000),
+        ] {
+            let mut pairs = if rows == 0 {
+                Vec::new()
+            } else {
+                random(n, rows as u32, cols as u32, (rows ^ n) as u64)
+            };
+            pairs.extend_from_within(..pairs.len() / 10);
+            let mut sink = SortingSink::new(rows, cols).expect("within 2^24 points");
+            let mut at = 0;
+            for (k, size) in [1usize, 7, 4096, 65_536, usize::MAX]
+                .iter()
+                .cycle()
+                .enumerate()
+            {
+                if at == pairs.len() || k > 10_000 {
+                    break;
+                }
+                let end = at.saturating_add(*size).min(pairs.len());
+                sink.push(&pairs[at..end]).unwrap();
+                at = end;
+            }
+            let mut want = pairs.clone();
+            want.sort_unstable();
+            assert_eq!(sink.finish().unwrap(), want, "{rows} x {cols}");
+        }
+        // Beyond 2^24 points a side: collect and sort instead.
+        assert!(SortingSink::new(1 << 25, 1 << 25).is_none());
+        // A pair beyond the points is an error, not a write out of place.
+        let mut sink = SortingSink::new(10, 10).unwrap();
+        assert!(sink.push(&[[3, 10]]).is_err());
     }
 
     /// The CSR by definition: rows built one entry at a time.
