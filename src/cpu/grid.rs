@@ -179,16 +179,7 @@ impl<T: Coord> GridIndex<T> {
             *from = 0;
         }
         let a = *from + gallop(&self.cell_ids[*from..], |&x| x < lo);
-        let b = if hi.saturating_sub(lo) < 4 {
-            // A join's row of at most 3 cells: at most 3 steps, no search.
-            let mut b = a;
-            while b < self.cell_ids.len() && self.cell_ids[b] <= hi {
-                b += 1;
-            }
-            b
-        } else {
-            a + gallop(&self.cell_ids[a..], |&x| x <= hi)
-        };
+        let b = a + gallop(&self.cell_ids[a..], |&x| x <= hi);
         *from = a;
         (self.cell_start[a], self.cell_start[b])
     }
