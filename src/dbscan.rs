@@ -864,9 +864,8 @@ fn run<T: Points>(
     for (p, &i) in orig.iter().enumerate() {
         position[i as usize] = p as u32;
     }
-    let reordered = !orig.is_empty();
     drop(orig);
-    let core_out = if reordered {
+    let core_out = if reorder {
         let mut out: Vec<bool> = alloc(n, false, "core flags")?;
         for (o, &p) in out.iter_mut().zip(&position) {
             *o = core[p as usize];
@@ -883,7 +882,7 @@ fn run<T: Points>(
     let mut clusters = 0u32;
     let mut noise = 0usize;
     for i in 0..n {
-        let p = if reordered { position[i] as usize } else { i };
+        let p = if reorder { position[i] as usize } else { i };
         let r = root[p];
         if r == u32::MAX {
             noise += 1;

@@ -764,16 +764,9 @@ mod tests {
             };
             pairs.extend_from_within(..pairs.len() / 10);
             let mut sink = SortingSink::new(rows, cols).expect("within 2^24 points");
-            let mut at = 0;
-            for (k, size) in [1usize, 7, 4096, 65_536, usize::MAX]
-                .iter()
-                .cycle()
-                .enumerate()
-            {
-                if at == pairs.len() || k > 10_000 {
-                    break;
-                }
-                let end = at.saturating_add(*size).min(pairs.len());
+            let (mut at, mut sizes) = (0, [1usize, 7, 4096, 65_536].iter().cycle());
+            while at < pairs.len() {
+                let end = (at + sizes.next().unwrap()).min(pairs.len());
                 sink.push(&pairs[at..end]).unwrap();
                 at = end;
             }

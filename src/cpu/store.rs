@@ -175,40 +175,30 @@ pub(crate) fn scan_blocks<T: Coord, M: MetricKind, const AVX: bool>(
     #[cfg(target_arch = "x86_64")]
     if AVX {
         use std::any::TypeId;
-        let (cols, stride) = (&store.cols, store.stride);
-        if TypeId::of::<T>() == TypeId::of::<f64>() {
-            // SAFETY: AVX is true only where AVX2 was detected; T is f64 (same type, so the
-            // casts are identities).
-            unsafe {
-                avx2::blocks_f64::<M>(
-                    bytemuck::cast_slice(q),
-                    bytemuck::cast_slice(cols),
-                    stride,
-                    lo,
-                    hi,
-                    bytemuck::cast(thr),
-                    early,
-                    hit,
-                )
+        // The explicit kernel of T's type, when T is f64 or f32.
+        macro_rules! explicit {
+            ($t:ty, $kernel:ident) => {
+                if TypeId::of::<T>() == TypeId::of::<$t>() {
+                    // SAFETY: AVX is true only where AVX2 was detected; T is $t (the same
+                    // type, so the casts are identities).
+                    unsafe {
+                        avx2::$kernel::<M>(
+                            bytemuck::cast_slice(q),
+                            bytemuck::cast_slice(&store.cols),
+                            store.stride,
+                            lo,
+                            hi,
+                            bytemuck::cast(thr),
+                            early,
+                            hit,
+                        )
+                    };
+                    return;
+                }
             };
-            return;
         }
-        if TypeId::of::<T>() == TypeId::of::<f32>() {
-            // SAFETY: as above, with T f32.
-            unsafe {
-                avx2::blocks_f32::<M>(
-                    bytemuck::cast_slice(q),
-                    bytemuck::cast_slice(cols),
-                    stride,
-                    lo,
-                    hi,
-                    bytemuck::cast(thr),
-                    early,
-                    hit,
-                )
-            };
-            return;
-        }
+        explicit!(f64, blocks_f64);
+        explicit!(f32, blocks_f32);
     }
     scan_cols_blocks::<T, M>(q, &store.cols, store.stride, lo, hi, thr, early, hit)
 }
