@@ -2,7 +2,7 @@
 //! CSR with distances) on a .npy point array (n x d, f64), in one process, with each
 //! run's phases: where the hand-over's time goes (`bench/RESULTS_BENCH.md`).
 //!
-//! usage: output_bench FILE.npy EPS [REPS=3]
+//! usage: output_bench FILE.npy EPS [REPS=3] [FORM: only the forms whose name has it]
 
 use simjoin::{Backend, Dataset, Engine, JoinOptions, OutputForm};
 use std::time::Instant;
@@ -25,7 +25,11 @@ fn main() -> anyhow::Result<()> {
         ("csr sorted", OutputForm::Csr, true, false),
         ("csr sorted, distances", OutputForm::Csr, true, true),
     ];
+    let only = args.get(4).map_or("", String::as_str);
     for (name, output, sorted, distances) in forms {
+        if !name.contains(only) {
+            continue;
+        }
         let mut opts = JoinOptions::new(eps);
         opts.backend = Backend::Cpu;
         opts.output = output;

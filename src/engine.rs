@@ -7,7 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
-use crate::radix::SortingSink;
+use crate::radix::{CsrSink, SortingSink};
 use crate::result::{assemble, entry_distances, CollectSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -213,16 +213,26 @@ impl Engine {
                 distances: None,
             });
         }
-        // Sorted pairs are bucketed as they arrive (`SortingSink`) rather than collected
-        // and then sorted.
+        // Sorted pairs and the CSR are bucketed as they arrive (`SortingSink`, `CsrSink`)
+        // rather than collected and then sorted.
+        let rows = a.len();
+        let cols = b.unwrap_or(a).len();
         let sorting = (opts.output == OutputForm::Pairs && opts.sorted)
-            .then(|| SortingSink::new(a.len(), b.unwrap_or(a).len()))
+            .then(|| SortingSink::new(rows, cols))
+            .flatten();
+        let csr = (opts.output == OutputForm::Csr)
+            .then(|| CsrSink::new(rows, cols, b.is_none(), opts.include_self, opts.sorted))
             .flatten();
         let (mut report, t, output) = if let Some(mut sink) = sorting {
             let report = self.run(a, b, opts, Some(&mut sink))?;
             let t = Instant::now();
             let pairs = self.cpu.install(|| sink.finish())??;
             (report, t, crate::result::JoinOutput::Pairs(pairs))
+        } else if let Some(mut sink) = csr {
+            let report = self.run(a, b, opts, Some(&mut sink))?;
+            let t = Instant::now();
+            let csr = self.cpu.install(|| sink.finish())??;
+            (report, t, crate::result::JoinOutput::Csr(csr))
         } else {
             let mut sink = CollectSink::default();
             let report = self.run(a, b, opts, Some(&mut sink))?;
@@ -233,7 +243,7 @@ impl Engine {
                     sink.into_pairs()?,
                     opts.output,
                     b.is_none(),
-                    a.len(),
+                    rows,
                     opts.include_self,
                     opts.sorted,
                 )

@@ -65,12 +65,229 @@ pub fn sort_pairs(pairs: &mut Vec<Pair>) {
         });
 }
 
-/// Entries of a [`SortingSink`] bucket's first block; each next one is twice as large, up
+/// Entries of a bucket's first block in [`Buckets`]; each next one is twice as large, up
 /// to `BLOCK` (16 KiB) and to an equal share of `OPEN_ENTRIES` (32 MiB) among the buckets,
 /// so that a small join's buckets stay small and partly filled blocks never hold much.
 const FIRST_BLOCK: usize = 64;
 const BLOCK: usize = 1 << 12;
 const OPEN_ENTRIES: usize = 1 << 23;
+
+/// Entries of the first slab [`Buckets`] carves its blocks from; each next slab is twice
+/// as large, up to `SLAB` (32 MiB).
+const FIRST_SLAB: usize = 1 << 16;
+const SLAB: usize = 1 << 23;
+
+/// Entries a bucket stages before they go to its block: one 64-byte cache line.
+const LINE: usize = 16;
+
+/// A bucket's staged entries, on a cache line of its own.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u32; LINE]);
+
+/// The streaming sinks' store: u32 entries appended to one of many buckets, each bucket a
+/// list of blocks (never moved once written, so growing costs no copies). Entries are
+/// staged a cache line per bucket (all the lines stay in L1/L2) and a full line goes to
+/// its block with streaming stores: a direct write to each of a thousand block tails
+/// missed the cache on nearly every line (4 ns an entry, measured). The blocks are carved
+/// from a few large slabs advised onto huge pages, each block a whole number of lines on
+/// line boundaries.
+struct Buckets {
+    /// Entries of a bucket's largest block.
+    block: usize,
+    lines: Vec<Line>,
+    /// Entries staged in each bucket's line.
+    staged: Vec<u32>,
+    /// Where each bucket's next line goes, and the end of its block.
+    tail: Vec<*mut u32>,
+    end: Vec<*mut u32>,
+    /// Each bucket's blocks, as (start, length) in the slabs; the last one's length is
+    /// only final once it is full or the buckets are closed.
+    blocks: Vec<Vec<(*const u32, usize)>>,
+    /// The memory every block lies in, and how much of the last slab is handed out.
+    slabs: Vec<Vec<u32>>,
+    used: usize,
+}
+
+// SAFETY: the raw pointers all point into `slabs`, owned by the same value (never shared,
+// never reallocated while it lives), so sending a `Buckets` sends its memory with it.
+unsafe impl Send for Buckets {}
+
+impl Buckets {
+    fn new(count: usize) -> Self {
+        Buckets {
+            block: (OPEN_ENTRIES / count).clamp(FIRST_BLOCK, BLOCK),
+            lines: vec![Line([0; LINE]); count],
+            staged: vec![0; count],
+            tail: vec![std::ptr::null_mut(); count],
+            end: vec![std::ptr::null_mut(); count],
+            blocks: vec![Vec::new(); count],
+            slabs: Vec::new(),
+            used: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn push(&mut self, b: usize, entry: u32) -> anyhow::Result<()> {
+        let k = self.staged[b] as usize;
+        self.lines[b].0[k % LINE] = entry;
+        if k + 1 < LINE {
+            self.staged[b] = k as u32 + 1;
+            return Ok(());
+        }
+        self.staged[b] = 0;
+        self.spill(b)
+    }
+
+    /// Writes bucket b's full line to its block.
+    #[inline]
+    fn spill(&mut self, b: usize) -> anyhow::Result<()> {
+        if self.tail[b] == self.end[b] {
+            self.next_block(b)?;
+        }
+        let src = &self.lines[b];
+        let dst = self.tail[b];
+        // SAFETY: `dst..dst + LINE` lies in bucket b's block (blocks are whole lines, and
+        // tail < end was just made true), which lies in a live slab and is written by this
+        // bucket only; it is 64-byte aligned (`next_block`), as the streaming stores need.
+        unsafe {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
+                let (s, d) = (src.0.as_ptr() as *const __m128i, dst as *mut __m128i);
+                for q in 0..4 {
+                    _mm_stream_si128(d.add(q), _mm_load_si128(s.add(q)));
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            std::ptr::copy_nonoverlapping(src.0.as_ptr(), dst, LINE);
+            self.tail[b] = dst.add(LINE);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn next_block(&mut self, b: usize) -> anyhow::Result<()> {
+        // The open block's length is final now.
+        if let Some(last) = self.blocks[b].last_mut() {
+            // SAFETY: tail and the block's start lie in the same block.
+            last.1 = unsafe { self.tail[b].offset_from(last.0) as usize };
+        }
+        let size = match self.blocks[b].last() {
+            Some(&(_, len)) => (2 * len).clamp(FIRST_BLOCK, self.block),
+            None => FIRST_BLOCK.min(self.block),
+        };
+        if self
+            .slabs
+            .last()
+            .is_none_or(|s| s.capacity() - self.used < size)
+        {
+            let len = self
+                .slabs
+                .last()
+                .map_or(FIRST_SLAB, |s| (2 * s.capacity()).min(SLAB))
+                .max(size + LINE);
+            // Capacity only: blocks are written through pointers and read back only as far
+            // as written, and the memory stays untouched until then.
+            let mut slab: Vec<u32> = Vec::new();
+            slab.try_reserve_exact(len)
+                .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
+            crate::huge::advise(&mut slab);
+            // Blocks start on a cache line.
+            self.used = slab.as_ptr().align_offset(std::mem::align_of::<Line>());
+            self.slabs.push(slab);
+        }
+        let slab = self.slabs.last_mut().expect("a slab was just made");
+        // SAFETY: `used + size <= slab.capacity()` (checked above): a fresh range of the
+        // slab's buffer, handed to bucket b alone. The buffer never moves (never grown).
+        let start = unsafe { slab.as_mut_ptr().add(self.used) };
+        self.used += size;
+        self.blocks[b].push((start, size));
+        self.tail[b] = start;
+        // SAFETY: inside the same slab (see above).
+        self.end[b] = unsafe { start.add(size) };
+        Ok(())
+    }
+
+    /// Moves every staged entry to its block and fixes the blocks' lengths: after this
+    /// the blocks hold every entry pushed.
+    fn close(&mut self) -> anyhow::Result<()> {
+        for b in 0..self.staged.len() {
+            let k = self.staged[b] as usize;
+            if k > 0 {
+                if self.tail[b] == self.end[b] {
+                    self.next_block(b)?;
+                }
+                // SAFETY: a block has room for a whole line at its tail (see `spill`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(self.lines[b].0.as_ptr(), self.tail[b], k);
+                    self.tail[b] = self.tail[b].add(k);
+                }
+                self.staged[b] = 0;
+            }
+            if let Some(last) = self.blocks[b].last_mut() {
+                // SAFETY: tail and the block's start lie in the same block.
+                last.1 = unsafe { self.tail[b].offset_from(last.0) as usize };
+            }
+        }
+        // The streaming stores are weakly ordered: make them visible before other threads
+        // read the blocks.
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a fence has no memory-safety preconditions (SSE, part of x86_64).
+        unsafe {
+            std::arch::x86_64::_mm_sfence()
+        };
+        Ok(())
+    }
+
+    /// Each bucket's entry count (after [`close`](Buckets::close)).
+    fn sizes(&self) -> Vec<usize> {
+        self.blocks
+            .iter()
+            .map(|f| f.iter().map(|&(_, len)| len).sum())
+            .collect()
+    }
+
+    /// Each bucket's blocks, in the order they were filled, as slices of the slabs; the
+    /// slabs themselves, to keep alive while the blocks are read. After `close`.
+    fn into_blocks(self) -> (Vec<Vec<Blocks>>, Vec<Vec<u32>>) {
+        let blocks = self
+            .blocks
+            .into_iter()
+            .map(|f| f.into_iter().map(|(p, len)| Blocks(p, len)).collect())
+            .collect();
+        (blocks, self.slabs)
+    }
+}
+
+/// One filled block of a bucket: `len` entries from the pointer, in a slab that the
+/// caller of [`Buckets::into_blocks`] keeps alive.
+struct Blocks(*const u32, usize);
+
+// SAFETY: read-only views of slab memory that is no longer written; the slabs outlive
+// every use (`into_blocks`' callers drop them last).
+unsafe impl Send for Blocks {}
+
+impl Blocks {
+    fn as_slice(&self) -> &[u32] {
+        // SAFETY: `len` initialised entries from the pointer, in a slab alive for the
+        // caller's use (see the type).
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
+}
+
+/// Bucket starts (and the total last) of buckets of `sizes` entries, each followed by
+/// `gap(b)` more.
+fn starts_of(sizes: &[usize], gap: impl Fn(usize) -> usize) -> Option<Vec<usize>> {
+    let mut starts = Vec::with_capacity(sizes.len() + 1);
+    let mut acc = 0usize;
+    for (b, &s) in sizes.iter().enumerate() {
+        starts.push(acc);
+        acc = acc.checked_add(s)?.checked_add(gap(b))?;
+    }
+    starts.push(acc);
+    Some(starts)
+}
 
 /// Sorted pairs built as a join streams them: the streaming form of [`sort_pairs`]. Each
 /// arriving pair goes at once into a bucket by the top bits of its key `(i, j)`, as the
@@ -87,12 +304,7 @@ pub(crate) struct SortingSink {
     j_bits: u32,
     /// Key bits below the bucket digit (at most 32: they are what a bucket stores).
     shift: u32,
-    /// Entries of a bucket's largest block.
-    block: usize,
-    /// Full blocks of each bucket, then its block being filled.
-    full: Vec<Vec<Vec<u32>>>,
-    open: Vec<Vec<u32>>,
-    len: usize,
+    buckets: Buckets,
 }
 
 impl SortingSink {
@@ -110,16 +322,12 @@ impl SortingSink {
         if digit > MAX_DIGIT_BITS {
             return None;
         }
-        let buckets = 1usize << digit;
         Some(SortingSink {
             rows,
             cols,
             j_bits,
             shift: key_bits - digit,
-            block: (OPEN_ENTRIES / buckets).clamp(FIRST_BLOCK, BLOCK),
-            full: vec![Vec::new(); buckets],
-            open: vec![Vec::new(); buckets],
-            len: 0,
+            buckets: Buckets::new(1 << digit),
         })
     }
 
@@ -128,35 +336,28 @@ impl SortingSink {
         let SortingSink {
             j_bits,
             shift,
-            full,
-            open,
-            len,
+            mut buckets,
             ..
         } = self;
-        let mut starts = Vec::with_capacity(open.len() + 1);
-        let mut acc = 0;
-        for (f, o) in full.iter().zip(&open) {
-            starts.push(acc);
-            acc += f.iter().map(Vec::len).sum::<usize>() + o.len();
-        }
-        starts.push(acc);
-        debug_assert_eq!(acc, len);
+        buckets
+            .close()
+            .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
+        let starts = starts_of(&buckets.sizes(), |_| 0).expect("entries held in memory");
         // Zeroed, so untouched until written, on huge pages where the kernel gives them.
-        let mut out: Vec<Pair> = crate::huge::zeroed(len, [0, 0]);
+        let mut out: Vec<Pair> = crate::huge::zeroed(starts[starts.len() - 1], [0, 0]);
         let j_mask = (1u64 << j_bits) - 1;
+        let (blocks, slabs) = buckets.into_blocks();
         split_mut(&mut out, &starts)
             .into_par_iter()
-            .zip(full.into_par_iter().zip(open))
+            .zip(blocks)
             .enumerate()
             .for_each_init(
                 || (Vec::new(), Vec::new()),
-                |(keys, scratch), (b, (dst, (full, open)))| {
+                |(keys, scratch), (b, (dst, blocks))| {
                     keys.clear();
-                    for block in &full {
-                        keys.extend_from_slice(block);
+                    for block in &blocks {
+                        keys.extend_from_slice(block.as_slice());
                     }
-                    keys.extend_from_slice(&open);
-                    drop((full, open));
                     lsd(keys, scratch, shift, &|&k: &u32| u64::from(k));
                     let high = (b as u64) << shift;
                     for (o, &k) in dst.iter_mut().zip(keys.iter()) {
@@ -165,21 +366,8 @@ impl SortingSink {
                     }
                 },
             );
+        drop(slabs);
         Ok(out)
-    }
-
-    #[cold]
-    fn next_block(&mut self, b: usize) -> anyhow::Result<()> {
-        let size = (2 * self.open[b].capacity()).clamp(FIRST_BLOCK, self.block);
-        let mut block = Vec::new();
-        block
-            .try_reserve_exact(size)
-            .map_err(|_| anyhow::anyhow!("out of memory for {} result pairs", self.len))?;
-        let full = std::mem::replace(&mut self.open[b], block);
-        if full.capacity() > 0 {
-            self.full[b].push(full);
-        }
-        Ok(())
     }
 }
 
@@ -194,13 +382,186 @@ impl crate::result::PairSink for SortingSink {
                 self.cols
             );
             let key = (u64::from(i) << self.j_bits) | u64::from(j);
-            let b = (key >> self.shift) as usize;
-            if self.open[b].len() == self.open[b].capacity() {
-                self.next_block(b)?;
-            }
-            self.open[b].push((key & low) as u32);
+            self.buckets
+                .push((key >> self.shift) as usize, (key & low) as u32)?;
         }
-        self.len += chunk.len();
+        Ok(())
+    }
+}
+
+/// The CSR built as a join streams its pairs: the streaming form of [`build_csr`]. Each
+/// pair's entries (row i's neighbour j and, in a self-join, row j's neighbour i) go at once
+/// into a bucket of rows by the row's top bits, as the row's low bits above the neighbour
+/// in a u32; [`finish`] counts each bucket's rows, writes each entry's neighbour into its
+/// row (a counting sort in cache, straight into the neighbour array) and sorts the rows'
+/// neighbours where asked. Memory: the entries once in blocks, then the CSR.
+///
+/// [`finish`]: CsrSink::finish
+pub(crate) struct CsrSink {
+    rows: u32,
+    cols: u32,
+    self_join: bool,
+    diagonal: bool,
+    sorted: bool,
+    /// Row bits below the bucket digit, and the neighbour's bits below them.
+    row_shift: u32,
+    nbr_bits: u32,
+    buckets: Buckets,
+}
+
+impl CsrSink {
+    /// A sink for the CSR of `rows` rows over `cols` columns (a self-join: `cols == rows`,
+    /// each pair gives both directions, plus the diagonal when `include_self`), each row's
+    /// neighbours ascending when `sorted`; `None` where a row's low bits and a neighbour
+    /// would not fit 32 bits under 2^16 buckets: then collect and [`build_csr`].
+    pub(crate) fn new(
+        rows: usize,
+        cols: usize,
+        self_join: bool,
+        include_self: bool,
+        sorted: bool,
+    ) -> Option<Self> {
+        let rows = u32::try_from(rows).ok()?;
+        let cols = u32::try_from(cols).ok()?;
+        let row_bits = bits(rows.saturating_sub(1));
+        let nbr_bits = bits(cols.saturating_sub(1));
+        // 2^10 buckets of rows (10^6 rows of 32 neighbours: 32k entries, 128 KiB, a
+        // bucket, sorted inside L2), more where the bits below must fit 32.
+        let digit = (row_bits + nbr_bits)
+            .saturating_sub(32)
+            .max(row_bits.min(10));
+        if digit > MAX_DIGIT_BITS {
+            return None;
+        }
+        Some(CsrSink {
+            rows,
+            cols,
+            self_join,
+            diagonal: self_join && include_self,
+            sorted,
+            row_shift: row_bits - digit,
+            nbr_bits,
+            buckets: Buckets::new(1 << digit),
+        })
+    }
+
+    #[inline(always)]
+    fn put(&mut self, row: u32, nbr: u32) -> anyhow::Result<()> {
+        let low = (1u32 << self.row_shift) - 1;
+        // Below 2^32: the row's low bits and the neighbour fit (`new`).
+        let entry = ((u64::from(row & low) << self.nbr_bits) | u64::from(nbr)) as u32;
+        self.buckets.push((row >> self.row_shift) as usize, entry)
+    }
+
+    /// The CSR: rows in order, each row's neighbours ascending when sorted.
+    pub(crate) fn finish(self) -> Result<Csr> {
+        let CsrSink {
+            rows,
+            diagonal,
+            sorted,
+            row_shift,
+            nbr_bits,
+            mut buckets,
+            ..
+        } = self;
+        buckets
+            .close()
+            .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
+        let rows = rows as usize;
+        let rows_per_bucket = 1usize << row_shift;
+        let bucket_rows =
+            |b: usize| (b * rows_per_bucket).min(rows)..((b + 1) * rows_per_bucket).min(rows);
+        let gap = |b: usize| if diagonal { bucket_rows(b).len() } else { 0 };
+        let starts = starts_of(&buckets.sizes(), gap).ok_or_else(|| {
+            Error::new(ErrorKind::OutOfHostMemory, "the CSR does not fit in memory")
+        })?;
+        let total = starts[starts.len() - 1];
+        let mut neighbors = crate::huge::zeroed(total, 0u32);
+        let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
+        let nbr_mask = (1u64 << nbr_bits) - 1;
+        let (blocks, slabs) = buckets.into_blocks();
+        split_mut(&mut neighbors, &starts)
+            .into_par_iter()
+            .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
+            .zip(blocks)
+            .enumerate()
+            .for_each_init(
+                || (Vec::new(), Vec::new(), Vec::new()),
+                |(cursor, keys, scratch), (b, ((region, offs), blocks))| {
+                    let first_row = bucket_rows(b).start;
+                    let mut slices: Vec<&[u32]> = blocks.iter().map(Blocks::as_slice).collect();
+                    let mut diagonal_first = diagonal;
+                    if sorted {
+                        // The entries (and the diagonal's, as entries) in one array sorted by
+                        // neighbour, in cache; the stable scatter by row below keeps each row's
+                        // neighbours ascending.
+                        keys.clear();
+                        for s in &slices {
+                            keys.extend_from_slice(s);
+                        }
+                        if diagonal {
+                            keys.extend(
+                                (0..offs.len()).map(|r| {
+                                    ((r as u64) << nbr_bits | (first_row + r) as u64) as u32
+                                }),
+                            );
+                            diagonal_first = false;
+                        }
+                        lsd(keys, scratch, nbr_bits, &|&k: &u32| u64::from(k) & nbr_mask);
+                        slices = vec![keys.as_slice()];
+                    }
+                    // Row starts within the region: a count per row, then a running sum.
+                    cursor.clear();
+                    cursor.resize(offs.len() + 1, usize::from(diagonal_first));
+                    cursor[0] = 0;
+                    for s in &slices {
+                        for &e in s.iter() {
+                            cursor[(e >> nbr_bits) as usize + 1] += 1;
+                        }
+                    }
+                    let mut acc = 0;
+                    for c in cursor.iter_mut() {
+                        acc += *c;
+                        *c = acc;
+                    }
+                    for (off, &c) in offs.iter_mut().zip(cursor.iter()) {
+                        *off = (starts[b] + c) as u64;
+                    }
+                    if diagonal_first {
+                        for (r, c) in cursor[..offs.len()].iter_mut().enumerate() {
+                            region[*c] = (first_row + r) as u32;
+                            *c += 1;
+                        }
+                    }
+                    for s in &slices {
+                        for &e in s.iter() {
+                            let c = &mut cursor[(e >> nbr_bits) as usize];
+                            region[*c] = (u64::from(e) & nbr_mask) as u32;
+                            *c += 1;
+                        }
+                    }
+                },
+            );
+        drop(slabs);
+        offsets[rows] = total as u64;
+        Ok(Csr { offsets, neighbors })
+    }
+}
+
+impl crate::result::PairSink for CsrSink {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        for &[i, j] in chunk {
+            anyhow::ensure!(
+                i < self.rows && j < self.cols,
+                "pair ({i}, {j}) beyond the join's {} x {} points",
+                self.rows,
+                self.cols
+            );
+            self.put(i, j)?;
+            if self.self_join {
+                self.put(j, i)?;
+            }
+        }
         Ok(())
     }
 }
@@ -846,10 +1207,12 @@ mod tests {
 
     #[test]
     fn csr_rows_hold_exactly_their_entries() {
+        use crate::result::PairSink;
+        // (pairs, self-join, rows, columns)
         let mut cases = vec![
-            (vec![], true, 0usize),
-            (vec![[0, 1]], true, 3),
-            (vec![], true, 4),
+            (vec![], true, 0usize, 0usize),
+            (vec![[0, 1]], true, 3, 3),
+            (vec![], true, 4, 4),
         ];
         // Radix path: self-join pairs (i < j), and A x B pairs with few and many rows.
         let sj: Vec<Pair> = random(400_000, 300_000, 300_000, 1)
@@ -859,37 +1222,78 @@ mod tests {
             .collect();
         // Row and neighbour bits: 300k rows need 33 (the general path), 60k rows 27 (the
         // packed one); A x B with 20 + 6 bits packs, 16 + 32 does not.
-        cases.push((sj, true, 300_000));
+        cases.push((sj, true, 300_000, 300_000));
         let sj: Vec<Pair> = random(400_000, 60_000, 60_000, 4)
             .into_iter()
             .filter(|p| p[0] != p[1])
             .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
             .collect();
-        cases.push((sj, true, 60_000));
-        cases.push((random(400_000, 1_000_000, 50, 2), false, 1_000_000));
-        cases.push((random(300_000, 1_000_000, u32::MAX, 5), false, 1_000_000));
-        cases.push((random(300_000, 7, 1 << 30, 3), false, 7));
-        for (pairs, self_join, rows) in cases {
+        cases.push((sj, true, 60_000, 60_000));
+        cases.push((random(400_000, 1_000_000, 50, 2), false, 1_000_000, 50));
+        cases.push((
+            random(300_000, 1_000_000, u32::MAX, 5),
+            false,
+            1_000_000,
+            u32::MAX as usize,
+        ));
+        cases.push((random(300_000, 7, 1 << 30, 3), false, 7, 1 << 30));
+        // Few rows with many neighbours each (more than a block), a self-join.
+        let dense: Vec<Pair> = random(200_000, 40, 40, 6)
+            .into_iter()
+            .filter(|p| p[0] != p[1])
+            .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
+            .collect();
+        cases.push((dense, true, 40, 40));
+        let mut sinks = 0;
+        for (pairs, self_join, rows, cols) in cases {
             for include_self in [false, true] {
                 for sorted in [false, true] {
                     let mut want = naive_csr(&pairs, self_join, rows, include_self);
-                    let c =
-                        build_csr(pairs.clone(), self_join, rows, include_self, sorted).unwrap();
-                    assert_eq!(c.offsets.len(), rows + 1);
-                    assert_eq!(c.offsets[rows] as usize, c.neighbors.len());
-                    for (r, w) in want.iter_mut().enumerate() {
-                        let got = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
-                        let mut got = got.to_vec();
-                        if sorted {
-                            assert!(got.windows(2).all(|x| x[0] <= x[1]), "row {r} not sorted");
-                        } else {
-                            got.sort_unstable();
-                        }
+                    for w in want.iter_mut() {
                         w.sort_unstable();
-                        assert_eq!(&got, w, "row {r}");
+                    }
+                    let mut built =
+                        vec![
+                            build_csr(pairs.clone(), self_join, rows, include_self, sorted)
+                                .unwrap(),
+                        ];
+                    // The streaming form, fed in chunks of several sizes.
+                    if let Some(mut sink) =
+                        CsrSink::new(rows, cols, self_join, include_self, sorted)
+                    {
+                        let (mut at, mut sizes) = (0, [1usize, 7, 4096, 65_536].iter().cycle());
+                        while at < pairs.len() {
+                            let end = (at + sizes.next().unwrap()).min(pairs.len());
+                            sink.push(&pairs[at..end]).unwrap();
+                            at = end;
+                        }
+                        built.push(sink.finish().unwrap());
+                        sinks += 1;
+                    }
+                    for c in built {
+                        assert_eq!(c.offsets.len(), rows + 1);
+                        assert_eq!(c.offsets[0], 0);
+                        assert_eq!(c.offsets[rows] as usize, c.neighbors.len());
+                        for (r, w) in want.iter().enumerate() {
+                            let got =
+                                &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
+                            let mut got = got.to_vec();
+                            if sorted {
+                                assert!(got.windows(2).all(|x| x[0] <= x[1]), "row {r} not sorted");
+                            } else {
+                                got.sort_unstable();
+                            }
+                            assert_eq!(&got, w, "row {r}");
+                        }
                     }
                 }
             }
         }
+        // Every case but the one whose neighbours need 32 bits beside 2^20 rows.
+        assert_eq!(sinks, 8 * 4);
+        // A pair beyond the rows or columns is an error, not a write out of place.
+        let mut sink = CsrSink::new(10, 5, false, false, true).unwrap();
+        assert!(sink.push(&[[3, 5]]).is_err());
+        assert!(sink.push(&[[10, 0]]).is_err());
     }
 }

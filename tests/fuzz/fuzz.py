@@ -129,6 +129,25 @@ def fuzz_join(rng, failures):
         except simjoin.InvalidArgumentError as e:
             if in_range or "out of range" not in str(e):
                 fail(failures, what, f"error: {e}", X)
+    if in_range:
+        # The CSR (both directions of a self-join), sorted or not, holds the same entries.
+        sorted_rows = bool(rng.random() < 0.5)
+        what = f"csr {kind} {X.shape} {X.dtype} eps={eps!r} {metric} {'AxB' if Y is not None else 'self'} sorted={sorted_rows}"
+        try:
+            if Y is None:
+                c = simjoin.self_join(X, eps, metric=metric, backend="cpu", output="csr", sorted=sorted_rows)
+            else:
+                c = simjoin.join(X, Y, eps, metric=metric, backend="cpu", output="csr", sorted=sorted_rows)
+            rows = np.repeat(np.arange(c.shape[0]), np.diff(c.indptr))
+            got = list(zip(rows.tolist(), c.indices.tolist()))
+            expect = want | {(j, i) for i, j in want} if Y is None else want
+            if len(got) != len(expect) or set(got) != expect:
+                fail(failures, what, f"{len(got)} entries, {len(expect)} expected", X)
+            elif sorted_rows and any(np.any(np.diff(c.indices[a:b].astype(np.int64)) <= 0)
+                                     for a, b in zip(c.indptr[:-1], c.indptr[1:])):
+                fail(failures, what, "a row's neighbours not ascending", X)
+        except simjoin.InvalidArgumentError as e:
+            fail(failures, what, f"error: {e}", X)
 
 
 def fuzz_knn(rng, failures):
