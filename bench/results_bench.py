@@ -2,7 +2,10 @@
 """How fast a join's result reaches the user (issue 12's table), against Super-EGO and
 scipy's cKDTree, on the same data in the same run.
 
-Per workload (uniform points in [0, 1]^d, float64, seeded), each row the median of --reps:
+Per workload (uniform points in [0, 1]^d, float64, seeded), each row the median of --reps
+(in-process paths: after one first call, timed and shown on its own, since a process's
+first result of a size pays for fresh memory: on a VM, the host backing it, measured at
+2-4x a warm call):
 - CLI `self-join --stats`: the join counting only, and with `--output pairs.npy` the
   writer's seconds and GB/s, unsorted (streamed while the join runs) and sorted;
 - Python `simjoin.self_join`: unsorted pairs (the base of the ratios: the join with its pairs
@@ -15,8 +18,8 @@ All systems must agree on the pair count. Ratios: each Python path over the unso
 and the best peer over simjoin's sorted pairs.
 
 usage: python3 bench/results_bench.py [--n 1000000] [--reps 3] [--out bench/RESULTS_BENCH.md]
-Needs numpy, scipy and the simjoin package (tests/run.sh's venv has them), g++ for
-Super-EGO, and the CLI (built with cargo if target/release/simjoin is missing).
+Needs numpy and scipy (tests/run.sh's venv has them), g++ for Super-EGO, and cargo: it
+measures this checkout's package and release library (bench/checkout.py) and its CLI.
 """
 import argparse
 import os
@@ -33,21 +36,26 @@ import time
 import numpy as np
 from scipy.spatial import cKDTree
 
-import simjoin
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkout import ROOT, use_checkout  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIBRARY = use_checkout()
+import simjoin  # noqa: E402
+
 PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 # eps giving about 16 neighbours per point at 1M points (16M unique pairs), as the issue's.
 WORKLOADS = {"uniform-2d": (2, 0.0032), "uniform-3d": (3, 0.0197)}
 
 
 def median_time(f, reps):
+    """The median of `reps` calls after a first one, that first call's seconds, and the
+    last result."""
     times, out = [], None
-    for _ in range(reps):
+    for _ in range(reps + 1):
         t = time.perf_counter()
         out = f()
         times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+    return statistics.median(times[1:]), times[0], out
 
 
 def count_of(r):
@@ -60,10 +68,9 @@ def count_of(r):
 
 
 def cli_binary():
-    exe = os.path.join(ROOT, "target", "release", "simjoin")
-    if not os.path.exists(exe):
-        subprocess.run(["cargo", "build", "--release", "-p", "simjoin-cli"], cwd=ROOT, check=True)
-    return exe
+    # Built every run (a no-op when fresh): a stale CLI would measure old code.
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "simjoin-cli"], cwd=ROOT, check=True)
+    return os.path.join(ROOT, "target", "release", "simjoin")
 
 
 def cli_stats(exe, data, eps, out=None, extra=()):
@@ -130,9 +137,11 @@ def workload(name, dim, eps, n, reps, exe, work):
     simjoin.self_join(x[:1000], eps, backend="cpu")  # engine start outside the timers
     # The base of the ratios: the join with its pairs in memory, as NumPy (the unsorted
     # call: index, join, and the zero-copy hand-over).
-    join_s, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", sorted=False), reps)
+    join_s, first, r = median_time(
+        lambda: simjoin.self_join(x, eps, backend="cpu", sorted=False), reps)
     assert count_of(r) == pairs
-    rows.append(("Python self_join(X, eps, sorted=False): the join, pairs in memory", join_s, 1.0))
+    rows.append(("Python self_join(X, eps, sorted=False): the join, pairs in memory", join_s, 1.0,
+                 first))
     for label, kw in [
         ("Python self_join(X, eps) (sorted, the default)", {}),
         ('Python self_join(X, eps, output="csr")', dict(output="csr")),
@@ -140,9 +149,9 @@ def workload(name, dim, eps, n, reps, exe, work):
          dict(output="csr", return_distance=True)),
         ('Python self_join(X, eps, output="count")', dict(output="count")),
     ]:
-        t, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", **kw), reps)
+        t, first, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", **kw), reps)
         assert count_of(r) == pairs, (label, count_of(r), pairs)
-        rows.append((label, t, t / join_s))
+        rows.append((label, t, t / join_s, first))
 
     peers = {}
     txt = os.path.join(work, f"{name}.txt")
@@ -158,10 +167,10 @@ def workload(name, dim, eps, n, reps, exe, work):
         rows.append((f"Super-EGO ({os.cpu_count()} threads, sort + join, pairs in memory"
                      + (f"; {diff} pair(s) at the boundary counted differently" if diff else "")
                      + ")", peers["Super-EGO"], None))
-    t, r = median_time(lambda: cKDTree(x).query_pairs(eps, output_type="ndarray"), reps)
+    t, first, r = median_time(lambda: cKDTree(x).query_pairs(eps, output_type="ndarray"), reps)
     assert len(r) == pairs, (len(r), pairs)
     peers["cKDTree"] = t
-    rows.append(('scipy cKDTree(X).query_pairs(eps, output_type="ndarray")', t, None))
+    rows.append(('scipy cKDTree(X).query_pairs(eps, output_type="ndarray")', t, None, first))
     sorted_s = rows[4][1]
     best = min(peers.values())
     return rows, pairs, join_s, sorted_s, best
@@ -181,7 +190,8 @@ def main():
         f"`python3 bench/results_bench.py --n {args.n} --reps {args.reps}` on "
         f"{platform.node() or 'this machine'}, {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average at start "
-        f"{os.getloadavg()[0]:.1f}. Medians of {args.reps}; CPU backend; float64 input.",
+        f"{os.getloadavg()[0]:.1f}. Medians of {args.reps} (in-process paths: after a first "
+        f"call, shown on its own); CPU backend; float64 input; {LIBRARY}.",
         "",
     ]
     with tempfile.TemporaryDirectory() as work:
@@ -189,9 +199,10 @@ def main():
             dim, eps = WORKLOADS[name]
             rows, pairs, join_s, sorted_s, best = workload(name, dim, eps, args.n, args.reps, exe, work)
             lines += [f"## {name}: {args.n:,} points, eps {eps} ({pairs:,} pairs)", "",
-                      "| path | seconds | / join |", "| --- | ---: | ---: |"]
-            for label, t, ratio in rows:
-                lines.append(f"| {label} | {t:.3f} | {'' if ratio is None else f'{ratio:.2f}x'} |")
+                      "| path | seconds | / join | first call s |", "| --- | ---: | ---: | ---: |"]
+            for label, t, ratio, *first in rows:
+                lines.append(f"| {label} | {t:.3f} | {'' if ratio is None else f'{ratio:.2f}x'} | "
+                             f"{f'{first[0]:.3f}' if first else ''} |")
             lines += ["", f"Best peer {best:.3f} s; simjoin sorted pairs in Python take "
                       f"{sorted_s / best:.2f} of it ({best / sorted_s:.1f}x faster).", ""]
             print("\n".join(lines[-(len(rows) + 6):]), flush=True)

@@ -63,4 +63,6 @@ pub use engine::{Engine, EngineOptions};
 pub use error::{Error, ErrorKind, Result};
 pub use knn::{KnnOptions, KnnResult};
 pub use options::{Algorithm, Backend, IndexBuild, JoinOptions, Metric, OutputForm};
-pub use result::{Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, VecSink};
+pub use result::{
+    Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, PairSorter, VecSink,
+};

@@ -305,6 +305,7 @@ pub(crate) struct SortingSink {
     /// Key bits below the bucket digit (at most 32: they are what a bucket stores).
     shift: u32,
     buckets: Buckets,
+    len: usize,
 }
 
 impl SortingSink {
@@ -328,7 +329,13 @@ impl SortingSink {
             j_bits,
             shift: key_bits - digit,
             buckets: Buckets::new(1 << digit),
+            len: 0,
         })
+    }
+
+    /// Pairs pushed so far.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// The pairs, lexicographically sorted (as [`sort_pairs`] sorts them).
@@ -385,6 +392,7 @@ impl crate::result::PairSink for SortingSink {
             self.buckets
                 .push((key >> self.shift) as usize, (key & low) as u32)?;
         }
+        self.len += chunk.len();
         Ok(())
     }
 }

@@ -61,6 +61,78 @@ impl PairSink for CollectSink {
     }
 }
 
+/// Pairs sorted as they arrive, for callers that stream a join themselves (the CLI's sorted
+/// output): push chunks, then [`finish`](PairSorter::finish) hands them back in
+/// lexicographic order. With fewer than 2^24 points a side each pair is bucketed by its
+/// key's top bits on arrival (4 bytes a pair held, 8 more while finishing: the engine's
+/// own sorted output); else the pairs are collected and radix-sorted (8 bytes a pair, 16 at
+/// the peak).
+pub struct PairSorter {
+    inner: Sorter,
+}
+
+enum Sorter {
+    Buckets(crate::radix::SortingSink),
+    Collect(Vec<Pair>),
+}
+
+impl PairSorter {
+    /// A sorter for pairs `[i, j]` with `i < rows` and `j < cols` (a pair beyond them is an
+    /// error from `push`).
+    pub fn new(rows: usize, cols: usize) -> Self {
+        let inner = match crate::radix::SortingSink::new(rows, cols) {
+            Some(s) => Sorter::Buckets(s),
+            None => Sorter::Collect(Vec::new()),
+        };
+        PairSorter { inner }
+    }
+
+    /// Pairs pushed so far.
+    pub fn len(&self) -> usize {
+        match &self.inner {
+            Sorter::Buckets(s) => s.len(),
+            Sorter::Collect(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes held per pair until `finish`, and at its peak.
+    pub fn bytes_per_pair(&self) -> (usize, usize) {
+        match &self.inner {
+            Sorter::Buckets(_) => (4, 12),
+            Sorter::Collect(_) => (8, 16),
+        }
+    }
+
+    /// Every pair pushed, lexicographically sorted.
+    pub fn finish(self) -> Result<Vec<Pair>> {
+        match self.inner {
+            Sorter::Buckets(s) => s.finish(),
+            Sorter::Collect(mut v) => {
+                sort_pairs(&mut v);
+                Ok(v)
+            }
+        }
+    }
+}
+
+impl PairSink for PairSorter {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        match &mut self.inner {
+            Sorter::Buckets(s) => s.push(chunk),
+            Sorter::Collect(v) => {
+                v.try_reserve(chunk.len())
+                    .map_err(|_| anyhow::anyhow!("out of memory for {} pairs", v.len()))?;
+                v.extend_from_slice(chunk);
+                Ok(())
+            }
+        }
+    }
+}
+
 impl CollectSink {
     pub fn into_pairs(self) -> Result<Vec<Pair>> {
         Ok(self.pairs)
@@ -346,6 +418,38 @@ fn distances_of(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pair_sorter_sorts_in_both_of_its_forms() {
+        // Below 2^24 points a side the pairs are bucketed; beyond, collected.
+        for (rows, cols) in [(1000usize, 70_000usize), (1 << 25, 1 << 25)] {
+            let mut s = 5u64;
+            let pairs: Vec<Pair> = (0..50_000)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    [
+                        ((s >> 33) % rows as u64) as u32,
+                        ((s >> 7) % cols as u64) as u32,
+                    ]
+                })
+                .collect();
+            let mut sorter = PairSorter::new(rows, cols);
+            assert!(sorter.is_empty());
+            for c in pairs.chunks(999) {
+                sorter.push(c).unwrap();
+            }
+            assert_eq!(sorter.len(), pairs.len());
+            let peak = sorter.bytes_per_pair().1;
+            assert_eq!(peak, if rows < 1 << 24 { 12 } else { 16 });
+            let mut want = pairs.clone();
+            want.sort_unstable();
+            assert_eq!(sorter.finish().unwrap(), want);
+        }
+        // A pair beyond the points is an error, not a write out of place.
+        assert!(PairSorter::new(4, 4).push(&[[4, 0]]).is_err());
+    }
+
     use super::*;
 
     #[test]

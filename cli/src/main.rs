@@ -455,7 +455,7 @@ fn write_join(
                 _ => PathBuf::from("."),
             },
         };
-        let mut sort = sort::ExternalSort::new(budget, &spill_dir);
+        let mut sort = sort::ExternalSort::new(budget, &spill_dir, a.len(), b.unwrap_or(a).len());
         let report = stream_join(engine, a, b, opts, |chunk| {
             found += chunk.len();
             progress.pairs_so_far(found);

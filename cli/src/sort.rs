@@ -1,10 +1,11 @@
-//! Sorted pairs in bounded memory: pairs gather in one buffer of at most half the memory
-//! budget (sorting it takes the other half); a full buffer is sorted and spilled to a
-//! temporary file (a run), and at the end the runs are merged k-way into the output. A
-//! result that fits the budget is sorted in memory and never touches a temporary file.
+//! Sorted pairs in bounded memory: pairs gather in the library's `PairSorter` (bucketed by
+//! key as they arrive) up to the budget over its peak bytes a pair; a full sorter is
+//! finished and spilled to a temporary file (a run), and at the end the runs are merged
+//! k-way into the output. A result that fits the budget is sorted in memory and never
+//! touches a temporary file.
 
 use anyhow::{Context, Result};
-use simjoin::Pair;
+use simjoin::{Pair, PairSink, PairSorter};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
@@ -20,9 +21,11 @@ const MAX_FAN_IN: usize = 256;
 const MIN_READ_PAIRS: usize = 1 << 13;
 
 pub struct ExternalSort {
-    buf: Vec<Pair>,
-    /// The buffer's limit in pairs: half the budget, as the sort takes a second buffer as
-    /// large (`simjoin::result::sort_pairs` is a radix sort).
+    /// Pairs not yet spilled, sorted as they arrive (`simjoin::PairSorter`).
+    sorter: PairSorter,
+    rows: usize,
+    cols: usize,
+    /// Pairs held at most before a spill: the budget over the sorter's peak bytes a pair.
     cap: usize,
     dir: PathBuf,
     runs: Vec<Run>,
@@ -36,11 +39,16 @@ struct Run {
 }
 
 impl ExternalSort {
-    /// `budget`: bytes of pairs held in memory; `dir`: where runs are spilled.
-    pub fn new(budget: u64, dir: &Path) -> Self {
+    /// `budget`: bytes of pairs held in memory; `dir`: where runs are spilled; pairs are
+    /// `[i, j]` with `i < rows`, `j < cols`.
+    pub fn new(budget: u64, dir: &Path, rows: usize, cols: usize) -> Self {
+        let sorter = PairSorter::new(rows, cols);
+        let peak = sorter.bytes_per_pair().1 as u64;
         ExternalSort {
-            buf: Vec::new(),
-            cap: (budget / (2 * size_of::<Pair>() as u64)).max(1) as usize,
+            sorter,
+            rows,
+            cols,
+            cap: (budget / peak).max(1) as usize,
             dir: dir.to_path_buf(),
             runs: Vec::new(),
             fan_in: MAX_FAN_IN,
@@ -54,48 +62,40 @@ impl ExternalSort {
 
     pub fn push(&mut self, mut chunk: &[Pair]) -> Result<()> {
         while !chunk.is_empty() {
-            if self.buf.len() == self.cap {
+            if self.sorter.len() == self.cap {
                 self.spill()?;
             }
-            let room = self.cap - self.buf.len();
-            let take = chunk.len().min(room);
-            if self.buf.capacity() - self.buf.len() < take {
-                // Grow by doubling, but never past the budget (reserve_exact: no slack).
-                let want = (self.buf.len() * 2)
-                    .max(self.buf.len() + take)
-                    .min(self.cap);
-                self.buf.reserve_exact(want - self.buf.len());
-            }
-            self.buf.extend_from_slice(&chunk[..take]);
+            let take = chunk.len().min(self.cap - self.sorter.len());
+            self.sorter.push(&chunk[..take])?;
             chunk = &chunk[take..];
         }
         Ok(())
     }
 
-    /// Sorts the buffer and writes it out as a run.
+    /// Sorts the pairs held and writes them out as a run.
     fn spill(&mut self) -> Result<()> {
-        simjoin::result::sort_pairs(&mut self.buf);
+        let sorter = std::mem::replace(&mut self.sorter, PairSorter::new(self.rows, self.cols));
+        let sorted = sorter.finish()?;
         let mut run = Run::create(&self.dir)?;
         run.file
-            .write_all(bytemuck::cast_slice(&self.buf))
+            .write_all(bytemuck::cast_slice(&sorted))
             .context("cannot write a sort run")?;
-        run.pairs = self.buf.len() as u64;
+        run.pairs = sorted.len() as u64;
         self.runs.push(run);
-        self.buf.clear();
         Ok(())
     }
 
     /// Hands every pair, sorted, to `out` in batches.
     pub fn finish(mut self, mut out: impl FnMut(&[Pair]) -> Result<()>) -> Result<()> {
         if self.runs.is_empty() {
-            simjoin::result::sort_pairs(&mut self.buf);
-            return self.buf.chunks(OUT_BATCH).try_for_each(out);
+            let sorted = self.sorter.finish()?;
+            return sorted.chunks(OUT_BATCH).try_for_each(out);
         }
-        if !self.buf.is_empty() {
+        if !self.sorter.is_empty() {
             self.spill()?;
         }
-        // Free the buffer before the merge takes its read buffers from the same budget.
-        self.buf = Vec::new();
+        // Free the sorter before the merge takes its read buffers from the same budget.
+        drop(std::mem::replace(&mut self.sorter, PairSorter::new(0, 0)));
         let read_pairs = |runs: usize| (self.cap / (runs + 1)).max(MIN_READ_PAIRS);
         while self.runs.len() > self.fan_in {
             let group: Vec<Run> = self.runs.drain(..self.fan_in).collect();
@@ -237,22 +237,32 @@ mod tests {
     fn equals_the_in_memory_sort() {
         let dir = std::env::temp_dir().join(format!("simjoin-sort-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        for (n, budget, fan_in) in [
-            (0, 64, 4),
-            (1000, 1 << 20, 4),
-            (100_000, 8 * 1000, 256),
-            (100_000, 8 * 999, 3),
-            (54_321, 8 * 4096, 2),
+        // Columns below 2^24: the sorter buckets pairs as they arrive (12 bytes a pair at
+        // the peak); up to 2^32: it collects them (16).
+        for (n, budget, fan_in, cols, peak) in [
+            (0, 64, 4, 1u64 << 32, 16),
+            (1000, 1 << 20, 4, 1 << 32, 16),
+            (100_000, 8 * 1000, 256, 1 << 32, 16),
+            (100_000, 8 * 999, 3, 1 << 32, 16),
+            (54_321, 8 * 4096, 2, 1 << 32, 16),
+            (0, 64, 4, 1 << 24, 12),
+            (1000, 1 << 20, 4, 1 << 24, 12),
+            (100_000, 12 * 1000, 256, 1 << 24, 12),
+            (100_000, 12 * 999, 3, 1 << 20, 12),
+            (54_321, 12 * 4096, 2, 1 << 24, 12),
         ] {
-            let pairs = pseudo_random_pairs(n, n as u64 + 7);
+            let mut pairs = pseudo_random_pairs(n, n as u64 + 7);
+            for p in pairs.iter_mut() {
+                p[1] = (u64::from(p[1]) % cols) as u32;
+            }
             let mut want = pairs.clone();
             want.sort_unstable();
-            let mut sort = ExternalSort::new(budget, &dir);
+            let mut sort = ExternalSort::new(budget, &dir, 1 << 10, cols as usize);
             sort.fan_in = fan_in;
             for chunk in pairs.chunks(777) {
                 sort.push(chunk).unwrap();
             }
-            let cap = budget as usize / 16;
+            let cap = budget as usize / peak;
             let expect_runs = if n > cap { n.div_ceil(cap) - 1 } else { 0 };
             assert_eq!(sort.runs(), expect_runs, "n {n} budget {budget}");
             let mut got = Vec::new();
