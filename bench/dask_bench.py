@@ -29,8 +29,12 @@ import dask
 import dask.array as da
 from distributed import Client, LocalCluster, get_task_stream
 
-import simjoin
-import simjoin.dask as sjd
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkout import use_checkout  # noqa: E402
+
+LIBRARY = use_checkout()  # this checkout's package and library (workers inherit it)
+import simjoin  # noqa: E402
+import simjoin.dask as sjd  # noqa: E402
 
 
 def now():

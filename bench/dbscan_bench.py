@@ -38,6 +38,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from checkout import use_checkout  # noqa: E402
+
+# This checkout's package and library, not an installed copy (children inherit it).
+LIBRARY = use_checkout() if "--child" not in sys.argv else None
 
 # name: (dim, eps at 1M points, min_samples, sizes, whether eps shrinks as n^(-1/d))
 WORKLOADS = {

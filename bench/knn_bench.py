@@ -28,6 +28,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from checkout import use_checkout  # noqa: E402
+
+LIBRARY = use_checkout()  # this checkout's package and library, not an installed copy
 
 # name: (generator, dim, default n)
 WORKLOADS = {
