@@ -348,10 +348,24 @@ fn distances_of(
             )
         })?;
         crate::huge::advise(&mut out);
+        // Points a few entries ahead are fetched while this one is computed: the
+        // neighbours are random points, and waiting for each from memory in turn was most
+        // of the time (CSR of 16M pairs, 32M distances: 190-350 ms -> see RESULTS_BENCH.md).
+        const AHEAD: usize = 16;
+        fn row_of<T>(x: &[T], i: u32, dim: usize) -> &[T] {
+            &x[i as usize * dim..]
+        }
         match output {
             Entries::Pairs(p) => p
                 .par_iter()
-                .map(|&[i, j]| dist(i, j))
+                .enumerate()
+                .map(|(k, &[i, j])| {
+                    if let Some(&[fi, fj]) = p.get(k + AHEAD) {
+                        crate::cpu::prefetch(row_of(a, fi, dim));
+                        crate::cpu::prefetch(row_of(b, fj, dim));
+                    }
+                    dist(i, j)
+                })
                 .collect_into_vec(&mut out),
             Entries::Csr(c) => {
                 // Blocks of rows, each writing its own run of the (not yet initialised)
@@ -368,10 +382,15 @@ fn distances_of(
                     rest = tail;
                 }
                 blocks.into_par_iter().for_each(|(block, seg)| {
+                    let ahead = &c.neighbors[c.offsets[block.start] as usize + AHEAD.min(seg.len())
+                        ..c.offsets[block.end] as usize];
                     let mut w = 0;
                     for r in block {
                         let row = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
                         for &n in row {
+                            if let Some(&f) = ahead.get(w) {
+                                crate::cpu::prefetch(row_of(b, f, dim));
+                            }
                             seg[w].write(dist(r as u32, n));
                             w += 1;
                         }
