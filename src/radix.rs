@@ -209,9 +209,9 @@ impl Buckets {
         Ok(())
     }
 
-    /// Moves every staged entry to its block and fixes the blocks' lengths: after this
-    /// the blocks hold every entry pushed.
-    fn close(&mut self) -> anyhow::Result<()> {
+    /// Moves every staged entry to its block and fixes the blocks' lengths: the store,
+    /// now read-only, holding every entry pushed.
+    fn close(mut self) -> anyhow::Result<Closed> {
         for b in 0..self.staged.len() {
             let k = self.staged[b] as usize;
             if k > 0 {
@@ -237,10 +237,29 @@ impl Buckets {
         unsafe {
             std::arch::x86_64::_mm_sfence()
         };
-        Ok(())
+        Ok(Closed {
+            blocks: self.blocks,
+            _slabs: self.slabs,
+        })
     }
+}
 
-    /// Each bucket's entry count (after [`close`](Buckets::close)).
+/// A closed [`Buckets`]: each bucket's blocks, in the order they were filled, to read.
+struct Closed {
+    /// (start, length) of each block, in `_slabs`.
+    blocks: Vec<Vec<(*const u32, usize)>>,
+    _slabs: Vec<Vec<u32>>,
+}
+
+// SAFETY: the pointers point into `_slabs`, owned by the value and never written again
+// (nothing here writes), so sharing or sending it shares or sends only reads of memory it
+// owns.
+unsafe impl Send for Closed {}
+// SAFETY: as for Send: every access through `&Closed` is a read.
+unsafe impl Sync for Closed {}
+
+impl Closed {
+    /// Each bucket's entry count.
     fn sizes(&self) -> Vec<usize> {
         self.blocks
             .iter()
@@ -248,31 +267,15 @@ impl Buckets {
             .collect()
     }
 
-    /// Each bucket's blocks, in the order they were filled, as slices of the slabs; the
-    /// slabs themselves, to keep alive while the blocks are read. After `close`.
-    fn into_blocks(self) -> (Vec<Vec<Blocks>>, Vec<Vec<u32>>) {
-        let blocks = self
-            .blocks
-            .into_iter()
-            .map(|f| f.into_iter().map(|(p, len)| Blocks(p, len)).collect())
-            .collect();
-        (blocks, self.slabs)
-    }
-}
-
-/// One filled block of a bucket: `len` entries from the pointer, in a slab that the
-/// caller of [`Buckets::into_blocks`] keeps alive.
-struct Blocks(*const u32, usize);
-
-// SAFETY: read-only views of slab memory that is no longer written; the slabs outlive
-// every use (`into_blocks`' callers drop them last).
-unsafe impl Send for Blocks {}
-
-impl Blocks {
-    fn as_slice(&self) -> &[u32] {
-        // SAFETY: `len` initialised entries from the pointer, in a slab alive for the
-        // caller's use (see the type).
-        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    /// Bucket b's blocks.
+    fn bucket(&self, b: usize) -> Vec<&[u32]> {
+        self.blocks[b]
+            .iter()
+            // SAFETY: `len` entries written before `close` (each block's length was fixed
+            // to how far it was written), inside a slab that `self` owns and keeps alive
+            // for the borrow.
+            .map(|&(p, len)| unsafe { std::slice::from_raw_parts(p, len) })
+            .collect()
     }
 }
 
@@ -343,27 +346,25 @@ impl SortingSink {
         let SortingSink {
             j_bits,
             shift,
-            mut buckets,
+            buckets,
             ..
         } = self;
-        buckets
+        let buckets = buckets
             .close()
             .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
         let starts = starts_of(&buckets.sizes(), |_| 0).expect("entries held in memory");
         // Zeroed, so untouched until written, on huge pages where the kernel gives them.
         let mut out: Vec<Pair> = crate::huge::zeroed(starts[starts.len() - 1], [0, 0]);
         let j_mask = (1u64 << j_bits) - 1;
-        let (blocks, slabs) = buckets.into_blocks();
         split_mut(&mut out, &starts)
             .into_par_iter()
-            .zip(blocks)
             .enumerate()
             .for_each_init(
                 || (Vec::new(), Vec::new()),
-                |(keys, scratch), (b, (dst, blocks))| {
+                |(keys, scratch), (b, dst)| {
                     keys.clear();
-                    for block in &blocks {
-                        keys.extend_from_slice(block.as_slice());
+                    for block in buckets.bucket(b) {
+                        keys.extend_from_slice(block);
                     }
                     lsd(keys, scratch, shift, &|&k: &u32| u64::from(k));
                     let high = (b as u64) << shift;
@@ -373,7 +374,6 @@ impl SortingSink {
                     }
                 },
             );
-        drop(slabs);
         Ok(out)
     }
 }
@@ -469,10 +469,10 @@ impl CsrSink {
             sorted,
             row_shift,
             nbr_bits,
-            mut buckets,
+            buckets,
             ..
         } = self;
-        buckets
+        let buckets = buckets
             .close()
             .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
         let rows = rows as usize;
@@ -487,17 +487,15 @@ impl CsrSink {
         let mut neighbors = crate::huge::zeroed(total, 0u32);
         let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
         let nbr_mask = (1u64 << nbr_bits) - 1;
-        let (blocks, slabs) = buckets.into_blocks();
         split_mut(&mut neighbors, &starts)
             .into_par_iter()
             .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
-            .zip(blocks)
             .enumerate()
             .for_each_init(
                 || (Vec::new(), Vec::new(), Vec::new()),
-                |(cursor, keys, scratch), (b, ((region, offs), blocks))| {
+                |(cursor, keys, scratch), (b, (region, offs))| {
                     let first_row = bucket_rows(b).start;
-                    let mut slices: Vec<&[u32]> = blocks.iter().map(Blocks::as_slice).collect();
+                    let mut slices = buckets.bucket(b);
                     let mut diagonal_first = diagonal;
                     if sorted {
                         // The entries (and the diagonal's, as entries) in one array sorted by
@@ -550,7 +548,6 @@ impl CsrSink {
                     }
                 },
             );
-        drop(slabs);
         offsets[rows] = total as u64;
         Ok(Csr { offsets, neighbors })
     }
