@@ -90,9 +90,8 @@ struct Line([u32; LINE]);
 /// staged a cache line per bucket (all the lines stay in L1/L2) and a full line goes to
 /// its block with streaming stores: a direct write to each of a thousand block tails
 /// missed the cache on nearly every line (a CSR's 32M entries: 4 ns an entry that way,
-/// 3 with the lines). The blocks are carved
-/// from a few large slabs advised onto huge pages, each block a whole number of lines on
-/// line boundaries.
+/// 3 with the lines). The blocks are carved from a few large slabs advised onto huge
+/// pages, each block a whole number of lines on line boundaries.
 struct Buckets {
     /// Entries of a bucket's largest block.
     block: usize,
@@ -212,12 +211,13 @@ impl Buckets {
 
     /// Moves every staged entry to its block and fixes the blocks' lengths: the store,
     /// now read-only, holding every entry pushed.
-    fn close(mut self) -> anyhow::Result<Closed> {
+    fn close(mut self) -> Result<Closed> {
         for b in 0..self.staged.len() {
             let k = self.staged[b] as usize;
             if k > 0 {
                 if self.tail[b] == self.end[b] {
-                    self.next_block(b)?;
+                    self.next_block(b)
+                        .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
                 }
                 // SAFETY: a block has room for a whole line at its tail (see `spill`).
                 unsafe {
@@ -278,6 +278,16 @@ impl Closed {
             .map(|&(p, len)| unsafe { std::slice::from_raw_parts(p, len) })
             .collect()
     }
+}
+
+/// The sinks' check of each arriving pair: the buckets are sized for these bounds.
+#[inline(always)]
+fn within(i: u32, j: u32, rows: u32, cols: u32) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        i < rows && j < cols,
+        "pair ({i}, {j}) beyond the join's {rows} x {cols} points"
+    );
+    Ok(())
 }
 
 /// Bucket starts (and the total last) of buckets of `sizes` entries, each followed by
@@ -350,9 +360,7 @@ impl SortingSink {
             buckets,
             ..
         } = self;
-        let buckets = buckets
-            .close()
-            .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
+        let buckets = buckets.close()?;
         let starts = starts_of(&buckets.sizes(), |_| 0).expect("entries held in memory");
         // Zeroed, so untouched until written, on huge pages where the kernel gives them.
         let mut out: Vec<Pair> = crate::huge::zeroed(starts[starts.len() - 1], [0, 0]);
@@ -383,12 +391,7 @@ impl crate::result::PairSink for SortingSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         let low = (1u64 << self.shift) - 1;
         for &[i, j] in chunk {
-            anyhow::ensure!(
-                i < self.rows && j < self.cols,
-                "pair ({i}, {j}) beyond the join's {} x {} points",
-                self.rows,
-                self.cols
-            );
+            within(i, j, self.rows, self.cols)?;
             let key = (u64::from(i) << self.j_bits) | u64::from(j);
             self.buckets
                 .push((key >> self.shift) as usize, (key & low) as u32)?;
@@ -473,9 +476,7 @@ impl CsrSink {
             buckets,
             ..
         } = self;
-        let buckets = buckets
-            .close()
-            .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
+        let buckets = buckets.close()?;
         let rows = rows as usize;
         let rows_per_bucket = 1usize << row_shift;
         let bucket_rows =
@@ -557,12 +558,7 @@ impl CsrSink {
 impl crate::result::PairSink for CsrSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         for &[i, j] in chunk {
-            anyhow::ensure!(
-                i < self.rows && j < self.cols,
-                "pair ({i}, {j}) beyond the join's {} x {} points",
-                self.rows,
-                self.cols
-            );
+            within(i, j, self.rows, self.cols)?;
             self.put(i, j)?;
             if self.self_join {
                 self.put(j, i)?;
@@ -615,8 +611,9 @@ fn scatter_then_lsd(
 /// second: each pair gives both directions), plus the diagonal when `include_self`; each
 /// row's neighbours ascending when `sorted`, else in no promised order. `pairs` is freed
 /// as soon as it has been read. Where a row's low bits and a neighbour fit 32 bits the
-/// entries are scattered as 4 bytes into the neighbour array itself (peak: the pairs and
-/// that array); else as 8-byte pairs, then copied out (peak: two copies of the entries).
+/// pairs go through [`CsrSink`] as 4-byte entries (peak: the pairs and the entries, then
+/// the entries and the CSR); else they are scattered as 8-byte pairs, then copied out
+/// (peak: two copies of the entries).
 /// A pair naming a point at or beyond `rows` (a row, or a self-join's neighbour) is an
 /// `InvalidArgument` error.
 pub fn build_csr(
@@ -633,10 +630,8 @@ pub fn build_csr(
         .and_then(|t| t.checked_add(diagonal as u64))
         .and_then(|t| usize::try_from(t).ok())
         .ok_or_else(|| Error::new(ErrorKind::OutOfHostMemory, "the CSR does not fit in memory"))?;
-    let row_bits = bits(u32::try_from(rows.saturating_sub(1)).unwrap_or(u32::MAX));
-    let digit_bits = digit_bits(total, row_bits);
     // Every entry must name a row (and, in a self-join, a neighbour) below `rows`: the
-    // buckets and the packing rely on it.
+    // buckets rely on it.
     let (max_i, max_j) = maxima(&pairs);
     if !pairs.is_empty() && (max_i as usize >= rows || (self_join && max_j as usize >= rows)) {
         return Err(Error::invalid(format!(
@@ -644,30 +639,30 @@ pub fn build_csr(
             max_i.max(if self_join { max_j } else { 0 })
         )));
     }
+    // Where a row's low bits and a neighbour pack into u32: the streaming build, fed the
+    // whole list (peak: the pairs and the 4-byte entries, then the entries and the CSR).
+    let cols = if self_join { rows } else { max_j as usize + 1 };
+    if let Some(mut sink) = CsrSink::new(rows, cols, self_join, include_self, sorted) {
+        use crate::result::PairSink;
+        sink.push(&pairs)
+            .map_err(|e| Error::new(ErrorKind::OutOfHostMemory, e.to_string()))?;
+        drop(pairs);
+        return sink.finish();
+    }
+    // Else 8-byte entries, scattered in parallel by the rows' top bits: more, smaller
+    // buckets where that lets a row's low bits and a neighbour fit 32.
+    let row_bits = bits(u32::try_from(rows.saturating_sub(1)).unwrap_or(u32::MAX));
     let nbr_bits = if self_join { row_bits } else { bits(max_j) };
-    // More, smaller buckets where that lets a row's low bits and a neighbour fit 32.
-    let digit_bits = if digit_bits > 0 {
-        digit_bits.max(
+    let digit_bits = match digit_bits(total, row_bits) {
+        0 => 0,
+        d => d.max(
             (row_bits + nbr_bits)
                 .saturating_sub(32)
                 .min(MAX_DIGIT_BITS)
                 .min(row_bits),
-        )
-    } else {
-        0
+        ),
     };
     let row_shift = row_bits - digit_bits;
-    if row_shift + nbr_bits <= 32 {
-        let shape = Packed {
-            rows,
-            diagonal: diagonal > 0,
-            sorted,
-            digit_bits,
-            row_shift,
-            nbr_bits,
-        };
-        return Ok(build_csr_packed(pairs, self_join, shape, total));
-    }
     let (mut entries, starts) = scatter(
         &pairs,
         self_join,
@@ -754,121 +749,6 @@ pub fn build_csr(
         });
     offsets[rows] = total as u64;
     Ok(Csr { offsets, neighbors })
-}
-
-/// The shape of a CSR whose entries pack into u32: a row's bits below the scatter digit
-/// above the neighbour's bits.
-struct Packed {
-    rows: usize,
-    diagonal: bool,
-    sorted: bool,
-    digit_bits: u32,
-    row_shift: u32,
-    nbr_bits: u32,
-}
-
-/// [`build_csr`] where the entries pack into u32 (row bits below the scatter digit, then
-/// the neighbour): the scatter writes 4 bytes an entry instead of 8 into the array that,
-/// sorted bucket by bucket in place, becomes the neighbour array itself. Half the memory
-/// and half the scattered bytes of the general path.
-fn build_csr_packed(pairs: Vec<Pair>, self_join: bool, p: Packed, total: usize) -> Csr {
-    let Packed {
-        rows,
-        diagonal,
-        sorted,
-        digit_bits,
-        row_shift,
-        nbr_bits,
-    } = p;
-    let rows_per_bucket = 1usize << row_shift;
-    let bucket_rows =
-        |b: usize| (b * rows_per_bucket).min(rows)..((b + 1) * rows_per_bucket).min(rows);
-    // A bucket's region: its entries, then room for its rows' diagonal entries.
-    let gap = |b: usize| if diagonal { bucket_rows(b).len() } else { 0 };
-    let low_rows = (1u64 << row_shift) - 1;
-    let nbr_mask = (1u64 << nbr_bits) - 1;
-    let (mut neighbors, starts) = scatter(
-        &pairs,
-        self_join,
-        1 << digit_bits,
-        |e| (e[0] >> row_shift) as usize,
-        |e| (((u64::from(e[0]) & low_rows) << nbr_bits) | u64::from(e[1])) as u32,
-        gap,
-    );
-    drop(pairs);
-    debug_assert_eq!(neighbors.len(), total);
-    let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
-    split_mut(&mut neighbors, &starts)
-        .into_par_iter()
-        .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
-        .enumerate()
-        .for_each_init(
-            || (Vec::new(), Vec::new()),
-            |(scratch, copy), (b, (region, offs))| {
-                let count = region.len() - gap(b);
-                if sorted {
-                    lsd(
-                        &mut region[..count],
-                        scratch,
-                        row_shift + nbr_bits,
-                        &|&k: &u32| u64::from(k),
-                    );
-                } else {
-                    lsd(&mut region[..count], scratch, row_shift, &|&k: &u32| {
-                        u64::from(k) >> nbr_bits
-                    });
-                }
-                let local_row = |k: u32| u64::from(k) >> nbr_bits;
-                let nbr = |k: u32| (u64::from(k) & nbr_mask) as u32;
-                let base = starts[b];
-                if !diagonal {
-                    // Entries stay where they are: only the row bits go.
-                    let mut k = 0;
-                    for (off, r) in offs.iter_mut().zip(0u64..) {
-                        *off = (base + k) as u64;
-                        while k < count && local_row(region[k]) == r {
-                            region[k] = nbr(region[k]);
-                            k += 1;
-                        }
-                    }
-                    debug_assert_eq!(k, count);
-                    return;
-                }
-                // The diagonal goes first, or at its place among sorted neighbours: the
-                // entries shift right, so they are read from a copy.
-                copy.clear();
-                copy.extend_from_slice(&region[..count]);
-                let (mut k, mut w) = (0, 0);
-                for ((off, r), local) in offs.iter_mut().zip(bucket_rows(b)).zip(0u64..) {
-                    *off = (base + w) as u64;
-                    let from = k;
-                    while k < count && local_row(copy[k]) == local {
-                        k += 1;
-                    }
-                    let row = &copy[from..k];
-                    let at = if sorted {
-                        row.partition_point(|&e| (nbr(e) as usize) < r)
-                    } else {
-                        0
-                    };
-                    for (x, &e) in row.iter().enumerate() {
-                        if x == at {
-                            region[w] = r as u32;
-                            w += 1;
-                        }
-                        region[w] = nbr(e);
-                        w += 1;
-                    }
-                    if at >= row.len() {
-                        region[w] = r as u32;
-                        w += 1;
-                    }
-                }
-                debug_assert_eq!((k, w), (count, region.len()));
-            },
-        );
-    offsets[rows] = total as u64;
-    Csr { offsets, neighbors }
 }
 
 /// How many top bits the scatter buckets by: about `BUCKET_PAIRS` entries a bucket, or 0
@@ -1173,8 +1053,10 @@ mod tests {
     #[test]
     fn csr_of_more_rows_than_pack_keeps_its_diagonal() {
         // 2^24 + 1 rows: 25 row and 25 neighbour bits, more than the buckets can bring
-        // down to 32, so the general path forms the rows, the diagonal included.
+        // down to 32, so the general path forms the rows, with and without the diagonal,
+        // sorted or not. (Smaller shapes go through `CsrSink`: the test below.)
         let rows = (1usize << 24) + 1;
+        assert!(CsrSink::new(rows, rows, true, true, true).is_none());
         let pairs: Vec<Pair> = random(3000, rows as u32, rows as u32, 7)
             .into_iter()
             .filter(|p| p[0] != p[1])
@@ -1185,14 +1067,30 @@ mod tests {
             partners.entry(i).or_default().push(j);
             partners.entry(j).or_default().push(i);
         }
-        let c = build_csr(pairs, true, rows, true, true).unwrap();
-        assert_eq!(c.offsets.len(), rows + 1);
-        for r in 0..rows {
-            let got = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
-            let mut want = partners.remove(&(r as u32)).unwrap_or_default();
-            want.push(r as u32);
-            want.sort_unstable();
-            assert_eq!(got, &want[..], "row {r}");
+        for include_self in [false, true] {
+            for sorted in [false, true] {
+                let c = build_csr(pairs.clone(), true, rows, include_self, sorted).unwrap();
+                assert_eq!(c.offsets.len(), rows + 1);
+                assert_eq!(c.offsets[rows] as usize, c.neighbors.len());
+                for r in 0..rows {
+                    let got = &c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize];
+                    if !include_self && got.is_empty() && !partners.contains_key(&(r as u32)) {
+                        continue;
+                    }
+                    let mut got = got.to_vec();
+                    if sorted {
+                        assert!(got.windows(2).all(|x| x[0] <= x[1]), "row {r} not sorted");
+                    } else {
+                        got.sort_unstable();
+                    }
+                    let mut want = partners.get(&(r as u32)).cloned().unwrap_or_default();
+                    if include_self {
+                        want.push(r as u32);
+                    }
+                    want.sort_unstable();
+                    assert_eq!(got, want, "row {r}");
+                }
+            }
         }
     }
 
@@ -1220,14 +1118,15 @@ mod tests {
             (vec![[0, 1]], true, 3, 3),
             (vec![], true, 4, 4),
         ];
-        // Radix path: self-join pairs (i < j), and A x B pairs with few and many rows.
+        // Self-join pairs (i < j), and A x B pairs with few and many rows.
         let sj: Vec<Pair> = random(400_000, 300_000, 300_000, 1)
             .into_iter()
             .filter(|p| p[0] != p[1])
             .map(|p| [p[0].min(p[1]), p[0].max(p[1])])
             .collect();
-        // Row and neighbour bits: 300k rows need 33 (the general path), 60k rows 27 (the
-        // packed one); A x B with 20 + 6 bits packs, 16 + 32 does not.
+        // Row and neighbour bits: 300k rows need 38, 60k rows 32; A x B with 20 + 6 bits
+        // packs into u32 under the buckets (the sink's path), 20 + 32 does not (the
+        // general one).
         cases.push((sj, true, 300_000, 300_000));
         let sj: Vec<Pair> = random(400_000, 60_000, 60_000, 4)
             .into_iter()
