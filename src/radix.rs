@@ -611,10 +611,9 @@ fn scatter_then_lsd(
 /// second: each pair gives both directions), plus the diagonal when `include_self`; each
 /// row's neighbours ascending when `sorted`, else in no promised order. `pairs` is freed
 /// as soon as it has been read. Where a row's low bits and a neighbour fit 32 bits the
-/// pairs go through [`CsrSink`] as 4-byte entries (peak: the pairs and the entries, then
-/// the entries and the CSR); else they are scattered as 8-byte pairs, then copied out
-/// (peak: two copies of the entries).
-/// A pair naming a point at or beyond `rows` (a row, or a self-join's neighbour) is an
+/// pairs go through the streaming CSR sink as 4-byte entries (peak: the pairs and the
+/// entries, then the entries and the CSR); else they are scattered as 8-byte pairs, then
+/// copied out (peak: two copies of the entries). A pair naming a point at or beyond `rows` (a row, or a self-join's neighbour) is an
 /// `InvalidArgument` error.
 pub fn build_csr(
     pairs: Vec<Pair>,
