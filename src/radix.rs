@@ -303,6 +303,89 @@ fn starts_of(sizes: &[usize], gap: impl Fn(usize) -> usize) -> Option<Vec<usize>
     Some(starts)
 }
 
+/// How a streaming sink turns each arriving pair into bucket entries.
+trait Bucketing: Copy + Send {
+    fn put(&self, buckets: &mut Buckets, chunk: &[Pair]) -> anyhow::Result<()>;
+}
+
+/// One part of a streaming sink: its own bucket store, pushed to by one worker at a time.
+struct Part<K> {
+    key: K,
+    buckets: Buckets,
+    pairs: usize,
+}
+
+impl<K: Bucketing> crate::result::PairSink for Part<K> {
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        self.key.put(&mut self.buckets, chunk)?;
+        self.pairs += chunk.len();
+        Ok(())
+    }
+}
+
+/// A streaming sink's parts, one per worker that pushes (`PairSink::parts`): each worker
+/// buckets its own pairs into its own store, in its own cache, where a single store had the
+/// workers take turns at it (the bucketing was the join's bottleneck: 3 ns an entry,
+/// serial) and moved its staging lines between the cores. The parts' blocks of a bucket
+/// are read together at the end.
+struct Parts<K> {
+    key: K,
+    count: usize,
+    parts: Vec<Part<K>>,
+}
+
+impl<K: Bucketing> Parts<K> {
+    fn new(key: K, count: usize) -> Self {
+        Parts {
+            key,
+            count,
+            parts: vec![Part {
+                key,
+                buckets: Buckets::new(count),
+                pairs: 0,
+            }],
+        }
+    }
+
+    fn pairs(&self) -> usize {
+        self.parts.iter().map(|p| p.pairs).sum()
+    }
+
+    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+        crate::result::PairSink::push(&mut self.parts[0], chunk)
+    }
+
+    fn split(&mut self, workers: usize) -> Vec<&mut dyn crate::result::PairSink> {
+        while self.parts.len() < workers {
+            self.parts.push(Part {
+                key: self.key,
+                buckets: Buckets::new(self.count),
+                pairs: 0,
+            });
+        }
+        self.parts
+            .iter_mut()
+            .map(|p| p as &mut dyn crate::result::PairSink)
+            .collect()
+    }
+
+    /// Every part's store, closed, read as one.
+    fn close(self) -> Result<Closed> {
+        let mut all = Closed {
+            blocks: vec![Vec::new(); self.count],
+            _slabs: Vec::new(),
+        };
+        for part in self.parts {
+            let Closed { blocks, _slabs } = part.buckets.close()?;
+            for (to, from) in all.blocks.iter_mut().zip(blocks) {
+                to.extend(from);
+            }
+            all._slabs.extend(_slabs);
+        }
+        Ok(all)
+    }
+}
+
 /// Sorted pairs built as a join streams them: the streaming form of [`sort_pairs`]. Each
 /// arriving pair goes at once into a bucket by the top bits of its key `(i, j)`, as the
 /// key's low bits in a u32, so the pairs are never stored unsorted; [`finish`] sorts each
@@ -312,14 +395,31 @@ fn starts_of(sizes: &[usize], gap: impl Fn(usize) -> usize) -> Option<Vec<usize>
 ///
 /// [`finish`]: SortingSink::finish
 pub(crate) struct SortingSink {
+    parts: Parts<SortKey>,
+}
+
+/// A sorted-pairs sink's layout of a pair's key.
+#[derive(Clone, Copy)]
+struct SortKey {
     /// Every first element is below `rows`, every second below `cols`.
     rows: u32,
     cols: u32,
     j_bits: u32,
     /// Key bits below the bucket digit (at most 32: they are what a bucket stores).
     shift: u32,
-    buckets: Buckets,
-    len: usize,
+}
+
+impl Bucketing for SortKey {
+    #[inline]
+    fn put(&self, buckets: &mut Buckets, chunk: &[Pair]) -> anyhow::Result<()> {
+        let low = (1u64 << self.shift) - 1;
+        for &[i, j] in chunk {
+            within(i, j, self.rows, self.cols)?;
+            let key = (u64::from(i) << self.j_bits) | u64::from(j);
+            buckets.push((key >> self.shift) as usize, (key & low) as u32)?;
+        }
+        Ok(())
+    }
 }
 
 impl SortingSink {
@@ -337,30 +437,26 @@ impl SortingSink {
         if digit > MAX_DIGIT_BITS {
             return None;
         }
-        Some(SortingSink {
+        let key = SortKey {
             rows,
             cols,
             j_bits,
             shift: key_bits - digit,
-            buckets: Buckets::new(1 << digit),
-            len: 0,
+        };
+        Some(SortingSink {
+            parts: Parts::new(key, 1 << digit),
         })
     }
 
     /// Pairs pushed so far.
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.parts.pairs()
     }
 
     /// The pairs, lexicographically sorted (as [`sort_pairs`] sorts them).
     pub(crate) fn finish(self) -> Result<Vec<Pair>> {
-        let SortingSink {
-            j_bits,
-            shift,
-            buckets,
-            ..
-        } = self;
-        let buckets = buckets.close()?;
+        let SortKey { j_bits, shift, .. } = self.parts.key;
+        let buckets = self.parts.close()?;
         let starts = starts_of(&buckets.sizes(), |_| 0).expect("entries held in memory");
         // Zeroed, so untouched until written, on huge pages where the kernel gives them.
         let mut out: Vec<Pair> = crate::huge::zeroed(starts[starts.len() - 1], [0, 0]);
@@ -389,15 +485,11 @@ impl SortingSink {
 
 impl crate::result::PairSink for SortingSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        let low = (1u64 << self.shift) - 1;
-        for &[i, j] in chunk {
-            within(i, j, self.rows, self.cols)?;
-            let key = (u64::from(i) << self.j_bits) | u64::from(j);
-            self.buckets
-                .push((key >> self.shift) as usize, (key & low) as u32)?;
-        }
-        self.len += chunk.len();
-        Ok(())
+        self.parts.push(chunk)
+    }
+
+    fn parts(&mut self, workers: usize) -> Vec<&mut dyn crate::result::PairSink> {
+        self.parts.split(workers)
     }
 }
 
@@ -410,15 +502,44 @@ impl crate::result::PairSink for SortingSink {
 ///
 /// [`finish`]: CsrSink::finish
 pub(crate) struct CsrSink {
+    diagonal: bool,
+    sorted: bool,
+    parts: Parts<CsrKey>,
+}
+
+/// A CSR sink's layout of an entry.
+#[derive(Clone, Copy)]
+struct CsrKey {
     rows: u32,
     cols: u32,
     self_join: bool,
-    diagonal: bool,
-    sorted: bool,
     /// Row bits below the bucket digit, and the neighbour's bits below them.
     row_shift: u32,
     nbr_bits: u32,
-    buckets: Buckets,
+}
+
+impl CsrKey {
+    #[inline(always)]
+    fn put_one(&self, buckets: &mut Buckets, row: u32, nbr: u32) -> anyhow::Result<()> {
+        let low = (1u32 << self.row_shift) - 1;
+        // Below 2^32: the row's low bits and the neighbour fit (`CsrSink::new`).
+        let entry = ((u64::from(row & low) << self.nbr_bits) | u64::from(nbr)) as u32;
+        buckets.push((row >> self.row_shift) as usize, entry)
+    }
+}
+
+impl Bucketing for CsrKey {
+    #[inline]
+    fn put(&self, buckets: &mut Buckets, chunk: &[Pair]) -> anyhow::Result<()> {
+        for &[i, j] in chunk {
+            within(i, j, self.rows, self.cols)?;
+            self.put_one(buckets, i, j)?;
+            if self.self_join {
+                self.put_one(buckets, j, i)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl CsrSink {
@@ -445,38 +566,34 @@ impl CsrSink {
         if digit > MAX_DIGIT_BITS {
             return None;
         }
-        Some(CsrSink {
+        let key = CsrKey {
             rows,
             cols,
             self_join,
-            diagonal: self_join && include_self,
-            sorted,
             row_shift: row_bits - digit,
             nbr_bits,
-            buckets: Buckets::new(1 << digit),
+        };
+        Some(CsrSink {
+            diagonal: self_join && include_self,
+            sorted,
+            parts: Parts::new(key, 1 << digit),
         })
-    }
-
-    #[inline(always)]
-    fn put(&mut self, row: u32, nbr: u32) -> anyhow::Result<()> {
-        let low = (1u32 << self.row_shift) - 1;
-        // Below 2^32: the row's low bits and the neighbour fit (`new`).
-        let entry = ((u64::from(row & low) << self.nbr_bits) | u64::from(nbr)) as u32;
-        self.buckets.push((row >> self.row_shift) as usize, entry)
     }
 
     /// The CSR: rows in order, each row's neighbours ascending when sorted.
     pub(crate) fn finish(self) -> Result<Csr> {
         let CsrSink {
-            rows,
             diagonal,
             sorted,
+            parts,
+        } = self;
+        let CsrKey {
+            rows,
             row_shift,
             nbr_bits,
-            buckets,
             ..
-        } = self;
-        let buckets = buckets.close()?;
+        } = parts.key;
+        let buckets = parts.close()?;
         let rows = rows as usize;
         let rows_per_bucket = 1usize << row_shift;
         let bucket_rows =
@@ -557,14 +674,11 @@ impl CsrSink {
 
 impl crate::result::PairSink for CsrSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        for &[i, j] in chunk {
-            within(i, j, self.rows, self.cols)?;
-            self.put(i, j)?;
-            if self.self_join {
-                self.put(j, i)?;
-            }
-        }
-        Ok(())
+        self.parts.push(chunk)
+    }
+
+    fn parts(&mut self, workers: usize) -> Vec<&mut dyn crate::result::PairSink> {
+        self.parts.split(workers)
     }
 }
 
@@ -1010,12 +1124,7 @@ mod tests {
             };
             pairs.extend_from_within(..pairs.len() / 10);
             let mut sink = SortingSink::new(rows, cols).expect("within 2^24 points");
-            let (mut at, mut sizes) = (0, [1usize, 7, 4096, 65_536].iter().cycle());
-            while at < pairs.len() {
-                let end = (at + sizes.next().unwrap()).min(pairs.len());
-                sink.push(&pairs[at..end]).unwrap();
-                at = end;
-            }
+            feed(&mut sink, &pairs);
             let mut want = pairs.clone();
             want.sort_unstable();
             assert_eq!(sink.finish().unwrap(), want, "{rows} x {cols}");
@@ -1028,6 +1137,35 @@ mod tests {
     }
 
     /// The CSR by definition: rows built one entry at a time.
+    /// Feeds `pairs` to a streaming sink in chunks of several sizes, as the CPU workers
+    /// do: a quarter to the sink itself, the rest to three parts at once, from three
+    /// threads.
+    fn feed(sink: &mut dyn crate::result::PairSink, pairs: &[Pair]) {
+        let (mut chunks, mut at, mut sizes) =
+            (Vec::new(), 0, [1usize, 7, 4096, 65_536].iter().cycle());
+        while at < pairs.len() {
+            let end = (at + sizes.next().unwrap()).min(pairs.len());
+            chunks.push(&pairs[at..end]);
+            at = end;
+        }
+        let split = chunks.len() / 4;
+        for c in &chunks[..split] {
+            sink.push(c).unwrap();
+        }
+        let parts = sink.parts(3);
+        assert_eq!(parts.len(), 3);
+        let rest = &chunks[split..];
+        std::thread::scope(|s| {
+            for (k, part) in parts.into_iter().enumerate() {
+                s.spawn(move || {
+                    for c in rest.iter().skip(k).step_by(3) {
+                        part.push(c).unwrap();
+                    }
+                });
+            }
+        });
+    }
+
     fn naive_csr(
         pairs: &[Pair],
         self_join: bool,
@@ -1165,12 +1303,7 @@ mod tests {
                     if let Some(mut sink) =
                         CsrSink::new(rows, cols, self_join, include_self, sorted)
                     {
-                        let (mut at, mut sizes) = (0, [1usize, 7, 4096, 65_536].iter().cycle());
-                        while at < pairs.len() {
-                            let end = (at + sizes.next().unwrap()).min(pairs.len());
-                            sink.push(&pairs[at..end]).unwrap();
-                            at = end;
-                        }
+                        feed(&mut sink, &pairs);
                         built.push(sink.finish().unwrap());
                         sinks += 1;
                     }

@@ -9,10 +9,21 @@ use rayon::prelude::*;
 pub type Pair = [u32; 2];
 
 /// Receives result pairs as a join produces them. Chunks arrive in no particular order
-/// and may be large or small; the engine calls the sink from one thread at a time.
-/// Returning an error stops the join with `ErrorKind::Cancelled`.
+/// and may be large or small; the engine calls the sink (and each of its parts) from one
+/// thread at a time. Returning an error stops the join with `ErrorKind::Cancelled`.
 pub trait PairSink: Send {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()>;
+
+    /// Up to `workers` parts of this sink that a backend's worker threads may push to at
+    /// the same time, each chunk to one part (which one is unspecified); the chunks pushed
+    /// to the parts together are the join's pairs. The default, no parts, sends every
+    /// chunk through `push`, one worker at a time. A sink with much work per pair splits it
+    /// this way instead of the workers taking turns at it (the engine's sorted and CSR
+    /// outputs do). Backends that deliver from one thread use `push` alone.
+    fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
+        let _ = workers;
+        Vec::new()
+    }
 }
 
 impl<F: FnMut(&[Pair]) -> anyhow::Result<()> + Send> PairSink for F {
@@ -129,6 +140,13 @@ impl PairSink for PairSorter {
                 v.extend_from_slice(chunk);
                 Ok(())
             }
+        }
+    }
+
+    fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
+        match &mut self.inner {
+            Sorter::Buckets(s) => s.parts(workers),
+            Sorter::Collect(_) => Vec::new(),
         }
     }
 }

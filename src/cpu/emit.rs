@@ -1,7 +1,9 @@
 //! Result collection shared by the CPU algorithms: each worker fills its own buffer and
 //! hands it to the sink in large chunks (one short lock per chunk, none per pair); a
 //! worker that finds the sink busy keeps joining into a larger buffer instead of waiting.
-//! Count-only runs (no sink) only count.
+//! A sink with parts (`PairSink::parts`) takes chunks from all the workers at once: each
+//! worker delivers to its own part, or to any part that is free. Count-only runs (no
+//! sink) only count.
 
 use super::store::LANES;
 use crate::error::Error;
@@ -17,16 +19,30 @@ const PENDING_PAIRS: usize = 8 * CHUNK_PAIRS;
 
 /// State shared by every worker of one join.
 pub(crate) struct Collector<'s> {
-    sink: Option<Mutex<&'s mut dyn PairSink>>,
+    /// The sink, or its parts; empty when counting only.
+    sinks: Vec<Mutex<&'s mut dyn PairSink>>,
     error: Mutex<Option<Error>>,
     stopped: AtomicBool,
     count: AtomicU64,
 }
 
 impl<'s> Collector<'s> {
-    pub fn new(sink: Option<&'s mut dyn PairSink>) -> Self {
+    /// Collects into `sink` (its parts, when it has some for `workers` threads).
+    pub fn new(sink: Option<&'s mut dyn PairSink>, workers: usize) -> Self {
+        let sinks = match sink {
+            None => Vec::new(),
+            Some(sink) => {
+                // Asked twice: an empty answer would still hold the borrow that a kept one
+                // needs, and then the sink itself could not be kept.
+                if workers > 1 && !sink.parts(workers).is_empty() {
+                    sink.parts(workers).into_iter().map(Mutex::new).collect()
+                } else {
+                    vec![Mutex::new(sink)]
+                }
+            }
+        };
         Collector {
-            sink: sink.map(Mutex::new),
+            sinks,
             error: Mutex::new(None),
             stopped: AtomicBool::new(false),
             count: AtomicU64::new(0),
@@ -39,7 +55,9 @@ impl<'s> Collector<'s> {
             collector: self,
             buf: Vec::new(),
             count: 0,
-            collect: self.sink.is_some(),
+            collect: !self.sinks.is_empty(),
+            // The worker thread's own part (rayon numbers its threads from 0).
+            part: rayon::current_thread_index().unwrap_or(0) % self.sinks.len().max(1),
         }
     }
 
@@ -57,27 +75,30 @@ impl<'s> Collector<'s> {
         Ok(self.count.into_inner())
     }
 
-    fn deliver(&self, chunk: &[Pair]) {
-        if chunk.is_empty() || self.stopped() {
-            return;
+    /// Delivers `chunk` to the first part free from `part` on, or waits for that part.
+    fn deliver(&self, part: usize, chunk: &[Pair]) {
+        if !self.try_deliver(part, chunk) {
+            let sink = &self.sinks[part];
+            self.push(sink.lock().unwrap_or_else(|p| p.into_inner()), chunk);
         }
-        let Some(sink) = &self.sink else { return };
-        self.push(sink.lock().unwrap_or_else(|p| p.into_inner()), chunk);
     }
 
-    /// `deliver`, unless another worker is in the sink: then nothing is delivered and the
-    /// answer is false.
-    fn try_deliver(&self, chunk: &[Pair]) -> bool {
-        if chunk.is_empty() || self.stopped() {
+    /// `deliver`, unless other workers are in every part: then nothing is delivered and
+    /// the answer is false.
+    fn try_deliver(&self, part: usize, chunk: &[Pair]) -> bool {
+        if chunk.is_empty() || self.stopped() || self.sinks.is_empty() {
             return true;
         }
-        let Some(sink) = &self.sink else { return true };
-        match sink.try_lock() {
-            Ok(sink) => self.push(sink, chunk),
-            Err(TryLockError::Poisoned(p)) => self.push(p.into_inner(), chunk),
-            Err(TryLockError::WouldBlock) => return false,
+        let n = self.sinks.len();
+        for k in 0..n {
+            match self.sinks[(part + k) % n].try_lock() {
+                Ok(sink) => self.push(sink, chunk),
+                Err(TryLockError::Poisoned(p)) => self.push(p.into_inner(), chunk),
+                Err(TryLockError::WouldBlock) => continue,
+            }
+            return true;
         }
-        true
+        false
     }
 
     fn push(&self, mut sink: MutexGuard<&'s mut dyn PairSink>, chunk: &[Pair]) {
@@ -98,6 +119,8 @@ pub(crate) struct Emitter<'c, 's> {
     buf: Vec<Pair>,
     count: u64,
     collect: bool,
+    /// The sink part this worker delivers to first.
+    part: usize,
 }
 
 impl Emitter<'_, '_> {
@@ -198,7 +221,7 @@ impl Emitter<'_, '_> {
             self.buf.reserve(CHUNK_PAIRS.min((len * 2).max(1024)) - len);
         } else if len + LANES > PENDING_PAIRS {
             self.flush();
-        } else if self.collector.try_deliver(&self.buf) {
+        } else if self.collector.try_deliver(self.part, &self.buf) {
             self.buf.clear();
         } else {
             // The sink is busy: join on rather than wait (the sink can be the slower side,
@@ -208,7 +231,7 @@ impl Emitter<'_, '_> {
     }
 
     pub fn flush(&mut self) {
-        self.collector.deliver(&self.buf);
+        self.collector.deliver(self.part, &self.buf);
         self.buf.clear();
     }
 

@@ -115,7 +115,7 @@ fn run<T: Coord, M: MetricKind>(
     let eps = job.opts.eps;
     let thr: T = threshold(M::METRIC, eps);
     let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
-    let out = Collector::new(sink);
+    let out = Collector::new(sink, threads);
     let mut phases = Vec::new();
     let mut notes = plan.notes.clone();
     let t0 = Instant::now();
