@@ -2,7 +2,8 @@
 //! CSR with distances) on a .npy point array (n x d, f64), in one process, with each
 //! run's phases: where the hand-over's time goes (`bench/RESULTS_BENCH.md`).
 //!
-//! usage: output_bench FILE.npy EPS [REPS=3] [FORM: only the forms whose name has it]
+//! usage: output_bench FILE.npy EPS [REPS=3] [FORM: only the forms whose name has it, or
+//! =FORM: that form alone]
 
 use simjoin::{Backend, Dataset, Engine, JoinOptions, OutputForm};
 use std::time::Instant;
@@ -27,7 +28,12 @@ fn main() -> anyhow::Result<()> {
     ];
     let only = args.get(4).map_or("", String::as_str);
     for (name, output, sorted, distances) in forms {
-        if !name.contains(only) {
+        // "=NAME" runs that form alone ("csr sorted" is also in "csr sorted, distances").
+        let picked = match only.strip_prefix('=') {
+            Some(exact) => name == exact,
+            None => name.contains(only),
+        };
+        if !picked {
             continue;
         }
         let mut opts = JoinOptions::new(eps);

@@ -606,24 +606,27 @@ impl CsrSink {
         let mut neighbors = crate::huge::zeroed(total, 0u32);
         let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
         let nbr_mask = (1u64 << nbr_bits) - 1;
+        let small_rows = SmallRows::new(nbr_bits);
         split_mut(&mut neighbors, &starts)
             .into_par_iter()
             .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
             .enumerate()
             .for_each_init(
                 || (Vec::new(), Vec::new(), Vec::new()),
-                |(cursor, keys, scratch), (b, (region, offs))| {
+                |(counts, keys, scratch), (b, (region, offs))| {
                     let first_row = bucket_rows(b).start;
-                    let mut slices = buckets.bucket(b);
+                    // The bucket's entries in one array in cache (they were streamed out of
+                    // it): the row scatter reads them twice.
+                    keys.clear();
+                    for s in buckets.bucket(b) {
+                        keys.extend_from_slice(s);
+                    }
+                    // Sorted rows: short ones are sorted each on its own after the scatter;
+                    // else the bucket is sorted by neighbour first, the diagonal's entries
+                    // with it, and the stable scatter by row keeps each row ascending.
+                    let each_row = sorted && small_rows.fit(keys.len(), offs.len());
                     let mut diagonal_first = diagonal;
-                    if sorted {
-                        // The entries (and the diagonal's, as entries) in one array sorted by
-                        // neighbour, in cache; the stable scatter by row below keeps each row's
-                        // neighbours ascending.
-                        keys.clear();
-                        for s in &slices {
-                            keys.extend_from_slice(s);
-                        }
+                    if sorted && !each_row {
                         if diagonal {
                             keys.extend(
                                 (0..offs.len()).map(|r| {
@@ -633,42 +636,203 @@ impl CsrSink {
                             diagonal_first = false;
                         }
                         lsd(keys, scratch, nbr_bits, &|&k: &u32| u64::from(k) & nbr_mask);
-                        slices = vec![keys.as_slice()];
                     }
-                    // Row starts within the region: a count per row, then a running sum.
-                    cursor.clear();
-                    cursor.resize(offs.len() + 1, usize::from(diagonal_first));
-                    cursor[0] = 0;
-                    for s in &slices {
-                        for &e in s.iter() {
-                            cursor[(e >> nbr_bits) as usize + 1] += 1;
-                        }
-                    }
-                    let mut acc = 0;
-                    for c in cursor.iter_mut() {
-                        acc += *c;
-                        *c = acc;
-                    }
-                    for (off, &c) in offs.iter_mut().zip(cursor.iter()) {
-                        *off = (starts[b] + c) as u64;
-                    }
-                    if diagonal_first {
-                        for (r, c) in cursor[..offs.len()].iter_mut().enumerate() {
-                            region[*c] = (first_row + r) as u32;
-                            *c += 1;
-                        }
-                    }
-                    for s in &slices {
-                        for &e in s.iter() {
-                            let c = &mut cursor[(e >> nbr_bits) as usize];
-                            region[*c] = (u64::from(e) & nbr_mask) as u32;
-                            *c += 1;
+                    let scatter = RowScatter {
+                        nbr_bits,
+                        first_row,
+                        diagonal: diagonal_first,
+                    };
+                    scatter.scatter(keys, starts[b], offs, region, counts);
+                    if each_row {
+                        let ends = offs[1..]
+                            .iter()
+                            .map(|&o| o as usize - starts[b])
+                            .chain([region.len()]);
+                        let mut lo = 0;
+                        for hi in ends {
+                            small_rows.sort(&mut region[lo..hi]);
+                            lo = hi;
                         }
                     }
                 },
             );
         offsets[rows] = total as u64;
         Ok(Csr { offsets, neighbors })
+    }
+}
+
+/// Streams a row scatter splits a bucket's entries into, each with its own cursors: one
+/// row's entries often come in runs (a point's pairs arrive together), and with one cursor
+/// per row each write waits for the one before it to the same row; four streams keep four
+/// writes in flight (8 calls of the unsorted CSR of 1M uniform 2-D points, 32M entries:
+/// 1.45-1.55 s against 1.62-1.95 s with one stream).
+const STREAMS: usize = 4;
+
+/// A counting sort of one bucket's entries (a row's low bits above its neighbour) by row.
+struct RowScatter {
+    nbr_bits: u32,
+    first_row: usize,
+    /// Each row starts with its own index (the diagonal).
+    diagonal: bool,
+}
+
+impl RowScatter {
+    /// Writes each row's neighbours into `region`, in the entries' order (stable), and each
+    /// row's start, plus `base`, into `offs` (one per row). `counts` is scratch.
+    fn scatter(
+        &self,
+        keys: &[u32],
+        base: usize,
+        offs: &mut [u64],
+        region: &mut [u32],
+        counts: &mut Vec<usize>,
+    ) {
+        let rows = offs.len();
+        let shift = self.nbr_bits;
+        let mask = (1u64 << shift) - 1;
+        // u64 shifts: a neighbour may take all 32 bits (then every row bit is above them).
+        let row = |e: u32| (u64::from(e) >> shift) as usize;
+        // Stream k: keys[k*q..(k+1)*q], the last stream also the tail.
+        let q = keys.len() / STREAMS;
+        let tail = &keys[STREAMS * q..];
+        let last = (STREAMS - 1) * rows;
+        counts.clear();
+        counts.resize(STREAMS * rows, 0);
+        for i in 0..q {
+            for k in 0..STREAMS {
+                counts[k * rows + row(keys[k * q + i])] += 1;
+            }
+        }
+        for &e in tail {
+            counts[last + row(e)] += 1;
+        }
+        // Each row's start, then each stream's first place in the row.
+        let mut at = 0;
+        for (r, off) in offs.iter_mut().enumerate() {
+            *off = (base + at) as u64;
+            if self.diagonal {
+                region[at] = (self.first_row + r) as u32;
+                at += 1;
+            }
+            for k in 0..STREAMS {
+                let c = std::mem::replace(&mut counts[k * rows + r], at);
+                at += c;
+            }
+        }
+        for i in 0..q {
+            for k in 0..STREAMS {
+                let e = keys[k * q + i];
+                let c = &mut counts[k * rows + row(e)];
+                region[*c] = (u64::from(e) & mask) as u32;
+                *c += 1;
+            }
+        }
+        for &e in tail {
+            let c = &mut counts[last + row(e)];
+            region[*c] = (u64::from(e) & mask) as u32;
+            *c += 1;
+        }
+    }
+}
+
+/// Sorting a sorted CSR's rows one by one, where they are short: a bucket of 1024 rows of
+/// 32 neighbours is sorted so in about half the time its two least-significant-digit
+/// passes by neighbour take (1M uniform 2-D points, 32M entries: 57 against 120 ms of
+/// thread time). A row of up to 64 is sorted by rank with AVX2 compares; longer ones, rare
+/// in such a bucket, by a comparison sort.
+struct SmallRows {
+    /// Ranks hold a neighbour's 25 bits above 6 bits of its place in the row, in an i32.
+    rank: bool,
+}
+
+impl SmallRows {
+    /// Entries per row, on average, up to which a bucket's rows are sorted one by one.
+    const AVERAGE: usize = 48;
+    /// The longest row sorted by rank.
+    const RANKED: usize = 64;
+
+    fn new(nbr_bits: u32) -> Self {
+        #[cfg(target_arch = "x86_64")]
+        let avx2 = crate::cpu::avx2_available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx2 = false;
+        SmallRows {
+            rank: avx2 && nbr_bits <= 25,
+        }
+    }
+
+    /// Whether a bucket of `entries` in `rows` rows is sorted row by row.
+    fn fit(&self, entries: usize, rows: usize) -> bool {
+        self.rank && entries <= Self::AVERAGE * rows
+    }
+
+    fn sort(&self, row: &mut [u32]) {
+        let k = row.len();
+        if k < 2 {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.rank && k <= Self::RANKED {
+            // SAFETY: `rank` is only set where AVX2 is available (`new`), and every
+            // neighbour is below 2^25 (`nbr_bits <= 25`); 2 <= k <= 64 = 8 N below.
+            unsafe {
+                match k.div_ceil(8) {
+                    1 => rank_sort::<1>(row),
+                    2 => rank_sort::<2>(row),
+                    3 => rank_sort::<3>(row),
+                    4 => rank_sort::<4>(row),
+                    5 => rank_sort::<5>(row),
+                    6 => rank_sort::<6>(row),
+                    7 => rank_sort::<7>(row),
+                    _ => rank_sort::<8>(row),
+                }
+            }
+            return;
+        }
+        row.sort_unstable();
+    }
+}
+
+/// Sorts `row` (2 to 8 N values, each below 2^25) by rank: each value, made distinct by
+/// its place in the row in 6 low bits, goes to the place given by how many values are
+/// below it, counted by comparing it with N vectors of 8 at once.
+///
+/// # Safety
+/// AVX2 must be available, and `row` must hold at most 8 N values, each below 2^25.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn rank_sort<const N: usize>(row: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let k = row.len();
+    debug_assert!(k <= 8 * N && N <= 8);
+    // Keys are below 2^31, so signed compares order them; the padding, i32::MAX, is never
+    // compared as a key (only the first k are) and its ranks are never used.
+    let mut keys = [i32::MAX; 64];
+    for (j, &x) in row.iter().enumerate() {
+        debug_assert!(x < 1 << 25);
+        keys[j] = ((x << 6) | j as u32) as i32;
+    }
+    let mut v = [_mm256_setzero_si256(); N];
+    let mut rank = [_mm256_setzero_si256(); N];
+    for (i, v) in v.iter_mut().enumerate() {
+        // SAFETY: 8 (i + 1) <= 8 N <= 64 = keys.len().
+        *v = unsafe { _mm256_loadu_si256(keys.as_ptr().add(8 * i) as *const __m256i) };
+    }
+    for &x in &keys[..k] {
+        let b = _mm256_set1_epi32(x);
+        for i in 0..N {
+            // Each lane above x gains one: its rank is how many keys are below it.
+            rank[i] = _mm256_sub_epi32(rank[i], _mm256_cmpgt_epi32(v[i], b));
+        }
+    }
+    let mut ranks = [0u32; 64];
+    for (i, r) in rank.iter().enumerate() {
+        // SAFETY: as for the loads.
+        unsafe { _mm256_storeu_si256(ranks.as_mut_ptr().add(8 * i) as *mut __m256i, *r) };
+    }
+    // The k keys are distinct, so their ranks are 0..k, each once: a permutation.
+    for j in 0..k {
+        row[ranks[j] as usize] = (keys[j] as u32) >> 6;
     }
 }
 
@@ -1166,6 +1330,25 @@ mod tests {
         });
     }
 
+    #[test]
+    fn short_rows_sort_like_a_comparison_sort() {
+        let mut seed = 3u64;
+        for nbr_bits in [1u32, 8, 20, 25] {
+            let rows = SmallRows::new(nbr_bits);
+            for k in 0..=70 {
+                for spread in [1u32, 2, 1 << nbr_bits] {
+                    // Values below 2^nbr_bits; a small spread repeats them.
+                    let top = spread.min(1 << nbr_bits);
+                    let mut row: Vec<u32> = (0..k).map(|_| lcg(&mut seed) % top).collect();
+                    let mut want = row.clone();
+                    want.sort_unstable();
+                    rows.sort(&mut row);
+                    assert_eq!(row, want, "{k} values below {top}");
+                }
+            }
+        }
+    }
+
     fn naive_csr(
         pairs: &[Pair],
         self_join: bool,
@@ -1279,6 +1462,14 @@ mod tests {
             u32::MAX as usize,
         ));
         cases.push((random(300_000, 7, 1 << 30, 3), false, 7, 1 << 30));
+        // Rows of 0 to 79 neighbours, with repeats (buckets sorted row by row, the rows
+        // past 64 by the comparison sort).
+        let mut seed = 9u64;
+        let rowed: Vec<Pair> = (0..5_000u32)
+            .flat_map(|r| (0..r % 80).map(move |_| r))
+            .map(|r| [r, lcg(&mut seed) % 3_000])
+            .collect();
+        cases.push((rowed, false, 5_000, 3_000));
         // Few rows with many neighbours each (more than a block), a self-join.
         let dense: Vec<Pair> = random(200_000, 40, 40, 6)
             .into_iter()
@@ -1327,7 +1518,7 @@ mod tests {
             }
         }
         // Every case but the one whose neighbours need 32 bits beside 2^20 rows.
-        assert_eq!(sinks, 8 * 4);
+        assert_eq!(sinks, 9 * 4);
         // A pair beyond the rows or columns is an error, not a write out of place.
         let mut sink = CsrSink::new(10, 5, false, false, true).unwrap();
         assert!(sink.push(&[[3, 5]]).is_err());

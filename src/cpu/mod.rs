@@ -13,7 +13,7 @@ mod grid;
 mod knn;
 mod plan;
 mod store;
-pub(crate) use store::prefetch;
+pub(crate) use store::{avx2_available, prefetch};
 
 use crate::backend::{Job, JoinBackend};
 use crate::dataset::Coords;
