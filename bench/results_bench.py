@@ -9,8 +9,10 @@ first result of a size pays for fresh memory: on a VM, the host backing it, meas
 - CLI `self-join --stats`: the join counting only, and with `--output pairs.npy` the
   writer's seconds and GB/s, unsorted (streamed while the join runs) and sorted;
 - Python `simjoin.self_join`: unsorted pairs (the base of the ratios: the join with its pairs
-  in memory), sorted pairs (the default), the CSR, the CSR with distances, the count (each
-  call from NumPy input to the NumPy/SciPy result);
+  in memory), sorted pairs (the default), the CSR with rows sorted (the default) and not,
+  the CSR with distances, the count (each call from NumPy input to the NumPy/SciPy result;
+  after their first calls the paths take turns, round by round, so that the machine's
+  slow spells fall on all of them alike);
 - Super-EGO (../shared/peers/super-ego, built here for the workload's dimension; its own
   timer: EGO sort + join, pairs kept in memory per thread, with all the machine's threads);
 - cKDTree(X).query_pairs(eps, output_type="ndarray") (tree build included).
@@ -56,6 +58,27 @@ def median_time(f, reps):
         out = f()
         times.append(time.perf_counter() - t)
     return statistics.median(times[1:]), times[0], out
+
+
+def interleaved(calls, reps):
+    """Each call's first time, then `reps` rounds that make every call once in turn, so
+    that the machine's slow spells fall on every path alike: per call, the median of its
+    rounds, its first time and the unique pair count of its result (each result is
+    dropped before the next call)."""
+    first, times, counts = {}, {k: [] for k in calls}, {}
+    for k, f in calls.items():
+        t = time.perf_counter()
+        r = f()
+        first[k] = time.perf_counter() - t
+        counts[k] = count_of(r)
+        del r
+    for _ in range(reps):
+        for k, f in calls.items():
+            t = time.perf_counter()
+            r = f()
+            times[k].append(time.perf_counter() - t)
+            del r
+    return {k: (statistics.median(times[k]), first[k], counts[k]) for k in calls}
 
 
 def count_of(r):
@@ -135,22 +158,23 @@ def workload(name, dim, eps, n, reps, exe, work):
         rows.append((f"CLI --output pairs.npy {label} ({size / w / 1e9:.2f} GB/s)", w, None))
 
     simjoin.self_join(x[:1000], eps, backend="cpu")  # engine start outside the timers
-    # The base of the ratios: the join with its pairs in memory, as NumPy (the unsorted
-    # call: index, join, and the zero-copy hand-over).
-    join_s, first, r = median_time(
-        lambda: simjoin.self_join(x, eps, backend="cpu", sorted=False), reps)
-    assert count_of(r) == pairs
-    rows.append(("Python self_join(X, eps, sorted=False): the join, pairs in memory", join_s, 1.0,
-                 first))
-    for label, kw in [
-        ("Python self_join(X, eps) (sorted, the default)", {}),
-        ('Python self_join(X, eps, output="csr")', dict(output="csr")),
-        ('Python self_join(X, eps, output="csr", return_distance=True)',
-         dict(output="csr", return_distance=True)),
-        ('Python self_join(X, eps, output="count")', dict(output="count")),
-    ]:
-        t, first, r = median_time(lambda: simjoin.self_join(x, eps, backend="cpu", **kw), reps)
-        assert count_of(r) == pairs, (label, count_of(r), pairs)
+    # The base of the ratios (first): the join with its pairs in memory, as NumPy (the
+    # unsorted call: index, join, and the zero-copy hand-over).
+    calls = {
+        "Python self_join(X, eps, sorted=False): the join, pairs in memory": dict(sorted=False),
+        "Python self_join(X, eps) (sorted, the default)": {},
+        'Python self_join(X, eps, output="csr") (rows sorted, the default)': dict(output="csr"),
+        'Python self_join(X, eps, output="csr", sorted=False)': dict(output="csr", sorted=False),
+        'Python self_join(X, eps, output="csr", return_distance=True)':
+            dict(output="csr", return_distance=True),
+        'Python self_join(X, eps, output="count")': dict(output="count"),
+    }
+    timed = interleaved({label: (lambda kw=kw: simjoin.self_join(x, eps, backend="cpu", **kw))
+                         for label, kw in calls.items()}, reps)
+    join_s = None
+    for label, (t, first, count) in timed.items():
+        assert count == pairs, (label, count, pairs)
+        join_s = join_s or t
         rows.append((label, t, t / join_s, first))
 
     peers = {}
