@@ -752,12 +752,8 @@ impl SmallRows {
     const RANKED: usize = 64;
 
     fn new(nbr_bits: u32) -> Self {
-        #[cfg(target_arch = "x86_64")]
-        let avx2 = crate::cpu::avx2_available();
-        #[cfg(not(target_arch = "x86_64"))]
-        let avx2 = false;
         SmallRows {
-            rank: avx2 && nbr_bits <= 25,
+            rank: crate::cpu::avx2_available() && nbr_bits <= 25,
         }
     }
 

@@ -19,7 +19,8 @@ pub trait PairSink: Send {
     /// to the parts together are the join's pairs. The default, no parts, sends every
     /// chunk through `push`, one worker at a time. A sink with much work per pair splits it
     /// this way instead of the workers taking turns at it (the engine's sorted and CSR
-    /// outputs do). Backends that deliver from one thread use `push` alone.
+    /// outputs do). Backends that deliver from one thread use `push` alone. The engine may
+    /// ask more than once before a join: each answer should be the same parts.
     fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
         let _ = workers;
         Vec::new()

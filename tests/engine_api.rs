@@ -2,8 +2,8 @@
 //! kind, trivial inputs give exact (empty) answers, and output forms agree with each other.
 
 use simjoin::{
-    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, JoinOutput, Metric,
-    OutputForm,
+    oracle, Algorithm, Backend, Dataset, Engine, EngineOptions, ErrorKind, JoinOptions, JoinOutput,
+    Metric, OutputForm, Pair, PairSink,
 };
 
 fn cpu(eps: f64) -> JoinOptions {
@@ -134,6 +134,81 @@ fn output_forms_agree() {
         }
         assert_eq!(from_csr, want);
         assert_eq!(csr.neighbors.len(), 2 * want.len());
+    }
+}
+
+/// A sink with parts (`PairSink::parts`): the CPU workers push to the parts (never to the
+/// sink itself), every pair once across them; with one worker, everything goes to `push`.
+#[test]
+fn sink_parts_receive_every_pair_once() {
+    struct Part(Vec<Pair>);
+    impl PairSink for Part {
+        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+            self.0.extend_from_slice(chunk);
+            Ok(())
+        }
+    }
+    struct Split {
+        own: Vec<Pair>,
+        parts: Vec<Part>,
+    }
+    impl PairSink for Split {
+        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+            self.own.extend_from_slice(chunk);
+            Ok(())
+        }
+        fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
+            while self.parts.len() < workers {
+                self.parts.push(Part(Vec::new()));
+            }
+            self.parts
+                .iter_mut()
+                .map(|p| p as &mut dyn PairSink)
+                .collect()
+        }
+    }
+    // 60k uniform 2-D points, about 32 neighbours each: ~950k pairs, many chunks a worker.
+    let mut s = 99u64;
+    let pts: Vec<f64> = (0..120_000)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        })
+        .collect();
+    let d = Dataset::from_f64(&pts, 2).unwrap();
+    let eps = 0.013;
+    for threads in [1, 3] {
+        let engine = Engine::with_options(EngineOptions {
+            threads: Some(threads),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut sorted = cpu(eps);
+        sorted.sorted = true;
+        let want = engine.self_join(&d, &sorted).unwrap();
+        let want = want.pairs().unwrap();
+        assert!(want.len() > 500_000, "{} pairs", want.len());
+        let mut sink = Split {
+            own: Vec::new(),
+            parts: Vec::new(),
+        };
+        let report = engine.self_join_stream(&d, &cpu(eps), &mut sink).unwrap();
+        let mut got = if threads == 1 {
+            assert!(sink.parts.is_empty());
+            std::mem::take(&mut sink.own)
+        } else {
+            assert!(sink.own.is_empty(), "a sink with parts got pairs itself");
+            assert_eq!(sink.parts.len(), threads);
+            sink.parts
+                .iter()
+                .flat_map(|p| p.0.iter().copied())
+                .collect()
+        };
+        got.sort_unstable();
+        assert_eq!(got, want, "{threads} threads");
+        assert_eq!(report.pairs as usize, got.len());
     }
 }
 
