@@ -336,15 +336,21 @@ struct Parts<K> {
 
 impl<K: Bucketing> Parts<K> {
     fn new(key: K, count: usize) -> Self {
-        Parts {
+        let mut parts = Parts {
             key,
             count,
-            parts: vec![Part {
-                key,
-                buckets: Buckets::new(count),
-                pairs: 0,
-            }],
-        }
+            parts: Vec::new(),
+        };
+        parts.add_part();
+        parts
+    }
+
+    fn add_part(&mut self) {
+        self.parts.push(Part {
+            key: self.key,
+            buckets: Buckets::new(self.count),
+            pairs: 0,
+        });
     }
 
     fn pairs(&self) -> usize {
@@ -357,11 +363,7 @@ impl<K: Bucketing> Parts<K> {
 
     fn split(&mut self, workers: usize) -> Vec<&mut dyn crate::result::PairSink> {
         while self.parts.len() < workers {
-            self.parts.push(Part {
-                key: self.key,
-                buckets: Buckets::new(self.count),
-                pairs: 0,
-            });
+            self.add_part();
         }
         self.parts
             .iter_mut()

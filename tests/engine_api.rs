@@ -1,6 +1,8 @@
 //! The engine's contract, independent of backend: bad input gets a clear error of the right
 //! kind, trivial inputs give exact (empty) answers, and output forms agree with each other.
 
+mod common;
+
 use simjoin::{
     oracle, Algorithm, Backend, Dataset, Engine, EngineOptions, ErrorKind, JoinOptions, JoinOutput,
     Metric, OutputForm, Pair, PairSink,
@@ -168,15 +170,8 @@ fn sink_parts_receive_every_pair_once() {
         }
     }
     // 60k uniform 2-D points, about 32 neighbours each: ~950k pairs, many chunks a worker.
-    let mut s = 99u64;
-    let pts: Vec<f64> = (0..120_000)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        })
-        .collect();
+    let mut rng = common::Rng(99);
+    let pts: Vec<f64> = (0..120_000).map(|_| rng.unit()).collect();
     let d = Dataset::from_f64(&pts, 2).unwrap();
     let eps = 0.013;
     for threads in [1, 3] {
