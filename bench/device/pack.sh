@@ -44,7 +44,8 @@ git diff --quiet HEAD -- src glsl tests build.rs Cargo.toml || echo "(with uncom
 lists=$(mktemp -d); mkdir -p "$lists/partial"
 o=(-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 "-oDir::State::Lists=$lists")
 apt-get "${o[@]}" update >/dev/null
-(cd "$out/debs" && apt-get "${o[@]}" download libvulkan1 vulkan-validationlayers >/dev/null)
+(cd "$out/debs" && apt-get "${o[@]}" download libvulkan1 vulkan-validationlayers \
+  libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2 libx11-6 libxext6 libxcb1 libxau6 libxdmcp6 libbsd0 libmd0 >/dev/null)
 rm -rf "$lists"
 
 gds=${GDS_JOIN_SRC:-../shared/peers/gds-join}

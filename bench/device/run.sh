@@ -28,23 +28,37 @@ export SIMJOIN_COMMIT="$(tr '\n' ' ' <$kit/COMMIT | sed 's/ *$//') (bench/device
 
 # The Vulkan loader, where the machine has none (the device tool's recipe), and the
 # validation layers unpacked beside the tree (into / they could break the system).
+# The NVIDIA ICD (libGLX_nvidia.so.0) needs glvnd's dispatch libraries, which the device
+# image lacks (first H100 run, 2026-11-25: "Unable to find a Vulkan driver"): the device
+# tool's recipe unpacks those packages into /. The X11 libraries they link go beside the tree,
+# after the system's in the search path, so nothing of the image is replaced.
 if ! ldconfig -p | grep -q 'libvulkan.so.1 '; then
   for f in $kit/debs/libvulkan1_*.deb; do dpkg -x "$f" /; done
-  ldconfig
+fi
+for p in libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2; do
+  ldconfig -p | grep -q "$(case $p in libglvnd0) echo libGLdispatch;; libegl1) echo 'libEGL.so.1 ';; libgl1) echo 'libGL.so.1 ';;
+    libglx0) echo 'libGLX.so.0 ';; libopengl0) echo libOpenGL;; libgles2) echo 'libGLESv2.so.2 ';; esac)" ||
+    for f in $kit/debs/${p}_*.deb; do [ -f "$f" ] && dpkg -x "$f" /; done
+done
+ldconfig
+x11=/tmp/simjoin-x11
+if [ ! -d $x11 ]; then
+  mkdir -p $x11
+  for f in $kit/debs/lib{x11-6,xext6,xcb1,xau6,xdmcp6,bsd0,md0}_*.deb; do [ -f "$f" ] && dpkg -x "$f" $x11; done
 fi
 vl=/tmp/simjoin-vl
 if [ ! -d $vl ]; then
   mkdir -p $vl && dpkg -x $kit/debs/vulkan-validationlayers_*.deb $vl
 fi
 export VK_LAYER_PATH=$vl/usr/share/vulkan/explicit_layer.d
-export LD_LIBRARY_PATH=$vl/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$vl/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$x11/usr/lib/x86_64-linux-gnu:$x11/lib/x86_64-linux-gnu
 nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f $nvidia_icd ]; then export VK_DRIVER_FILES=$nvidia_icd; fi
 # Tests that read the source tree find it at the path cargo baked in at pack time.
 manifest=$(cat $kit/MANIFEST_DIR)
 if [ ! -e "$manifest" ]; then mkdir -p "$(dirname "$manifest")" && ln -s "$PWD" "$manifest"; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
-$kit/simjoin info 2>&1 | tee -a "$log"
+VK_LOADER_DEBUG=error,warn $kit/simjoin info 2>&1 | tee -a "$log"
 
 failed=0
 # Seconds since $1 (date +%s.%N), without bc (the device image may lack it).

@@ -54,6 +54,9 @@ pub struct Features {
     pub buffer_int64_atomics: bool,
     /// `scalarBlockLayout`: C-like layout for buffers (e.g. `layout(scalar)`).
     pub scalar_block_layout: bool,
+    /// `hostQueryReset`: timestamp slots are reset on the host when a timer is made, so a
+    /// transfer-only queue (which cannot record a reset) may write each slot once.
+    pub host_query_reset: bool,
 }
 
 /// Which queue families and how many queues the context uses.
@@ -197,7 +200,8 @@ impl Context {
             .timeline_semaphore(true)
             .buffer_device_address(true)
             .shader_buffer_int64_atomics(c.int64_atomics)
-            .scalar_block_layout(c.scalar_layout);
+            .scalar_block_layout(c.scalar_layout)
+            .host_query_reset(c.host_query_reset);
         let info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queue_infos)
             .enabled_features(&base)
@@ -300,6 +304,7 @@ impl Context {
                 shader_float64: c.float64,
                 buffer_int64_atomics: c.int64_atomics,
                 scalar_block_layout: c.scalar_layout,
+                host_query_reset: c.host_query_reset,
             },
             name: c.name(),
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
@@ -513,7 +518,15 @@ impl Context {
     pub(crate) fn timestamp_bits(&self, q: QueueId) -> u32 {
         match q {
             QueueId::Compute(_) => self.timestamp_bits[0],
-            QueueId::Transfer if self.transfer_queue.is_some() => self.timestamp_bits[1],
+            // A transfer-only family cannot record vkCmdResetQueryPool: its slots must
+            // have been reset on the host (see `GpuTimer::new`).
+            QueueId::Transfer if self.transfer_queue.is_some() => {
+                if self.features.host_query_reset {
+                    self.timestamp_bits[1]
+                } else {
+                    0
+                }
+            }
             QueueId::Transfer => self.timestamp_bits[0],
         }
     }

@@ -63,6 +63,8 @@ pub(crate) struct Candidate {
     pub(crate) bda: bool,
     pub(crate) int64_atomics: bool,
     pub(crate) scalar_layout: bool,
+    /// `hostQueryReset`: timestamp slots reset on the host (needed on transfer-only queues).
+    pub(crate) host_query_reset: bool,
 }
 
 impl Candidate {
@@ -111,6 +113,7 @@ impl Candidate {
             bda: f12.buffer_device_address == vk::TRUE,
             int64_atomics: f12.shader_buffer_int64_atomics == vk::TRUE,
             scalar_layout: f12.scalar_block_layout == vk::TRUE,
+            host_query_reset: f12.host_query_reset == vk::TRUE,
         }
     }
 
@@ -383,6 +386,7 @@ mod tests {
             bda: true,
             int64_atomics: false,
             scalar_layout: false,
+            host_query_reset: false,
         }
     }
 

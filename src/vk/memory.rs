@@ -199,17 +199,18 @@ impl Buffer {
     }
 
     fn mapped_bytes(&self, offset: u64, len: u64, what: &str) -> Result<*mut u8> {
-        if !self.coherent_map {
-            return Err(Error::new(
-                ErrorKind::Internal,
-                format!("{what}: buffer is not host-mapped (use a staging copy)"),
-            ));
-        }
         if offset.checked_add(len).is_none_or(|end| end > self.size) {
             return Err(Error::invalid(format!(
                 "{what}: bytes {offset}..{} outside a buffer of {} bytes",
                 offset.saturating_add(len),
                 self.size
+            )));
+        }
+        if !self.coherent_map {
+            // The caller's mistake (a device-only buffer of a discrete GPU), not ours.
+            return Err(Error::invalid(format!(
+                "{what}: buffer is not host-mapped (use a staging copy, or Context::upload \
+                 and Context::download)"
             )));
         }
         let base = self

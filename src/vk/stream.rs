@@ -664,15 +664,33 @@ impl Stream {
         if bits == 0 {
             return Err(Error::unsupported("this stream's queue has no timestamps"));
         }
-        timer.valid_bits[slot as usize].store(bits, std::sync::atomic::Ordering::Relaxed);
+        let written = &timer.valid_bits[slot as usize];
+        // A transfer-only queue cannot record a reset (VUID-vkCmdResetQueryPool-
+        // commandBuffer-cmdpool): it writes slots the host reset when the timer was made,
+        // each once. (Its timestamp bits are 0 where hostQueryReset is missing.)
+        let transfer_only = self.queue == QueueId::Transfer && self.ctx.has_transfer_queue();
+        if transfer_only {
+            use std::sync::atomic::Ordering::Relaxed;
+            if written.compare_exchange(0, bits, Relaxed, Relaxed).is_err() {
+                return Err(Error::invalid(format!(
+                    "timestamp: slot {slot} was written before, and a transfer-only queue \
+                     cannot reset it (use a new timer)"
+                )));
+            }
+        } else {
+            written.store(bits, std::sync::atomic::Ordering::Relaxed);
+        }
         let cmd = self.frame()?.cmd;
         // SAFETY: the timer's live query pool of this device, `slot` inside it (checked);
-        // the queue supports timestamps (bits > 0). The frame holds the timer until the
-        // commands have executed.
+        // the queue supports timestamps (bits > 0) and, where it cannot reset the slot,
+        // the host reset it and nothing wrote it since (checked above). The frame holds
+        // the timer until the commands have executed.
         unsafe {
-            self.ctx
-                .device
-                .cmd_reset_query_pool(cmd, timer.pool, slot, 1);
+            if !transfer_only {
+                self.ctx
+                    .device
+                    .cmd_reset_query_pool(cmd, timer.pool, slot, 1);
+            }
             self.ctx.device.cmd_write_timestamp(
                 cmd,
                 vk::PipelineStageFlags::BOTTOM_OF_PIPE,

@@ -30,6 +30,11 @@ impl GpuTimer {
         // SAFETY: a valid create info for a device that is alive (we hold its context).
         let pool = unsafe { ctx.device.create_query_pool(&info, None) }
             .map_err(vkr("creating a query pool"))?;
+        if ctx.features().host_query_reset {
+            // SAFETY: the pool was just made (no GPU work uses it); hostQueryReset is
+            // enabled; slots 0..max(slots, 1) are its query count.
+            unsafe { ctx.device.reset_query_pool(pool, 0, slots.max(1)) };
+        }
         let valid_bits = (0..slots)
             .map(|_| std::sync::atomic::AtomicU32::new(0))
             .collect();
