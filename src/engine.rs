@@ -397,8 +397,10 @@ impl Engine {
         };
         let mut report = match opts.backend {
             Backend::Cpu => self.cpu.run(&job, sink)?,
+            // On the engine's threads: the GPU backend pushes batches to a sink's parts
+            // from them.
             Backend::Gpu => match self.gpu() {
-                Ok(gpu) => gpu.backend.run(&job, sink)?,
+                Ok(gpu) => self.cpu.install(|| gpu.backend.run(&job, sink))??,
                 Err(e) => {
                     return Err(Error::new(
                         ErrorKind::NoDevice,
@@ -408,9 +410,9 @@ impl Engine {
             },
             // A hardware GPU when present, else the CPU (no device is opened to find out).
             Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
-                Some(Ok(gpu)) if !gpu.software => {
-                    self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink)?
-                }
+                Some(Ok(gpu)) if !gpu.software => self
+                    .cpu
+                    .install(|| self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink))??,
                 _ => self.cpu.run(&job, sink)?,
             },
         };
@@ -435,6 +437,12 @@ impl Engine {
             fn push(&mut self, chunk: &[crate::result::Pair]) -> anyhow::Result<()> {
                 self.pushed |= !chunk.is_empty();
                 self.inner.push(chunk)
+            }
+            // The GPU backend asks for parts only to push a batch's pairs to them.
+            fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
+                let parts = self.inner.parts(workers);
+                self.pushed |= !parts.is_empty();
+                parts
             }
         }
         let mut watch = sink.map(|inner| Watch {

@@ -64,5 +64,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use knn::{KnnOptions, KnnResult};
 pub use options::{Algorithm, Backend, IndexBuild, JoinOptions, Metric, OutputForm};
 pub use result::{
-    Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, PairSorter, VecSink,
+    push_split, Csr, Distances, JoinOutput, JoinReport, JoinResult, Pair, PairSink, PairSorter,
+    VecSink,
 };

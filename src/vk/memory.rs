@@ -253,6 +253,35 @@ impl Buffer {
         Ok(())
     }
 
+    /// `count` elements of `T` from element `first` of a mapped buffer, read in place (no
+    /// copy: a batch's results go from the pinned buffer straight to the sink).
+    ///
+    /// # Safety
+    /// No device work may write these bytes while the slice lives: the caller has waited
+    /// for the work that wrote them and submits none that writes them before the slice is
+    /// dropped. (The host cannot write them meanwhile: `write` takes `&self`, but this
+    /// borrow of `self` is shared too, so the caller must not call it on these bytes.)
+    pub unsafe fn mapped_slice<T: Pod>(&self, first: usize, count: usize) -> Result<&[T]> {
+        let (offset, len) = match (
+            first.checked_mul(size_of::<T>()),
+            count.checked_mul(size_of::<T>()),
+        ) {
+            (Some(offset), Some(len)) => (offset as u64, len as u64),
+            _ => return Err(Error::invalid("Buffer::mapped_slice: size overflows")),
+        };
+        let ptr = self.mapped_bytes(offset, len, "Buffer::mapped_slice")?;
+        if !(ptr as usize).is_multiple_of(std::mem::align_of::<T>()) {
+            return Err(Error::invalid(
+                "Buffer::mapped_slice: the mapping is not aligned for this type",
+            ));
+        }
+        // SAFETY: `ptr` is valid for `len` bytes of the live mapping (range checked), aligned
+        // for `T` (checked); `T: Pod` accepts any bits; nothing writes them while the slice
+        // lives (this function's contract). The slice borrows `self`, which keeps the
+        // mapping alive.
+        Ok(unsafe { std::slice::from_raw_parts(ptr as *const T, count) })
+    }
+
     /// Reads `count` elements starting at element `first` of a mapped buffer.
     pub fn read_vec<T: Pod>(&self, first: usize, count: usize) -> Result<Vec<T>> {
         // Fresh zeroed pages, on huge pages when large (results come back this way).
