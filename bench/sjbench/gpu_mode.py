@@ -36,11 +36,15 @@ def run_gpu_mode(args) -> int:
     systems = [System("simjoin-gpu", f"simjoin Vulkan ({args.device})", True, True,
                       lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device))]  # fmt: skip
     if args.compare_tiles:
-        # The high-dimensional filter one thread per query (its shared-memory tiles off), in
-        # the same run: from 8 Euclidean dimensions the two differ; below they are the same.
-        systems.append(System("simjoin-gpu-untiled", f"simjoin Vulkan ({args.device}), filter untiled", True, True,
-                              lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "gpu", "auto", device=args.device,
-                                                                 env_extra={"SIMJOIN_GPU_TILE": "0"})))  # fmt: skip
+        # The high-dimensional filter with its shared-memory tiles forced off and forced on,
+        # in the same run, beside the default's own choice: from 8 Euclidean dimensions they
+        # differ; below they are the same. (The H100's first run, 2026-11-25: tiles 2.4x
+        # faster where the rule chose them, untried where it did not.)
+        for key, tile, label in (("untiled", "0", "filter untiled"), ("tiled", "1", "filter tiled")):
+            systems.append(System(f"simjoin-gpu-{key}", f"simjoin Vulkan ({args.device}), {label}", True, True,
+                                  lambda d, e, r, t, tile=tile: run_simjoin_cli(
+                                      binary, d, e, r, t, "gpu", "auto", device=args.device,
+                                      env_extra={"SIMJOIN_GPU_TILE": tile})))  # fmt: skip
     if args.gds_join:
         # The seed authors' CUDA join on the same GPU and data, built for each dimension.
         defines = dict(d.split("=", 1) for d in args.gds_define)
@@ -179,7 +183,7 @@ def gpu_markdown(results: dict) -> str:
                          if "bytes_to_device" in r else "")  # fmt: skip
                 b = r.get("transfer_bound_s")
                 bound, x_bound = (f"{b:.3g}", f"{r['median'] / b:.3g}") if b else ("", "")
-                shown = "GDS-Join (CUDA)" if key == "gds-join" else r.get("device", key) + (" (filter untiled)" if key.endswith("untiled") else "")
+                shown = "GDS-Join (CUDA)" if key == "gds-join" else r.get("device", key) + {"simjoin-gpu-untiled": " (filter untiled)", "simjoin-gpu-tiled": " (filter tiled)"}.get(key, "")
                 lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {shown} | "
                              f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
                              f"{moved} | {bound} | {x_bound} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip

@@ -352,7 +352,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      help="join precision (default f64, as generated); --with-cpu uses the same")  # fmt: skip
     gpu.add_argument("--with-cpu", action="store_true", help="also run simjoin's CPU backend (checks the pair count)")
     gpu.add_argument("--compare-tiles", action="store_true",
-                     help="also run the GPU join with the filter's shared-memory tiles off (SIMJOIN_GPU_TILE=0)")  # fmt: skip
+                     help="also run the GPU join with the filter's shared-memory tiles off and on (SIMJOIN_GPU_TILE=0, 1)")  # fmt: skip
     gpu.add_argument("--gds-join", metavar="DIR",
                      help="also run GDS-Join, the seed authors' CUDA code, built with nvcc from the sources in DIR")  # fmt: skip
     gpu.add_argument("--gds-compute", type=int, default=90, help="GDS-Join's compute capability (H100/H200: 90)")
