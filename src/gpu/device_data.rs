@@ -163,6 +163,8 @@ pub(super) struct Prepared {
     pub dot_cutoff: Option<f32>,
     /// A device-built index's kernels on the GPU clock, where the queue has timestamps.
     pub gpu_index_build: Option<f64>,
+    /// Grid: seconds choosing the indexed dimensions (sampled variances, the cost model).
+    pub planning: f64,
 }
 
 /// Below this many points (indexed + queries), `IndexBuild::Auto` builds on the host: the
@@ -219,7 +221,9 @@ pub(super) fn prepare_grid<T: Coord>(
         Some(b) if b.len() <= job.a.len() => (b, job.a, false),
         Some(b) => (job.a, b, true),
     };
+    let t_plan = std::time::Instant::now();
     let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
+    let planning = t_plan.elapsed().as_secs_f64();
     if let Some(k) = opts.indexed_dims {
         if k > plan.geom.k() {
             report
@@ -344,6 +348,7 @@ pub(super) fn prepare_grid<T: Coord>(
         bytes_down,
         dot_cutoff,
         gpu_index_build,
+        planning,
     })
 }
 
@@ -468,6 +473,7 @@ pub(super) fn prepare_brute<T: Coord>(
         bytes_down: 0,
         dot_cutoff: None,
         gpu_index_build: None,
+        planning: 0.0,
     })
 }
 

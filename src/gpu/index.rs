@@ -15,7 +15,6 @@ use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::stats::{bounds, order_by_variance};
 use rayon::prelude::*;
-use std::collections::HashMap;
 
 /// Most dimensions the cost model will index: 3^k adjacent cells grow too fast beyond it
 /// (GPU-JOIN: "indexing k > 10 is likely to degrade performance"; it uses k = 6).
@@ -309,31 +308,37 @@ pub fn k_costs(
         if geom.k() < k {
             break; // linear ids would overflow: larger k cannot be indexed
         }
-        // Cell sizes from a hash of the keys (no sort needed for the model).
-        let mut sizes: HashMap<u64, u32> = HashMap::new();
-        for key in point_keys(indexed, &geom) {
-            *sizes.entry(key).or_default() += 1;
-        }
-        let log_g = (sizes.len().max(2) as f64).log2();
-        let mut keys: Vec<u64> = sizes.keys().copied().collect();
-        keys.sort_unstable();
+        // Cell sizes: the points' keys sorted on every thread, then counted in runs. (A
+        // hash map filled by one thread took most of the H100 run's 1.5-3 s host index
+        // build at 10M points.)
+        let mut all = point_keys(indexed, &geom);
+        all.par_sort_unstable();
+        let (keys, sizes) = runs(&all);
+        drop(all);
+        let log_g = (keys.len().max(2) as f64).log2();
         let lite = skeleton(&geom, keys);
-        let (mut probes, mut compared) = (0f64, 0f64);
-        let mut coords = vec![0u64; k];
-        for &q in &sample {
-            geom.point_coords(queries, q, &mut coords);
-            let home: Vec<u32> = coords.iter().map(|&c| c as u32).collect();
-            let (p, cells) = lite.probe(&home, self_join);
-            probes += p as f64;
-            compared += cells
-                .iter()
-                .map(|&c| sizes[&lite.cell_keys[c]] as f64)
-                .sum::<f64>();
-            if self_join {
-                // Home cell: half of its other points on average.
-                compared += (sizes[&geom.linear_id(&coords)] as f64 - 1.0) / 2.0;
-            }
-        }
+        let size_of = |key: u64| lite.cell_keys.binary_search(&key).map_or(0, |c| sizes[c]);
+        // On every thread, summed as integers (twice the points compared: the home cell
+        // adds halves), so the totals do not depend on the order.
+        let (probes, twice_compared) = sample
+            .par_iter()
+            .map_init(
+                || vec![0u64; k],
+                |coords, &q| {
+                    geom.point_coords(queries, q, coords);
+                    let home: Vec<u32> = coords.iter().map(|&c| c as u32).collect();
+                    let (p, cells) = lite.probe(&home, self_join);
+                    // The skeleton's cells are `keys`, in order: cell c holds sizes[c].
+                    let mut twice: u64 = cells.iter().map(|&c| 2 * u64::from(sizes[c])).sum();
+                    if self_join {
+                        // Home cell: half of its other points on average.
+                        twice += u64::from(size_of(geom.linear_id(coords)).saturating_sub(1));
+                    }
+                    (p as u64, twice)
+                },
+            )
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let (probes, compared) = (probes as f64, twice_compared as f64 / 2.0);
         let cost = KCost {
             k,
             nonempty_cells: lite.cell_keys.len(),
@@ -347,6 +352,16 @@ pub fn k_costs(
         }
     }
     Ok(out)
+}
+
+/// The distinct values of sorted `keys` and how many times each occurs.
+fn runs(keys: &[u64]) -> (Vec<u64>, Vec<u32>) {
+    let (mut distinct, mut counts) = (Vec::new(), Vec::new());
+    for run in keys.chunk_by(|a, b| a == b) {
+        distinct.push(run[0]);
+        counts.push(run.len() as u32);
+    }
+    (distinct, counts)
 }
 
 /// The minimum of the cost model (smallest k on ties).
@@ -558,6 +573,88 @@ mod tests {
         assert!(plan.geom.k() >= 1 && plan.geom.k() <= MAX_AUTO_K);
         assert!(!plan.costs.is_empty());
         assert_eq!(plan.geom.k(), choose_k(&plan.costs));
+    }
+
+    /// The cost model against a plain one-thread version of it (cell sizes in a hash map,
+    /// sums in query order): the same cells, probes and comparisons for every k, on
+    /// clustered data with duplicates, self-join and A ⋈ B.
+    #[test]
+    fn cost_model_counts_match_a_serial_reference() {
+        use std::collections::HashMap;
+        fn reference(
+            r: &Dataset,
+            q: &Dataset,
+            self_join: bool,
+            eps: f64,
+        ) -> Vec<(usize, f64, f64)> {
+            let dims = order_by_variance(&sampled_variances(r));
+            let (lo, hi) = bounds(r);
+            let sample = sample_positions(q.len(), 0.01, MAX_COST_SAMPLE);
+            let f = sample.len() as f64 / q.len() as f64;
+            let mut out = Vec::new();
+            for k in 1..=dims.len().min(MAX_AUTO_K) {
+                let geom = geometry_for(&dims[..k], &lo, &hi, eps).unwrap();
+                let mut sizes: HashMap<u64, u32> = HashMap::new();
+                for key in point_keys(r, &geom) {
+                    *sizes.entry(key).or_default() += 1;
+                }
+                let mut keys: Vec<u64> = sizes.keys().copied().collect();
+                keys.sort_unstable();
+                let lite = skeleton(&geom, keys);
+                let (mut probes, mut compared) = (0f64, 0f64);
+                let mut coords = vec![0u64; k];
+                for &i in &sample {
+                    geom.point_coords(q, i, &mut coords);
+                    let home: Vec<u32> = coords.iter().map(|&c| c as u32).collect();
+                    let (p, cells) = lite.probe(&home, self_join);
+                    probes += p as f64;
+                    compared += cells
+                        .iter()
+                        .map(|&c| sizes[&lite.cell_keys[c]] as f64)
+                        .sum::<f64>();
+                    if self_join {
+                        compared += (sizes[&geom.linear_id(&coords)] as f64 - 1.0) / 2.0;
+                    }
+                }
+                let log_g = (sizes.len().max(2) as f64).log2();
+                out.push((
+                    sizes.len(),
+                    probes / f * log_g,
+                    compared / f * r.dim() as f64,
+                ));
+            }
+            out
+        }
+        let mut seed = 11;
+        for (n, d, eps) in [(6000, 2, 0.02), (5000, 3, 0.05), (4000, 5, 0.1)] {
+            // Five tight clusters, a tenth of the points repeated.
+            let centres: Vec<f64> = (0..5 * d).map(|_| lcg(&mut seed)).collect();
+            let mut pts: Vec<f64> = (0..n * d)
+                .map(|t| centres[(t / d % 5) * d + t % d] + 0.05 * lcg(&mut seed))
+                .collect();
+            for i in 0..n / 10 {
+                let (from, to) = (i * d, (n - 1 - i) * d);
+                pts.copy_within(from..from + d, to);
+            }
+            let a = Dataset::from_f64(&pts, d).unwrap();
+            let b = Dataset::from_f64(&pts[..n / 2 * d], d).unwrap();
+            for (r, q, self_join) in [(&a, &a, true), (&b, &a, false)] {
+                let dims = order_by_variance(&sampled_variances(r));
+                let (lo, hi) = bounds(r);
+                let got = k_costs(r, q, self_join, &dims, &lo, &hi, eps).unwrap();
+                let want = reference(r, q, self_join, eps);
+                assert!(!got.is_empty());
+                for c in &got {
+                    let w = want[c.k - 1];
+                    assert_eq!(
+                        (c.nonempty_cells, c.search_ops, c.compare_ops),
+                        w,
+                        "n {n} d {d} k {}",
+                        c.k
+                    );
+                }
+            }
+        }
     }
 
     #[test]

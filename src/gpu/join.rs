@@ -447,7 +447,13 @@ where
     report.bytes_from_device = prepared.bytes_down + counts.bytes_down;
     // Every upload has completed: the batches waited for them.
     let gpu_upload = prepared.uploads.gpu_seconds()?;
-    report.phases = phases(&times, index_build, prepared.gpu_index_build, gpu_upload);
+    report.phases = phases(
+        &times,
+        prepared.planning,
+        index_build - prepared.planning,
+        prepared.gpu_index_build,
+        gpu_upload,
+    );
     report.notes.push(format!(
         "{} dispatches: {batches} batches, {} resumed ({} after a full result buffer){}",
         counts.dispatches,
@@ -471,6 +477,7 @@ where
 /// (timestamps on the compute queues) where the device has them, else the host's.
 fn phases(
     t: &Times,
+    planning: f64,
     index_build: f64,
     gpu_index_build: Option<f64>,
     gpu_upload: Option<f64>,
@@ -480,8 +487,10 @@ fn phases(
         None => (format!("{what} (host clock)"), host),
     };
     let mut p = vec![
-        // Planning, the host build or the device build's recording and waits, uploads'
-        // host side excluded.
+        // Choosing the grid's dimensions (sampled variances, the cost model's cell counts).
+        ("index planning (host clock)".into(), planning),
+        // The host build or the device build's recording and waits, uploads' host side
+        // excluded.
         ("index build (host clock)".into(), index_build),
     ];
     if let Some(g) = gpu_index_build {
