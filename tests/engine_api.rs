@@ -5,7 +5,7 @@ mod common;
 
 use simjoin::{
     oracle, Algorithm, Backend, Dataset, Engine, EngineOptions, ErrorKind, JoinOptions, JoinOutput,
-    Metric, OutputForm, Pair, PairSink,
+    Metric, OutputForm,
 };
 
 fn cpu(eps: f64) -> JoinOptions {
@@ -143,32 +143,6 @@ fn output_forms_agree() {
 /// sink itself), every pair once across them; with one worker, everything goes to `push`.
 #[test]
 fn sink_parts_receive_every_pair_once() {
-    struct Part(Vec<Pair>);
-    impl PairSink for Part {
-        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-            self.0.extend_from_slice(chunk);
-            Ok(())
-        }
-    }
-    struct Split {
-        own: Vec<Pair>,
-        parts: Vec<Part>,
-    }
-    impl PairSink for Split {
-        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-            self.own.extend_from_slice(chunk);
-            Ok(())
-        }
-        fn parts(&mut self, workers: usize) -> Vec<&mut dyn PairSink> {
-            while self.parts.len() < workers {
-                self.parts.push(Part(Vec::new()));
-            }
-            self.parts
-                .iter_mut()
-                .map(|p| p as &mut dyn PairSink)
-                .collect()
-        }
-    }
     // 60k uniform 2-D points, about 32 neighbours each: ~950k pairs, many chunks a worker.
     let mut rng = common::Rng(99);
     let pts: Vec<f64> = (0..120_000).map(|_| rng.unit()).collect();
@@ -185,10 +159,7 @@ fn sink_parts_receive_every_pair_once() {
         let want = engine.self_join(&d, &sorted).unwrap();
         let want = want.pairs().unwrap();
         assert!(want.len() > 500_000, "{} pairs", want.len());
-        let mut sink = Split {
-            own: Vec::new(),
-            parts: Vec::new(),
-        };
+        let mut sink = common::SplitSink::default();
         let report = engine.self_join_stream(&d, &cpu(eps), &mut sink).unwrap();
         let mut got = if threads == 1 {
             assert!(sink.parts.is_empty());

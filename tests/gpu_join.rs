@@ -854,32 +854,6 @@ fn sink_parts_take_large_batches_from_several_threads() {
         return; // ran in a child process: it creates Vulkan devices of its own
     }
     common::gpu_test_setup();
-    struct Part(Vec<Pair>);
-    impl simjoin::PairSink for Part {
-        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-            self.0.extend_from_slice(chunk);
-            Ok(())
-        }
-    }
-    struct Split {
-        own: Vec<Pair>,
-        parts: Vec<Part>,
-    }
-    impl simjoin::PairSink for Split {
-        fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-            self.own.extend_from_slice(chunk);
-            Ok(())
-        }
-        fn parts(&mut self, workers: usize) -> Vec<&mut dyn simjoin::PairSink> {
-            while self.parts.len() < workers {
-                self.parts.push(Part(Vec::new()));
-            }
-            self.parts
-                .iter_mut()
-                .map(|p| p as &mut dyn simjoin::PairSink)
-                .collect()
-        }
-    }
     let x = uniform(60_000, 2, 17);
     let data = Dataset::from_f64(&x, 2).unwrap();
     let eps = 0.013;
@@ -899,10 +873,7 @@ fn sink_parts_take_large_batches_from_several_threads() {
         })
         .unwrap();
         let o = gpu(eps, Metric::Euclidean, Algorithm::Grid);
-        let mut sink = Split {
-            own: Vec::new(),
-            parts: Vec::new(),
-        };
+        let mut sink = common::SplitSink::default();
         let report = engine.self_join_stream(&data, &o, &mut sink).unwrap();
         let in_parts: usize = sink.parts.iter().map(|p| p.0.len()).sum();
         if threads == 1 {

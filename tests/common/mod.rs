@@ -166,3 +166,37 @@ pub fn threshold_pairs(
     }
     x
 }
+
+/// A sink with parts (`PairSink::parts`): what reaches `push` goes to `own`, what reaches
+/// each part to that part, so a test sees which path every pair took.
+#[derive(Default)]
+pub struct SplitSink {
+    pub own: Vec<simjoin::Pair>,
+    pub parts: Vec<PartSink>,
+}
+
+/// One part of a [`SplitSink`].
+pub struct PartSink(pub Vec<simjoin::Pair>);
+
+impl simjoin::PairSink for PartSink {
+    fn push(&mut self, chunk: &[simjoin::Pair]) -> anyhow::Result<()> {
+        self.0.extend_from_slice(chunk);
+        Ok(())
+    }
+}
+
+impl simjoin::PairSink for SplitSink {
+    fn push(&mut self, chunk: &[simjoin::Pair]) -> anyhow::Result<()> {
+        self.own.extend_from_slice(chunk);
+        Ok(())
+    }
+    fn parts(&mut self, workers: usize) -> Vec<&mut dyn simjoin::PairSink> {
+        while self.parts.len() < workers {
+            self.parts.push(PartSink(Vec::new()));
+        }
+        self.parts
+            .iter_mut()
+            .map(|p| p as &mut dyn simjoin::PairSink)
+            .collect()
+    }
+}
