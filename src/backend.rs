@@ -6,7 +6,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::knn::{KnnJob, KnnResult};
 use crate::options::JoinOptions;
-use crate::result::{JoinReport, PairSink};
+use crate::result::{Csr, JoinReport, PairSink};
 
 /// One join to run: A ⋈ A (self-join, `b == None`) or A ⋈ B. Dimensions and precision
 /// of A and B were checked equal by the engine.
@@ -21,6 +21,15 @@ pub(crate) struct Job<'a> {
 /// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
 pub(crate) trait JoinBackend: Send + Sync {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
+
+    /// The CSR of `job` (`opts.output == Csr`: rows, sorted and with the diagonal as
+    /// `opts` asks) where this backend builds it without streaming pairs (the CPU grid
+    /// join: each query point's whole row at once); `None`: it does not for this job, and
+    /// the caller builds it from streamed pairs.
+    fn csr(&self, job: &Job) -> Result<Option<(Csr, JoinReport)>> {
+        let _ = job;
+        Ok(None)
+    }
 
     /// Each point's number of neighbours within eps in the self-join `job` (the point
     /// itself included), where this backend counts them without handing pairs over (a

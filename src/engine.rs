@@ -220,22 +220,43 @@ impl Engine {
         let sorting = (opts.output == OutputForm::Pairs && opts.sorted)
             .then(|| SortingSink::new(rows, cols))
             .flatten();
-        let csr = (opts.output == OutputForm::Csr)
+        // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
+        let rows_csr = if opts.output == OutputForm::Csr && self.runs_on_cpu(opts) && csr_rows() {
+            check_join(a, b, opts)?;
+            let job = Job {
+                a: *a,
+                b: b.copied(),
+                opts,
+            };
+            self.cpu.csr(&job)?
+        } else {
+            None
+        };
+        let csr = (opts.output == OutputForm::Csr && rows_csr.is_none())
             .then(|| CsrSink::new(rows, cols, b.is_none(), opts.include_self, opts.sorted))
             .flatten();
-        let (mut report, t, output) = if let Some(mut sink) = sorting {
-            let report = self.run(a, b, opts, Some(&mut sink))?;
+        let assembled = |report: &mut JoinReport, t: Instant| {
+            report
+                .phases
+                .push(("assemble output".into(), t.elapsed().as_secs_f64()))
+        };
+        let (mut report, output) = if let Some((csr, report)) = rows_csr {
+            (report, crate::result::JoinOutput::Csr(csr))
+        } else if let Some(mut sink) = sorting {
+            let mut report = self.run(a, b, opts, Some(&mut sink))?;
             let t = Instant::now();
             let pairs = self.cpu.install(|| sink.finish())??;
-            (report, t, crate::result::JoinOutput::Pairs(pairs))
+            assembled(&mut report, t);
+            (report, crate::result::JoinOutput::Pairs(pairs))
         } else if let Some(mut sink) = csr {
-            let report = self.run(a, b, opts, Some(&mut sink))?;
+            let mut report = self.run(a, b, opts, Some(&mut sink))?;
             let t = Instant::now();
             let csr = self.cpu.install(|| sink.finish())??;
-            (report, t, crate::result::JoinOutput::Csr(csr))
+            assembled(&mut report, t);
+            (report, crate::result::JoinOutput::Csr(csr))
         } else {
             let mut sink = CollectSink::default();
-            let report = self.run(a, b, opts, Some(&mut sink))?;
+            let mut report = self.run(a, b, opts, Some(&mut sink))?;
             let t = Instant::now();
             // On the engine's threads, not the caller's alone.
             let output = self.cpu.install(|| {
@@ -248,11 +269,9 @@ impl Engine {
                     opts.sorted,
                 )
             })??;
-            (report, t, output)
+            assembled(&mut report, t);
+            (report, output)
         };
-        report
-            .phases
-            .push(("assemble output".into(), t.elapsed().as_secs_f64()));
         report.seconds = start.elapsed().as_secs_f64();
         let distances = if opts.distances {
             let t = Instant::now();
@@ -381,6 +400,18 @@ impl Engine {
         }
     }
 
+    /// Whether `opts.backend` runs this engine's joins on the CPU backend (`run`'s choice).
+    fn runs_on_cpu(&self, opts: &JoinOptions) -> bool {
+        match opts.backend {
+            Backend::Cpu => true,
+            Backend::Gpu => false,
+            Backend::Auto => !matches!(
+                self.auto_gpu().then(|| self.gpu()),
+                Some(Ok(gpu)) if !gpu.software
+            ),
+        }
+    }
+
     fn run(
         &self,
         a: &Dataset,
@@ -464,6 +495,13 @@ impl Engine {
             other => other,
         }
     }
+}
+
+/// The CPU's CSR from whole rows (`cpu/rows.rs`), unless `SIMJOIN_CSR_ROWS=0` asks for the
+/// CSR from streamed pairs (`radix::CsrSink`) instead: for measurements.
+fn csr_rows() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SIMJOIN_CSR_ROWS").is_none_or(|v| v != "0"))
 }
 
 /// What every join checks before a backend runs: the options, A and B alike in dimensions

@@ -742,7 +742,7 @@ impl RowScatter {
 /// passes by neighbour take (1M uniform 2-D points, 32M entries: 57 against 120 ms of
 /// thread time). A row of up to 64 is sorted by rank with AVX2 compares; longer ones, rare
 /// in such a bucket, by a comparison sort.
-struct SmallRows {
+pub(crate) struct SmallRows {
     /// Ranks hold a neighbour's 25 bits above 6 bits of its place in the row, in an i32.
     rank: bool,
 }
@@ -753,7 +753,7 @@ impl SmallRows {
     /// The longest row sorted by rank.
     const RANKED: usize = 64;
 
-    fn new(nbr_bits: u32) -> Self {
+    pub(crate) fn new(nbr_bits: u32) -> Self {
         SmallRows {
             rank: crate::cpu::avx2_available() && nbr_bits <= 25,
         }
@@ -764,7 +764,7 @@ impl SmallRows {
         self.rank && entries <= Self::AVERAGE * rows
     }
 
-    fn sort(&self, row: &mut [u32]) {
+    pub(crate) fn sort(&self, row: &mut [u32]) {
         let k = row.len();
         if k < 2 {
             return;

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::Rng;
+use common::{each_precision, Rng};
 use proptest::prelude::*;
 use simjoin::{
     oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, Metric, OutputForm, Pair,
@@ -409,5 +409,100 @@ proptest! {
         let metric = METRICS[metric];
         check_self(&x, d, eps, metric, &ALGOS);
         check_ab(&x, &y, d, eps, metric, &ALGOS);
+    }
+}
+
+/// Each row of `c` sorted: for comparing an unsorted CSR with a sorted one.
+fn rows_sorted(mut c: simjoin::result::Csr) -> simjoin::result::Csr {
+    for r in 0..c.offsets.len() - 1 {
+        c.neighbors[c.offsets[r] as usize..c.offsets[r + 1] as usize].sort_unstable();
+    }
+    c
+}
+
+/// The CSR of a grid join is built from whole rows (`cpu/rows.rs`) up to 2-D, from
+/// bucketed pairs above: every row exactly the oracle's, sorted or not, with and without the diagonal, self-join and A ⋈ B, on data
+/// with long rows (duplicates: rows past the 64 the rank sort takes), cell-edge lattices,
+/// clusters, 1-8 dimensions, n = 0, 1, 2, each metric and precision.
+#[test]
+fn csr_from_whole_rows_matches_the_oracle() {
+    let mut cases: Vec<(Vec<f64>, usize, f64)> = vec![
+        (uniform(0, 2, 1.0, 1), 2, 0.1),
+        (uniform(1, 2, 1.0, 1), 2, 0.1),
+        (vec![0.0, 0.0, 0.1, 0.0], 2, 0.1),
+        (duplicates(600, 2, 3), 2, 0.05),
+        (lattice(24, 2, 0.25), 2, 0.25),
+        (lattice(9, 3, 0.5), 3, 0.5),
+        (clusters(3000, 3, 5), 3, 0.03),
+    ];
+    for d in [1, 2, 4, 6, 8] {
+        cases.push((
+            uniform(2500, d, 1.0, 40 + d as u64),
+            d,
+            0.15 * (d as f64).sqrt(),
+        ));
+    }
+    for (x, d, eps) in &cases {
+        each_precision(x, *d, |data| {
+            for m in METRICS {
+                let want = oracle::self_join(data, m, *eps);
+                for include_self in [false, true] {
+                    let expect = simjoin::result::build_csr(
+                        want.clone(),
+                        true,
+                        data.len(),
+                        include_self,
+                        true,
+                    )
+                    .unwrap();
+                    for sorted in [true, false] {
+                        let mut o = opts(*eps, m, Algorithm::Grid);
+                        o.output = OutputForm::Csr;
+                        o.include_self = include_self;
+                        o.sorted = sorted;
+                        let r = Engine::new().self_join(data, &o).unwrap();
+                        let what = format!(
+                            "d {d} n {} {m:?} self {include_self} sorted {sorted}",
+                            data.len()
+                        );
+                        // Whole rows up to 2-D (`cpu/mod.rs` ROWS_MAX_DIM), bucketed
+                        // pairs above: both paths checked here.
+                        let rows = r.report.notes.iter().any(|n| n.contains("whole row"));
+                        assert_eq!(rows, *d <= 2, "{what}: {:?}", r.report.notes);
+                        assert_eq!(r.report.pairs, want.len() as u64, "{what}");
+                        let c = r.csr().unwrap().clone();
+                        let c = if sorted { c } else { rows_sorted(c) };
+                        assert_eq!(c, expect, "{what}");
+                    }
+                }
+            }
+        });
+    }
+    // A ⋈ B: rows of A, B partly outside A's bounds.
+    for d in [1, 2, 3] {
+        let a = uniform(700, d, 1.0, 21);
+        let b = uniform(1500, d, 1.3, 22);
+        let eps = 0.1 * (d as f64).sqrt();
+        let (a, b) = (
+            Dataset::from_f64(&a, d).unwrap(),
+            Dataset::from_f64(&b, d).unwrap(),
+        );
+        for m in METRICS {
+            let want = oracle::join(&a, &b, m, eps);
+            let expect =
+                simjoin::result::build_csr(want.clone(), false, a.len(), false, true).unwrap();
+            for sorted in [true, false] {
+                let mut o = opts(eps, m, Algorithm::Grid);
+                o.output = OutputForm::Csr;
+                o.sorted = sorted;
+                let r = Engine::new().join(&a, &b, &o).unwrap();
+                let rows = r.report.notes.iter().any(|n| n.contains("whole row"));
+                assert_eq!(rows, d <= 2, "A x B d {d}");
+                assert_eq!(r.report.pairs, want.len() as u64);
+                let c = r.csr().unwrap().clone();
+                let c = if sorted { c } else { rows_sorted(c) };
+                assert_eq!(c, expect, "A x B d {d} {m:?} sorted {sorted}");
+            }
+        }
     }
 }

@@ -113,6 +113,49 @@ impl<'s> Collector<'s> {
     }
 }
 
+/// Where a grid join's hits go, one per worker: pairs to the collector ([`Emitter`]), or
+/// each query's whole row (`rows::RowWriter`).
+pub(crate) trait Hits {
+    /// Query `qid` is within eps of `ids[l]` for the set bits l of `mask` (`ids` holds
+    /// LANES values); `unique` (a self-join's half stencil): as `[min, max]` pairs. `AVX`:
+    /// only on the path taken after AVX2 was detected.
+    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mask: u32, unique: bool);
+    /// Every hit of query `qid` has been given.
+    fn end_query(&mut self, qid: u32);
+    /// The output failed: the join stops early.
+    fn stopped(&self) -> bool;
+}
+
+impl Hits for Emitter<'_, '_> {
+    #[inline(always)]
+    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mask: u32, unique: bool) {
+        let ids = &ids[..LANES];
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+            // LANES values.
+            unsafe { self.push_mask_ids_avx2(mask, ids.as_ptr(), qid, unique) };
+            return;
+        }
+        self.push_mask(mask, |l| {
+            let id = ids[l];
+            if unique {
+                [qid.min(id), qid.max(id)]
+            } else {
+                [qid, id]
+            }
+        })
+    }
+
+    #[inline(always)]
+    fn end_query(&mut self, _qid: u32) {}
+
+    #[inline]
+    fn stopped(&self) -> bool {
+        self.collector.stopped()
+    }
+}
+
 /// One worker's output buffer.
 pub(crate) struct Emitter<'c, 's> {
     collector: &'c Collector<'s>,

@@ -8,7 +8,7 @@
 //! unordered cell pair once, like GPU-SJ's unicomp) and, in its own row, only slots after
 //! the query point.
 
-use super::emit::{Collector, Emitter};
+use super::emit::Hits;
 use super::store::{avx2_available, scan_blocks, MetricKind, Store, LANES};
 use crate::error::Result;
 use crate::grid::GridGeometry;
@@ -235,15 +235,17 @@ fn row_offsets(k: usize, self_join: bool) -> (Vec<i64>, usize) {
     (all, zero)
 }
 
-/// Joins query points (grid `qidx`) with the indexed points (`idx`): a self-join when
-/// `self_join` (then `qidx` is `idx`). Pairs go to `out` as original ids.
-pub(crate) fn join<T: Coord, M: MetricKind>(
+/// Joins query points (grid `qidx`) with the indexed points (`idx`): a self-join's half
+/// stencil when `self_join` (then `qidx` is `idx`), else every adjacent cell. Hits go, as
+/// original ids, to the worker's output that `out` makes; each query point's hits are given
+/// together, by one worker, then `end_query`.
+pub(crate) fn join<T: Coord, M: MetricKind, O: Hits>(
     geom: &GridGeometry,
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     self_join: bool,
     thr: T,
-    out: &Collector,
+    out: &(impl Fn() -> O + Sync),
     threads: usize,
 ) -> Result<()> {
     let k = geom.k();
@@ -268,7 +270,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let avx2 = avx2_available();
     // Buffers live per rayon job (not per chunk), so output buffers are reused.
     let scratch = || {
-        let em = out.emitter();
+        let em = out();
         (
             em,
             vec![T::ZERO; dim],
@@ -322,13 +324,13 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
                 if avx2 {
                     // SAFETY: avx2 was detected at run time.
                     unsafe {
-                        query_cell_avx2::<T, M>(
+                        query_cell_avx2::<T, M, O>(
                             qidx, idx, span, ranges, self_join, thr, early, em, q,
                         )
                     };
                     continue;
                 }
-                query_cell_sized::<T, M, false>(
+                query_cell_sized::<T, M, O, false>(
                     qidx, idx, span, ranges, self_join, thr, early, em, q,
                 );
             }
@@ -347,7 +349,7 @@ struct Span {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
+unsafe fn query_cell_avx2<T: Coord, M: MetricKind, O: Hits>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -355,17 +357,17 @@ unsafe fn query_cell_avx2<T: Coord, M: MetricKind>(
     self_join: bool,
     thr: T,
     early: bool,
-    em: &mut Emitter,
+    em: &mut O,
     q: &mut [T],
 ) {
-    query_cell_sized::<T, M, true>(qidx, idx, span, ranges, self_join, thr, early, em, q)
+    query_cell_sized::<T, M, O, true>(qidx, idx, span, ranges, self_join, thr, early, em, q)
 }
 
 /// `query_cell` with the query in a fixed-size array for 1-4 dimensions, so that the
 /// kernel's dimension loop is unrolled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
+fn query_cell_sized<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -373,16 +375,16 @@ fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
     self_join: bool,
     thr: T,
     early: bool,
-    em: &mut Emitter,
+    em: &mut O,
     q: &mut [T],
 ) {
     macro_rules! by_len {
         ($($n:literal),*) => {
             match q.len() {
-                $($n => query_cell::<T, M, AVX>(
+                $($n => query_cell::<T, M, O, AVX>(
                     qidx, idx, span, ranges, self_join, thr, early, em, &mut [T::ZERO; $n],
                 ),)*
-                _ => query_cell::<T, M, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
+                _ => query_cell::<T, M, O, AVX>(qidx, idx, span, ranges, self_join, thr, early, em, q),
             }
         };
     }
@@ -392,7 +394,7 @@ fn query_cell_sized<T: Coord, M: MetricKind, const AVX: bool>(
 /// Scans the neighbour ranges for every query point of one work item.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
+fn query_cell<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -400,7 +402,7 @@ fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
     self_join: bool,
     thr: T,
     early: bool,
-    em: &mut Emitter,
+    em: &mut O,
     q: &mut [T],
 ) {
     let ids = &idx.store.ids;
@@ -409,50 +411,22 @@ fn query_cell<T: Coord, M: MetricKind, const AVX: bool>(
         let qid = qidx.store.ids[s];
         if self_join {
             scan_blocks::<T, M, AVX>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
-                emit_block::<AVX>(em, ids, qid, b, mask, true)
+                em.hits::<AVX>(qid, &ids[b..], mask, true)
             });
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    emit_block::<AVX>(em, ids, qid, b, mask, true)
+                    em.hits::<AVX>(qid, &ids[b..], mask, true)
                 });
             }
         } else {
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    emit_block::<AVX>(em, ids, qid, b, mask, false)
+                    em.hits::<AVX>(qid, &ids[b..], mask, false)
                 });
             }
         }
+        em.end_query(qid);
     }
-}
-
-/// Pairs of query `qid` with the slots `b + l` for the set bits l of `mask`: `[min, max]`
-/// of the ids when `unique` (self-join), else `[qid, id]`. `ids` is padded by LANES.
-#[inline(always)]
-fn emit_block<const AVX: bool>(
-    em: &mut Emitter,
-    ids: &[u32],
-    qid: u32,
-    b: usize,
-    mask: u32,
-    unique: bool,
-) {
-    let ids = &ids[b..b + LANES];
-    #[cfg(target_arch = "x86_64")]
-    if AVX {
-        // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
-        // LANES values.
-        unsafe { em.push_mask_ids_avx2(mask, ids.as_ptr(), qid, unique) };
-        return;
-    }
-    em.push_mask(mask, |l| {
-        let id = ids[l];
-        if unique {
-            [qid.min(id), qid.max(id)]
-        } else {
-            [qid, id]
-        }
-    })
 }
 
 #[cfg(test)]

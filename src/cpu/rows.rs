@@ -1,0 +1,450 @@
+//! The CSR of a grid join built from whole rows, with no pair list: the join searches every
+//! adjacent cell of each query point (the full stencil, not the self-join's half), so one
+//! worker finds a point's whole row at once; it writes the row's neighbour ids into its
+//! own blocks (sorted there, in L1, where asked) and, at the end, each row is copied into
+//! its place in the CSR, rows in id order. A query point appears in exactly one work item,
+//! so every row is written by one worker, once.
+//!
+//! Against bucketing both directions of each unicomp pair (`radix::CsrSink`): twice the
+//! distance computations, but 4 bytes written per entry instead of a bucketed entry plus a
+//! row scatter and a sort of each bucket (`bench/RESULTS_BENCH.md`, 2026-11-25 evening).
+
+use super::emit::Hits;
+use super::store::LANES;
+use crate::error::{Error, ErrorKind, Result};
+use crate::radix::SmallRows;
+use crate::result::Csr;
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+/// Entries of a writer's first block (4 MiB, on huge pages); each next one is twice as
+/// large, up to `BLOCK_MAX`.
+const BLOCK_MIN: usize = 1 << 20;
+const BLOCK_MAX: usize = 1 << 23;
+/// Rows copied into place per task.
+const COPY_ROWS: usize = 4096;
+/// Rows ahead whose source the copy prefetches.
+const AHEAD: usize = 8;
+
+/// Rows of one writer, in the order written.
+struct Block {
+    ids: Vec<u32>,
+    /// (query id, end of its row in `ids`).
+    rows: Vec<(u32, usize)>,
+}
+
+/// What every writer of one join shares: what each row keeps, the finished blocks, and
+/// the first failure (an allocation).
+pub(crate) struct Rows {
+    /// A self-join's row keeps the point itself (the diagonal); else its hit is dropped.
+    keep_self: bool,
+    /// Each row sorted by neighbour id.
+    sort: Option<SmallRows>,
+    /// A writer's first block and its largest, in entries.
+    block_min: usize,
+    block_max: usize,
+    /// Writers' rows, handed back when a rayon job ends and taken up by the next one: a
+    /// few large blocks per thread rather than small ones per job.
+    states: Mutex<Vec<WriterState>>,
+    failed: AtomicBool,
+    error: Mutex<Option<Error>>,
+}
+
+impl Rows {
+    /// Rows of neighbour ids below `cols`; `self_join`: a query's own id is a hit only
+    /// where `include_self`.
+    pub fn new(cols: usize, self_join: bool, include_self: bool, sorted: bool) -> Self {
+        let nbr_bits = u32::BITS - (cols.saturating_sub(1) as u32).leading_zeros();
+        Rows {
+            keep_self: !self_join || include_self,
+            sort: sorted.then(|| SmallRows::new(nbr_bits)),
+            block_min: BLOCK_MIN,
+            block_max: BLOCK_MAX,
+            states: Mutex::new(Vec::new()),
+            failed: AtomicBool::new(false),
+            error: Mutex::new(None),
+        }
+    }
+
+    /// A worker's writer; it hands its rows back when dropped.
+    pub fn writer(&self) -> RowWriter<'_> {
+        let state = self.states.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let state = state.unwrap_or(WriterState {
+            blocks: Vec::new(),
+            cur: Block {
+                ids: Vec::new(),
+                rows: Vec::new(),
+            },
+            next_cap: self.block_min,
+        });
+        RowWriter {
+            home: self,
+            row_start: state.cur.ids.len(),
+            state,
+        }
+    }
+
+    fn fail(&self, e: Error) {
+        self.failed.store(true, Ordering::Relaxed);
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(e);
+    }
+
+    /// The CSR of `n` rows: each row copied into place, rows in id order. Errors: the
+    /// first failure of a writer; a row missing or given twice (a join that did not give
+    /// each query point once: an internal error, never a wrong CSR).
+    pub fn finish(self, n: usize) -> Result<Csr> {
+        if let Some(e) = self.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
+        let mut blocks = Vec::new();
+        for mut state in self.states.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            blocks.append(&mut state.blocks);
+            blocks.push(state.cur);
+        }
+        let broken = |what: &str| Error::new(ErrorKind::Internal, format!("CSR rows: {what}"));
+        // Where each row lies: (block, length, start), by query id. A row is at most
+        // `cols` < 2^32 long.
+        const NONE: u32 = u32::MAX;
+        let mut at = vec![(NONE, 0u32, 0usize); n];
+        let mut given = 0usize;
+        for (b, block) in blocks.iter().enumerate() {
+            let b = u32::try_from(b).map_err(|_| broken("too many blocks"))?;
+            let mut start = 0;
+            for &(q, end) in &block.rows {
+                let slot = at
+                    .get_mut(q as usize)
+                    .ok_or_else(|| broken("a row beyond n"))?;
+                if slot.0 != NONE {
+                    return Err(broken("a row given twice"));
+                }
+                let len = u32::try_from(end - start).map_err(|_| broken("a row past 2^32"))?;
+                *slot = (b, len, start);
+                start = end;
+                given += 1;
+            }
+        }
+        if given != n {
+            return Err(broken("a row missing"));
+        }
+        let mut offsets = crate::huge::zeroed(n + 1, 0u64);
+        for r in 0..n {
+            offsets[r + 1] = offsets[r] + u64::from(at[r].1);
+        }
+        let total = offsets[n] as usize;
+        let mut neighbors: Vec<u32> = Vec::new();
+        neighbors.try_reserve_exact(total).map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate a CSR of {total} entries"),
+            )
+        })?;
+        crate::huge::advise(&mut neighbors);
+        // Tasks of COPY_ROWS rows, each writing its own run of the (not yet initialised)
+        // array in order: fresh pages are touched front to back.
+        let mut rest = &mut neighbors.spare_capacity_mut()[..total];
+        let mut tasks = Vec::with_capacity(n.div_ceil(COPY_ROWS));
+        for r0 in (0..n).step_by(COPY_ROWS) {
+            let r1 = (r0 + COPY_ROWS).min(n);
+            let (head, tail) = rest.split_at_mut((offsets[r1] - offsets[r0]) as usize);
+            tasks.push((r0..r1, head));
+            rest = tail;
+        }
+        tasks.into_par_iter().for_each(|(rows, seg)| {
+            let mut w = 0;
+            let row_of = |r: usize| {
+                let (b, len, start) = at[r];
+                &blocks[b as usize].ids[start..start + len as usize]
+            };
+            for r in rows.clone() {
+                // Rows lie at random in the blocks: fetch one a few rows ahead.
+                if r + AHEAD < rows.end {
+                    super::prefetch(row_of(r + AHEAD));
+                }
+                let row = row_of(r);
+                let dst = &mut seg[w..w + row.len()];
+                // SAFETY: `dst` and `row` have the same length, MaybeUninit<u32> has u32's
+                // layout, and the two do not overlap (the CSR is a fresh allocation).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), dst.as_mut_ptr().cast(), row.len())
+                };
+                w += row.len();
+            }
+            // Every element of the task's run written (checked before `set_len`).
+            assert_eq!(w, seg.len());
+        });
+        // SAFETY: the tasks split 0..total (offsets are running sums from 0 to total), and
+        // each asserted it wrote every element of its run, so all `total` are initialised.
+        unsafe { neighbors.set_len(total) };
+        Ok(Csr { offsets, neighbors })
+    }
+}
+
+/// One worker's rows: full blocks, the block being written, the next block's size.
+struct WriterState {
+    blocks: Vec<Block>,
+    cur: Block,
+    next_cap: usize,
+}
+
+/// The rows of one rayon job.
+pub(crate) struct RowWriter<'r> {
+    home: &'r Rows,
+    state: WriterState,
+    /// Where the row being written starts in `state.cur.ids`.
+    row_start: usize,
+}
+
+impl RowWriter<'_> {
+    /// A new block, the row being written moved to its front; false when out of memory
+    /// (the join is stopped).
+    #[cold]
+    fn grow(&mut self) -> bool {
+        let st = &mut self.state;
+        let partial = st.cur.ids.len() - self.row_start;
+        let cap = st.next_cap.max(2 * partial + LANES);
+        st.next_cap = (st.next_cap * 2).min(self.home.block_max);
+        let mut ids: Vec<u32> = Vec::new();
+        if ids.try_reserve_exact(cap).is_err() {
+            self.home.fail(Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate {cap} CSR entries"),
+            ));
+            return false;
+        }
+        crate::huge::advise(&mut ids);
+        ids.extend_from_slice(&st.cur.ids[self.row_start..]);
+        st.cur.ids.truncate(self.row_start);
+        let full = std::mem::replace(
+            &mut st.cur,
+            Block {
+                ids,
+                rows: Vec::new(),
+            },
+        );
+        self.row_start = 0;
+        if !full.rows.is_empty() {
+            st.blocks.push(full);
+        }
+        true
+    }
+}
+
+impl RowWriter<'_> {
+    /// `hits` in AVX2: the query's own id masked out by one compare, the hits left-packed
+    /// by one permute and written by one store.
+    ///
+    /// # Safety
+    /// AVX2 must be available, `ids` must point at LANES readable u32 and the current block
+    /// must have room for LANES more entries.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn push_avx2(&mut self, qid: u32, ids: *const u32, mut mask: u32) {
+        use std::arch::x86_64::*;
+        let v = _mm256_loadu_si256(ids as *const __m256i);
+        if !self.home.keep_self {
+            let own = _mm256_cmpeq_epi32(v, _mm256_set1_epi32(qid as i32));
+            mask &= !(_mm256_movemask_ps(_mm256_castsi256_ps(own)) as u32);
+        }
+        let mask = (mask & 0xff) as usize;
+        let pack = _mm256_loadu_si256(PACK8[mask].as_ptr() as *const __m256i);
+        let len = self.state.cur.ids.len();
+        debug_assert!(self.state.cur.ids.capacity() - len >= LANES);
+        _mm256_storeu_si256(
+            self.state.cur.ids.as_mut_ptr().add(len) as *mut __m256i,
+            _mm256_permutevar8x32_epi32(v, pack),
+        );
+        self.state.cur.ids.set_len(len + mask.count_ones() as usize);
+    }
+}
+
+/// For each 8-bit mask, the lanes that move the selected u32 to the front.
+#[cfg(target_arch = "x86_64")]
+static PACK8: [[u32; 8]; 256] = {
+    let mut table = [[0u32; 8]; 256];
+    let mut m = 0;
+    while m < 256 {
+        let mut k = 0;
+        let mut l = 0;
+        while l < 8 {
+            if m & (1 << l) != 0 {
+                table[m][k] = l as u32;
+                k += 1;
+            }
+            l += 1;
+        }
+        m += 1;
+    }
+    table
+};
+
+impl Hits for RowWriter<'_> {
+    #[inline(always)]
+    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mut mask: u32, _unique: bool) {
+        let ids = &ids[..LANES];
+        if self.state.cur.ids.capacity() - self.state.cur.ids.len() < LANES && !self.grow() {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+            // LANES values and the block has room for LANES more (just checked).
+            unsafe { self.push_avx2(qid, ids.as_ptr(), mask) };
+            return;
+        }
+        if !self.home.keep_self {
+            for (l, &id) in ids.iter().enumerate() {
+                mask &= !(((id == qid) as u32) << l);
+            }
+        }
+        let len = self.state.cur.ids.len();
+        let spare = &mut self.state.cur.ids.spare_capacity_mut()[..LANES];
+        // Every lane written, the end advanced past hits only: no branch per hit.
+        let mut k = 0;
+        for (l, &id) in ids.iter().enumerate() {
+            spare[k].write(id);
+            k += ((mask >> l) & 1) as usize;
+        }
+        // SAFETY: the first k <= LANES spare entries were written above.
+        unsafe { self.state.cur.ids.set_len(len + k) };
+    }
+
+    #[inline]
+    fn end_query(&mut self, qid: u32) {
+        let end = self.state.cur.ids.len();
+        if let Some(sort) = &self.home.sort {
+            sort.sort(&mut self.state.cur.ids[self.row_start..end]);
+        }
+        self.state.cur.rows.push((qid, end));
+        self.row_start = end;
+    }
+
+    #[inline]
+    fn stopped(&self) -> bool {
+        self.home.failed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RowWriter<'_> {
+    fn drop(&mut self) {
+        let state = std::mem::replace(
+            &mut self.state,
+            WriterState {
+                blocks: Vec::new(),
+                cur: Block {
+                    ids: Vec::new(),
+                    rows: Vec::new(),
+                },
+                next_cap: 0,
+            },
+        );
+        let mut states = self.home.states.lock().unwrap_or_else(|p| p.into_inner());
+        states.push(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows given to writers with tiny blocks (rows moved to a new block part-written,
+    /// rows longer than a block), in two jobs, the scalar and the AVX2 hits: the CSR is
+    /// exactly the rows given, in id order, sorted where asked, the own id dropped unless
+    /// kept; a row given twice or never is an error, never a CSR.
+    #[test]
+    fn rows_land_in_place_through_small_blocks() {
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        let n = 60usize;
+        let rows: Vec<Vec<u32>> = (0..n)
+            .map(|_| (0..next() % 70).map(|_| next() % 500).collect())
+            .collect();
+        let order: Vec<usize> = {
+            let mut o: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                o.swap(i, next() as usize % (i + 1));
+            }
+            o
+        };
+        for avx in [false, true] {
+            if avx && !crate::cpu::avx2_available() {
+                continue;
+            }
+            for (keep_self, sorted) in [(true, false), (false, true), (true, true)] {
+                let mut home = Rows::new(500, !keep_self, false, sorted);
+                (home.block_min, home.block_max) = (8, 32);
+                let give = |w: &mut RowWriter, r: usize| {
+                    // Eight lanes at a time, a random mask; the lanes beyond the row repeat
+                    // its ids with their bits clear.
+                    let row = &rows[r];
+                    let mut k = 0;
+                    while k < row.len() {
+                        let lanes: Vec<u32> =
+                            (0..LANES).map(|l| row[(k + l) % row.len()]).collect();
+                        let take = (row.len() - k).min(LANES);
+                        let mask = (1u32 << take) - 1;
+                        if avx {
+                            w.hits::<true>(r as u32, &lanes, mask, false);
+                        } else {
+                            w.hits::<false>(r as u32, &lanes, mask, false);
+                        }
+                        k += take;
+                    }
+                    w.end_query(r as u32);
+                };
+                // Two jobs; the second takes up the first's writer state.
+                {
+                    let mut w = home.writer();
+                    for &r in &order[..n / 2] {
+                        give(&mut w, r);
+                    }
+                }
+                {
+                    let mut w = home.writer();
+                    for &r in &order[n / 2..] {
+                        give(&mut w, r);
+                    }
+                }
+                let csr = home.finish(n).unwrap();
+                let mut at = 0;
+                for (r, row) in rows.iter().enumerate() {
+                    let mut want: Vec<u32> = row
+                        .iter()
+                        .copied()
+                        .filter(|&j| keep_self || j != r as u32)
+                        .collect();
+                    let got = &csr.neighbors[csr.offsets[r] as usize..csr.offsets[r + 1] as usize];
+                    assert_eq!(csr.offsets[r], at);
+                    at += want.len() as u64;
+                    // Unsorted rows keep the order given.
+                    if sorted {
+                        want.sort_unstable();
+                    }
+                    assert_eq!(got, &want[..], "row {r} avx {avx} sorted {sorted}");
+                }
+                assert_eq!(csr.offsets[n], at);
+            }
+        }
+        // A row given twice, or one missing: errors.
+        let home = Rows::new(10, false, false, false);
+        {
+            let mut w = home.writer();
+            w.end_query(1);
+            w.end_query(1);
+        }
+        assert_eq!(home.finish(2).unwrap_err().kind(), ErrorKind::Internal);
+        let home = Rows::new(10, false, false, false);
+        {
+            let mut w = home.writer();
+            w.end_query(0);
+        }
+        assert_eq!(home.finish(2).unwrap_err().kind(), ErrorKind::Internal);
+    }
+}
