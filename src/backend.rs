@@ -6,7 +6,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::knn::{KnnJob, KnnResult};
 use crate::options::JoinOptions;
-use crate::result::{Csr, JoinReport, PairSink};
+use crate::result::{Csr, Distances, JoinReport, PairSink};
 
 /// One join to run: A ⋈ A (self-join, `b == None`) or A ⋈ B. Dimensions and precision
 /// of A and B were checked equal by the engine.
@@ -23,10 +23,10 @@ pub(crate) trait JoinBackend: Send + Sync {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport>;
 
     /// The CSR of `job` (`opts.output == Csr`: rows, sorted and with the diagonal as
-    /// `opts` asks) where this backend builds it without streaming pairs (the CPU grid
+    /// `opts` asks; its distances too, where asked and made on the way, else `None`) where this backend builds it without streaming pairs (the CPU grid
     /// join: each query point's whole row at once); `None`: it does not for this job, and
     /// the caller builds it from streamed pairs.
-    fn csr(&self, job: &Job) -> Result<Option<(Csr, JoinReport)>> {
+    fn csr(&self, job: &Job) -> Result<Option<(Csr, Option<Distances>, JoinReport)>> {
         let _ = job;
         Ok(None)
     }

@@ -240,7 +240,9 @@ impl Engine {
                 .phases
                 .push(("assemble output".into(), t.elapsed().as_secs_f64()))
         };
-        let (mut report, output) = if let Some((csr, report)) = rows_csr {
+        let mut made_distances = None;
+        let (mut report, output) = if let Some((csr, distances, report)) = rows_csr {
+            made_distances = distances;
             (report, crate::result::JoinOutput::Csr(csr))
         } else if let Some(mut sink) = sorting {
             let mut report = self.run(a, b, opts, Some(&mut sink))?;
@@ -273,7 +275,9 @@ impl Engine {
             (report, output)
         };
         report.seconds = start.elapsed().as_secs_f64();
-        let distances = if opts.distances {
+        let distances = if made_distances.is_some() {
+            made_distances
+        } else if opts.distances {
             let t = Instant::now();
             let d = self
                 .cpu

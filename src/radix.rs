@@ -765,29 +765,45 @@ impl SmallRows {
     }
 
     pub(crate) fn sort(&self, row: &mut [u32]) {
+        self.sort_with(row, &mut [] as &mut [u8]);
+    }
+
+    /// `sort`, moving `with[e]` (empty, or one value per entry of `row`: its distance)
+    /// along with entry e.
+    pub(crate) fn sort_with<C: Copy + Default>(&self, row: &mut [u32], with: &mut [C]) {
         let k = row.len();
+        assert!(with.is_empty() || with.len() == k);
         if k < 2 {
             return;
         }
         #[cfg(target_arch = "x86_64")]
         if self.rank && k <= Self::RANKED {
             // SAFETY: `rank` is only set where AVX2 is available (`new`), and every
-            // neighbour is below 2^25 (`nbr_bits <= 25`); 2 <= k <= 64 = 8 N below.
+            // neighbour is below 2^25 (`nbr_bits <= 25`); 2 <= k <= 64 = 8 N below, and
+            // `with` is empty or k long (asserted).
             unsafe {
                 match k.div_ceil(8) {
-                    1 => rank_sort::<1>(row),
-                    2 => rank_sort::<2>(row),
-                    3 => rank_sort::<3>(row),
-                    4 => rank_sort::<4>(row),
-                    5 => rank_sort::<5>(row),
-                    6 => rank_sort::<6>(row),
-                    7 => rank_sort::<7>(row),
-                    _ => rank_sort::<8>(row),
+                    1 => rank_sort::<1, C>(row, with),
+                    2 => rank_sort::<2, C>(row, with),
+                    3 => rank_sort::<3, C>(row, with),
+                    4 => rank_sort::<4, C>(row, with),
+                    5 => rank_sort::<5, C>(row, with),
+                    6 => rank_sort::<6, C>(row, with),
+                    7 => rank_sort::<7, C>(row, with),
+                    _ => rank_sort::<8, C>(row, with),
                 }
             }
             return;
         }
-        row.sort_unstable();
+        if with.is_empty() {
+            row.sort_unstable();
+        } else {
+            let mut both: Vec<(u32, C)> = row.iter().copied().zip(with.iter().copied()).collect();
+            both.sort_unstable_by_key(|e| e.0);
+            for ((r, w), (id, c)) in row.iter_mut().zip(with.iter_mut()).zip(both) {
+                (*r, *w) = (id, c);
+            }
+        }
     }
 }
 
@@ -795,11 +811,14 @@ impl SmallRows {
 /// its place in the row in 6 low bits, goes to the place given by how many values are
 /// below it, counted by comparing it with N vectors of 8 at once.
 ///
+/// `with` (empty, or as long as `row`) is permuted alike.
+///
 /// # Safety
-/// AVX2 must be available, and `row` must hold at most 8 N values, each below 2^25.
+/// AVX2 must be available, and `row` must hold at most 8 N values, each below 2^25, and
+/// `with` none or as many.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn rank_sort<const N: usize>(row: &mut [u32]) {
+unsafe fn rank_sort<const N: usize, C: Copy + Default>(row: &mut [u32], with: &mut [C]) {
     use std::arch::x86_64::*;
     let k = row.len();
     debug_assert!(k <= 8 * N && N <= 8);
@@ -831,6 +850,13 @@ unsafe fn rank_sort<const N: usize>(row: &mut [u32]) {
     // The k keys are distinct, so their ranks are 0..k, each once: a permutation.
     for j in 0..k {
         row[ranks[j] as usize] = (keys[j] as u32) >> 6;
+    }
+    if !with.is_empty() {
+        let mut old = [C::default(); 64];
+        old[..k].copy_from_slice(with);
+        for j in 0..k {
+            with[ranks[j] as usize] = old[j];
+        }
     }
 }
 

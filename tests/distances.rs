@@ -6,7 +6,7 @@ mod common;
 
 use common::Rng;
 use simjoin::metric::distance_acc;
-use simjoin::{Backend, Dataset, Distances, Engine, JoinOptions, Metric, OutputForm};
+use simjoin::{Algorithm, Backend, Dataset, Distances, Engine, JoinOptions, Metric, OutputForm};
 
 fn canonical(a: &[f64], b: &[f64], dim: usize, i: u32, j: u32, m: Metric, f32_: bool) -> f64 {
     let (pi, pj) = (
@@ -32,11 +32,26 @@ fn canonical(a: &[f64], b: &[f64], dim: usize, i: u32, j: u32, m: Metric, f32_: 
     }
 }
 
+/// Each output form, sorted or not, with and without the diagonal; 1-D and 2-D CSRs get
+/// their distances as their rows are found (`cpu/rows.rs`), short rows and long ones (past
+/// the 64 the rank sort takes), 4-D ones from a pass after the join.
 #[test]
 fn pair_and_csr_distances_are_canonical() {
+    for (dim, eps) in [(1, 0.03), (2, 0.15), (2, 0.4), (4, 0.3)] {
+        for sorted in [true, false] {
+            for include_self in [false, true] {
+                // Auto: brute force at this size; the grid: whole rows up to 2-D.
+                for alg in [Algorithm::Auto, Algorithm::Grid] {
+                    distances_are_canonical(dim, eps, sorted, include_self, alg);
+                }
+            }
+        }
+    }
+}
+
+fn distances_are_canonical(dim: usize, eps: f64, sorted: bool, include_self: bool, alg: Algorithm) {
     let engine = Engine::new();
     let mut rng = Rng(3);
-    let dim = 4;
     let a: Vec<f64> = (0..600 * dim).map(|_| rng.unit()).collect();
     let b: Vec<f64> = (0..300 * dim).map(|_| rng.unit()).collect();
     for f32_ in [false, true] {
@@ -62,11 +77,13 @@ fn pair_and_csr_distances_are_canonical() {
                 (OutputForm::Csr, false),
                 (OutputForm::Csr, true),
             ] {
-                let mut o = JoinOptions::new(0.3);
+                let mut o = JoinOptions::new(eps);
                 o.metric = m;
                 o.backend = Backend::Cpu;
                 o.output = form;
-                o.sorted = true;
+                o.sorted = sorted;
+                o.include_self = include_self;
+                o.algorithm = alg;
                 o.distances = true;
                 let r = if ab {
                     engine.join(&da, &db, &o).unwrap()
@@ -74,6 +91,13 @@ fn pair_and_csr_distances_are_canonical() {
                     engine.self_join(&da, &o).unwrap()
                 };
                 let d = r.distances.as_ref().expect("distances asked for");
+                let on_the_way = r.report.notes.iter().any(|n| n.contains("as each row"));
+                assert_eq!(
+                    on_the_way,
+                    form == OutputForm::Csr && dim <= 2 && alg == Algorithm::Grid,
+                    "{:?}",
+                    r.report.notes
+                );
                 match d {
                     Distances::F32(_) => assert!(f32_),
                     Distances::F64(_) => assert!(!f32_),
@@ -97,7 +121,7 @@ fn pair_and_csr_distances_are_canonical() {
                     assert_eq!(
                         d.get(e),
                         canonical(&a, other, dim, i, j, m, f32_),
-                        "{m} {form:?} ab={ab} f32={f32_} entry {e}"
+                        "{m} {form:?} ab={ab} f32={f32_} dim {dim} sorted {sorted} entry {e}"
                     );
                 }
                 // Without the option: none.

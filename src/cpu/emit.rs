@@ -115,20 +115,38 @@ impl<'s> Collector<'s> {
 
 /// Where a grid join's hits go, one per worker: pairs to the collector ([`Emitter`]), or
 /// each query's whole row (`rows::RowWriter`).
-pub(crate) trait Hits {
-    /// Query `qid` is within eps of `ids[l]` for the set bits l of `mask` (`ids` holds
-    /// LANES values); `unique` (a self-join's half stencil): as `[min, max]` pairs. `AVX`:
-    /// only on the path taken after AVX2 was detected.
-    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mask: u32, unique: bool);
+pub(crate) trait Hits<T> {
+    /// Query `qid` (coordinates `q`) is within eps of the points at slots `slot + l` of
+    /// the index's store, ids `ids[l]`, for the set bits l of `mask` (`ids` holds LANES
+    /// values); `unique` (a self-join's half stencil): as `[min, max]` pairs. `AVX`: only
+    /// on the path taken after AVX2 was detected.
+    #[allow(clippy::too_many_arguments)]
+    fn hits<const AVX: bool>(
+        &mut self,
+        q: &[T],
+        qid: u32,
+        slot: usize,
+        ids: &[u32],
+        mask: u32,
+        unique: bool,
+    );
     /// Every hit of query `qid` has been given.
     fn end_query(&mut self, qid: u32);
     /// The output failed: the join stops early.
     fn stopped(&self) -> bool;
 }
 
-impl Hits for Emitter<'_, '_> {
+impl<T> Hits<T> for Emitter<'_, '_> {
     #[inline(always)]
-    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mask: u32, unique: bool) {
+    fn hits<const AVX: bool>(
+        &mut self,
+        _q: &[T],
+        qid: u32,
+        _slot: usize,
+        ids: &[u32],
+        mask: u32,
+        unique: bool,
+    ) {
         let ids = &ids[..LANES];
         #[cfg(target_arch = "x86_64")]
         if AVX {

@@ -239,7 +239,7 @@ fn row_offsets(k: usize, self_join: bool) -> (Vec<i64>, usize) {
 /// stencil when `self_join` (then `qidx` is `idx`), else every adjacent cell. Hits go, as
 /// original ids, to the worker's output that `out` makes; each query point's hits are given
 /// together, by one worker, then `end_query`.
-pub(crate) fn join<T: Coord, M: MetricKind, O: Hits>(
+pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
     geom: &GridGeometry,
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
@@ -349,7 +349,7 @@ struct Span {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn query_cell_avx2<T: Coord, M: MetricKind, O: Hits>(
+unsafe fn query_cell_avx2<T: Coord, M: MetricKind, O: Hits<T>>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -367,7 +367,7 @@ unsafe fn query_cell_avx2<T: Coord, M: MetricKind, O: Hits>(
 /// kernel's dimension loop is unrolled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell_sized<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
+fn query_cell_sized<T: Coord, M: MetricKind, O: Hits<T>, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -394,7 +394,7 @@ fn query_cell_sized<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
 /// Scans the neighbour ranges for every query point of one work item.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn query_cell<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
+fn query_cell<T: Coord, M: MetricKind, O: Hits<T>, const AVX: bool>(
     qidx: &GridIndex<T>,
     idx: &GridIndex<T>,
     span: Span,
@@ -411,17 +411,17 @@ fn query_cell<T: Coord, M: MetricKind, O: Hits, const AVX: bool>(
         let qid = qidx.store.ids[s];
         if self_join {
             scan_blocks::<T, M, AVX>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
-                em.hits::<AVX>(qid, &ids[b..], mask, true)
+                em.hits::<AVX>(q, qid, b, &ids[b..], mask, true)
             });
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    em.hits::<AVX>(qid, &ids[b..], mask, true)
+                    em.hits::<AVX>(q, qid, b, &ids[b..], mask, true)
                 });
             }
         } else {
             for &(lo, hi) in ranges {
                 scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    em.hits::<AVX>(qid, &ids[b..], mask, false)
+                    em.hits::<AVX>(q, qid, b, &ids[b..], mask, false)
                 });
             }
         }

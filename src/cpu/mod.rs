@@ -21,7 +21,7 @@ use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::metric::{threshold, Coord};
 use crate::options::{Algorithm, Metric};
-use crate::result::{Csr, JoinReport, PairSink};
+use crate::result::{Csr, Distances, JoinReport, PairSink};
 use emit::Collector;
 use std::time::Instant;
 use store::MetricKind;
@@ -84,7 +84,7 @@ impl JoinBackend for CpuBackend {
         Ok(report)
     }
 
-    fn csr(&self, job: &Job) -> Result<Option<(Csr, JoinReport)>> {
+    fn csr(&self, job: &Job) -> Result<Option<(Csr, Option<Distances>, JoinReport)>> {
         let pool = self.pool()?;
         let threads = pool.current_num_threads();
         let out = pool.install(|| match (job.a.coords(), job.b.map(|b| b.coords())) {
@@ -100,11 +100,11 @@ impl JoinBackend for CpuBackend {
                 "A and B must have the same coordinate precision",
             )),
         })?;
-        Ok(out.map(|(csr, mut report)| {
+        Ok(out.map(|(csr, distances, mut report)| {
             report.backend = "cpu".into();
             report.device = format!("cpu ({threads} threads)");
             report.batches = 1;
-            (csr, report)
+            (csr, distances, report)
         }))
     }
 
@@ -129,12 +129,12 @@ fn by_metric<T: Coord>(
     }
 }
 
-fn csr_by_metric<T: Coord>(
+fn csr_by_metric<T: knn::DistanceType + Default>(
     job: &Job,
     a: &[T],
     b: Option<&[T]>,
     threads: usize,
-) -> Result<Option<(Csr, JoinReport)>> {
+) -> Result<Option<(Csr, Option<Distances>, JoinReport)>> {
     match job.opts.metric {
         Metric::Euclidean => csr_rows::<T, store::Euclid>(job, a, b, threads),
         Metric::Manhattan => csr_rows::<T, store::Manhattan>(job, a, b, threads),
@@ -163,12 +163,12 @@ const ROWS_MAX_DIM: usize = 2;
 
 /// The CSR from whole rows (`rows.rs`) where the plan is a grid join over every dimension
 /// of at most `ROWS_MAX_DIM`; `None` otherwise.
-fn csr_rows<T: Coord, M: MetricKind>(
+fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     job: &Job,
     a: &[T],
     b: Option<&[T]>,
     threads: usize,
-) -> Result<Option<(Csr, JoinReport)>> {
+) -> Result<Option<(Csr, Option<Distances>, JoinReport)>> {
     let dim = job.a.dim();
     let thr: T = threshold(M::METRIC, job.opts.eps);
     let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
@@ -190,8 +190,9 @@ fn csr_rows<T: Coord, M: MetricKind>(
         self_join,
         job.opts.include_self,
         job.opts.sorted,
+        job.opts.distances.then_some(&idx.store),
     );
-    let writer = || rows.writer();
+    let writer = || rows.writer::<M>();
     // Every adjacent cell for every query point, a self-join's too: its rows need both
     // directions of each pair.
     grid::join::<T, M, _>(
@@ -205,8 +206,11 @@ fn csr_rows<T: Coord, M: MetricKind>(
     )?;
     phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
     let t2 = Instant::now();
-    let csr = rows.finish(n)?;
+    let (csr, distances) = rows.finish(n)?;
     phases.push(("assemble output".to_string(), t2.elapsed().as_secs_f64()));
+    if distances.is_some() {
+        notes.push("distances: computed as each row was found".into());
+    }
     let entries = csr.neighbors.len() as u64;
     let pairs = if self_join {
         // Each unordered pair is in two rows; the diagonal in one.
@@ -216,6 +220,7 @@ fn csr_rows<T: Coord, M: MetricKind>(
     };
     Ok(Some((
         csr,
+        distances.map(T::wrap),
         JoinReport {
             pairs,
             algorithm: plan.algorithm,

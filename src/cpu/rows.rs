@@ -1,25 +1,29 @@
 //! The CSR of a grid join built from whole rows, with no pair list: the join searches every
 //! adjacent cell of each query point (the full stencil, not the self-join's half), so one
 //! worker finds a point's whole row at once; it writes the row's neighbour ids into its
-//! own blocks (sorted there, in L1, where asked) and, at the end, each row is copied into
-//! its place in the CSR, rows in id order. A query point appears in exactly one work item,
-//! so every row is written by one worker, once.
+//! own blocks (with their distances, from the store's points still in cache, and sorted
+//! there, in L1, where asked) and, at the end, each row is copied into its place in the
+//! CSR, rows in id order. A query point appears in exactly one work item, so every row is
+//! written by one worker, once.
 //!
 //! Against bucketing both directions of each unicomp pair (`radix::CsrSink`): twice the
 //! distance computations, but 4 bytes written per entry instead of a bucketed entry plus a
-//! row scatter and a sort of each bucket (`bench/RESULTS_BENCH.md`, 2026-11-25 evening).
+//! row scatter and a sort of each bucket, and distances without a pass of random reads
+//! (`bench/RESULTS_BENCH.md`, 2026-11-25 evening).
 
 use super::emit::Hits;
-use super::store::LANES;
+use super::store::{MetricKind, Store, LANES};
 use crate::error::{Error, ErrorKind, Result};
+use crate::metric::Coord;
 use crate::radix::SmallRows;
 use crate::result::Csr;
 use rayon::prelude::*;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Entries of a writer's first block (4 MiB, on huge pages); each next one is twice as
-/// large, up to `BLOCK_MAX`.
+/// Entries of a writer's first block (4 MiB of ids, on huge pages); each next one is twice
+/// as large, up to `BLOCK_MAX`.
 const BLOCK_MIN: usize = 1 << 20;
 const BLOCK_MAX: usize = 1 << 23;
 /// Rows copied into place per task.
@@ -28,37 +32,59 @@ const COPY_ROWS: usize = 4096;
 const AHEAD: usize = 8;
 
 /// Rows of one writer, in the order written.
-struct Block {
+struct Block<T> {
     ids: Vec<u32>,
+    /// Each entry's distance, when asked (else empty).
+    dists: Vec<T>,
     /// (query id, end of its row in `ids`).
     rows: Vec<(u32, usize)>,
 }
 
+impl<T> Block<T> {
+    fn empty() -> Self {
+        Block {
+            ids: Vec::new(),
+            dists: Vec::new(),
+            rows: Vec::new(),
+        }
+    }
+}
+
 /// What every writer of one join shares: what each row keeps, the finished blocks, and
 /// the first failure (an allocation).
-pub(crate) struct Rows {
+pub(crate) struct Rows<'s, T> {
     /// A self-join's row keeps the point itself (the diagonal); else its hit is dropped.
     keep_self: bool,
     /// Each row sorted by neighbour id.
     sort: Option<SmallRows>,
+    /// With distances: the index's store, where each neighbour's coordinates are.
+    store: Option<&'s Store<T>>,
     /// A writer's first block and its largest, in entries.
     block_min: usize,
     block_max: usize,
     /// Writers' rows, handed back when a rayon job ends and taken up by the next one: a
     /// few large blocks per thread rather than small ones per job.
-    states: Mutex<Vec<WriterState>>,
+    states: Mutex<Vec<WriterState<T>>>,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
 }
 
-impl Rows {
+impl<'s, T: Coord + Default> Rows<'s, T> {
     /// Rows of neighbour ids below `cols`; `self_join`: a query's own id is a hit only
-    /// where `include_self`.
-    pub fn new(cols: usize, self_join: bool, include_self: bool, sorted: bool) -> Self {
+    /// where `include_self`; `distances`: each entry's distance to its row's point, from
+    /// the points of `store` (the index the join searches).
+    pub fn new(
+        cols: usize,
+        self_join: bool,
+        include_self: bool,
+        sorted: bool,
+        distances: Option<&'s Store<T>>,
+    ) -> Self {
         let nbr_bits = u32::BITS - (cols.saturating_sub(1) as u32).leading_zeros();
         Rows {
             keep_self: !self_join || include_self,
             sort: sorted.then(|| SmallRows::new(nbr_bits)),
+            store: distances,
             block_min: BLOCK_MIN,
             block_max: BLOCK_MAX,
             states: Mutex::new(Vec::new()),
@@ -67,21 +93,19 @@ impl Rows {
         }
     }
 
-    /// A worker's writer; it hands its rows back when dropped.
-    pub fn writer(&self) -> RowWriter<'_> {
+    /// A worker's writer, distances in metric `M`; it hands its rows back when dropped.
+    pub fn writer<M: MetricKind>(&self) -> RowWriter<'_, 's, T, M> {
         let state = self.states.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let state = state.unwrap_or(WriterState {
             blocks: Vec::new(),
-            cur: Block {
-                ids: Vec::new(),
-                rows: Vec::new(),
-            },
+            cur: Block::empty(),
             next_cap: self.block_min,
         });
         RowWriter {
             home: self,
             row_start: state.cur.ids.len(),
             state,
+            metric: PhantomData,
         }
     }
 
@@ -91,13 +115,14 @@ impl Rows {
         slot.get_or_insert(e);
     }
 
-    /// The CSR of `n` rows: each row copied into place, rows in id order. Errors: the
-    /// first failure of a writer; a row missing or given twice (a join that did not give
-    /// each query point once: an internal error, never a wrong CSR).
-    pub fn finish(self, n: usize) -> Result<Csr> {
+    /// The CSR of `n` rows, and its distances when asked: each row copied into place, rows
+    /// in id order. Errors: the first failure of a writer; a row missing or given twice (a
+    /// join that did not give each query point once: an internal error, never a wrong CSR).
+    pub fn finish(self, n: usize) -> Result<(Csr, Option<Vec<T>>)> {
         if let Some(e) = self.error.into_inner().unwrap_or_else(|p| p.into_inner()) {
             return Err(e);
         }
+        let with_distances = self.store.is_some();
         let mut blocks = Vec::new();
         for mut state in self.states.into_inner().unwrap_or_else(|p| p.into_inner()) {
             blocks.append(&mut state.blocks);
@@ -133,107 +158,140 @@ impl Rows {
             offsets[r + 1] = offsets[r] + u64::from(at[r].1);
         }
         let total = offsets[n] as usize;
-        let mut neighbors: Vec<u32> = Vec::new();
-        neighbors.try_reserve_exact(total).map_err(|_| {
+        let oom = |what: &str| {
             Error::new(
                 ErrorKind::OutOfHostMemory,
-                format!("cannot allocate a CSR of {total} entries"),
+                format!("cannot allocate a CSR's {total} {what}"),
             )
-        })?;
+        };
+        let mut neighbors: Vec<u32> = Vec::new();
+        neighbors
+            .try_reserve_exact(total)
+            .map_err(|_| oom("entries"))?;
         crate::huge::advise(&mut neighbors);
+        let mut dists: Vec<T> = Vec::new();
+        if with_distances {
+            dists
+                .try_reserve_exact(total)
+                .map_err(|_| oom("distances"))?;
+            crate::huge::advise(&mut dists);
+        }
         // Tasks of COPY_ROWS rows, each writing its own run of the (not yet initialised)
-        // array in order: fresh pages are touched front to back.
+        // arrays in order: fresh pages are touched front to back.
         let mut rest = &mut neighbors.spare_capacity_mut()[..total];
+        let mut rest_d = &mut dists.spare_capacity_mut()[..if with_distances { total } else { 0 }];
         let mut tasks = Vec::with_capacity(n.div_ceil(COPY_ROWS));
         for r0 in (0..n).step_by(COPY_ROWS) {
             let r1 = (r0 + COPY_ROWS).min(n);
-            let (head, tail) = rest.split_at_mut((offsets[r1] - offsets[r0]) as usize);
-            tasks.push((r0..r1, head));
+            let len = (offsets[r1] - offsets[r0]) as usize;
+            let (head, tail) = rest.split_at_mut(len);
             rest = tail;
+            let (head_d, tail_d) = rest_d.split_at_mut(if with_distances { len } else { 0 });
+            rest_d = tail_d;
+            tasks.push((r0..r1, head, head_d));
         }
-        tasks.into_par_iter().for_each(|(rows, seg)| {
+        tasks.into_par_iter().for_each(|(rows, seg, seg_d)| {
             let mut w = 0;
             let row_of = |r: usize| {
                 let (b, len, start) = at[r];
-                &blocks[b as usize].ids[start..start + len as usize]
+                (&blocks[b as usize], start..start + len as usize)
             };
             for r in rows.clone() {
                 // Rows lie at random in the blocks: fetch one a few rows ahead.
                 if r + AHEAD < rows.end {
-                    super::prefetch(row_of(r + AHEAD));
+                    let (block, range) = row_of(r + AHEAD);
+                    super::prefetch(&block.ids[range.clone()]);
+                    if with_distances {
+                        super::prefetch(&block.dists[range]);
+                    }
                 }
-                let row = row_of(r);
-                let dst = &mut seg[w..w + row.len()];
-                // SAFETY: `dst` and `row` have the same length, MaybeUninit<u32> has u32's
-                // layout, and the two do not overlap (the CSR is a fresh allocation).
-                unsafe {
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), dst.as_mut_ptr().cast(), row.len())
-                };
-                w += row.len();
+                let (block, range) = row_of(r);
+                let len = range.len();
+                copy_into(&mut seg[w..w + len], &block.ids[range.clone()]);
+                if with_distances {
+                    copy_into(&mut seg_d[w..w + len], &block.dists[range]);
+                }
+                w += len;
             }
-            // Every element of the task's run written (checked before `set_len`).
+            // Every element of the task's runs written (checked before `set_len`).
             assert_eq!(w, seg.len());
+            assert_eq!(if with_distances { w } else { 0 }, seg_d.len());
         });
         // SAFETY: the tasks split 0..total (offsets are running sums from 0 to total), and
-        // each asserted it wrote every element of its run, so all `total` are initialised.
-        unsafe { neighbors.set_len(total) };
-        Ok(Csr { offsets, neighbors })
+        // each asserted it wrote every element of its runs (of the distances too, when
+        // asked), so all `total` of each array are initialised.
+        unsafe {
+            neighbors.set_len(total);
+            if with_distances {
+                dists.set_len(total);
+            }
+        }
+        Ok((Csr { offsets, neighbors }, with_distances.then_some(dists)))
     }
 }
 
+/// `dst = src`, into memory not yet initialised.
+fn copy_into<E: Copy>(dst: &mut [std::mem::MaybeUninit<E>], src: &[E]) {
+    assert_eq!(dst.len(), src.len());
+    // SAFETY: same lengths (asserted), MaybeUninit<E> has E's layout, and the two do not
+    // overlap (`dst` is a fresh allocation's spare capacity).
+    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_mut_ptr().cast(), src.len()) };
+}
+
 /// One worker's rows: full blocks, the block being written, the next block's size.
-struct WriterState {
-    blocks: Vec<Block>,
-    cur: Block,
+struct WriterState<T> {
+    blocks: Vec<Block<T>>,
+    cur: Block<T>,
     next_cap: usize,
 }
 
 /// The rows of one rayon job.
-pub(crate) struct RowWriter<'r> {
-    home: &'r Rows,
-    state: WriterState,
+pub(crate) struct RowWriter<'r, 's, T, M> {
+    home: &'r Rows<'s, T>,
+    state: WriterState<T>,
     /// Where the row being written starts in `state.cur.ids`.
     row_start: usize,
+    metric: PhantomData<M>,
 }
 
-impl RowWriter<'_> {
+impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
     /// A new block, the row being written moved to its front; false when out of memory
     /// (the join is stopped).
     #[cold]
     fn grow(&mut self) -> bool {
+        let with_distances = self.home.store.is_some();
         let st = &mut self.state;
         let partial = st.cur.ids.len() - self.row_start;
         let cap = st.next_cap.max(2 * partial + LANES);
         st.next_cap = (st.next_cap * 2).min(self.home.block_max);
-        let mut ids: Vec<u32> = Vec::new();
-        if ids.try_reserve_exact(cap).is_err() {
+        let mut next = Block::empty();
+        let reserved = next.ids.try_reserve_exact(cap).is_ok()
+            && (!with_distances || next.dists.try_reserve_exact(cap).is_ok());
+        if !reserved {
             self.home.fail(Error::new(
                 ErrorKind::OutOfHostMemory,
                 format!("cannot allocate {cap} CSR entries"),
             ));
             return false;
         }
-        crate::huge::advise(&mut ids);
-        ids.extend_from_slice(&st.cur.ids[self.row_start..]);
+        crate::huge::advise(&mut next.ids);
+        crate::huge::advise(&mut next.dists);
+        next.ids.extend_from_slice(&st.cur.ids[self.row_start..]);
         st.cur.ids.truncate(self.row_start);
-        let full = std::mem::replace(
-            &mut st.cur,
-            Block {
-                ids,
-                rows: Vec::new(),
-            },
-        );
+        if with_distances {
+            next.dists
+                .extend_from_slice(&st.cur.dists[self.row_start..]);
+            st.cur.dists.truncate(self.row_start);
+        }
+        let full = std::mem::replace(&mut st.cur, next);
         self.row_start = 0;
         if !full.rows.is_empty() {
             st.blocks.push(full);
         }
         true
     }
-}
 
-impl RowWriter<'_> {
-    /// `hits` in AVX2: the query's own id masked out by one compare, the hits left-packed
-    /// by one permute and written by one store.
+    /// The ids' hits left-packed by one permute and written by one store, in AVX2.
     ///
     /// # Safety
     /// AVX2 must be available, `ids` must point at LANES readable u32 and the current block
@@ -241,13 +299,9 @@ impl RowWriter<'_> {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     #[target_feature(enable = "avx2")]
-    unsafe fn push_avx2(&mut self, qid: u32, ids: *const u32, mut mask: u32) {
+    unsafe fn push_avx2(&mut self, ids: *const u32, mask: u32) {
         use std::arch::x86_64::*;
         let v = _mm256_loadu_si256(ids as *const __m256i);
-        if !self.home.keep_self {
-            let own = _mm256_cmpeq_epi32(v, _mm256_set1_epi32(qid as i32));
-            mask &= !(_mm256_movemask_ps(_mm256_castsi256_ps(own)) as u32);
-        }
         let mask = (mask & 0xff) as usize;
         let pack = _mm256_loadu_si256(PACK8[mask].as_ptr() as *const __m256i);
         let len = self.state.cur.ids.len();
@@ -280,24 +334,48 @@ static PACK8: [[u32; 8]; 256] = {
     table
 };
 
-impl Hits for RowWriter<'_> {
+impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
     #[inline(always)]
-    fn hits<const AVX: bool>(&mut self, qid: u32, ids: &[u32], mut mask: u32, _unique: bool) {
+    fn hits<const AVX: bool>(
+        &mut self,
+        q: &[T],
+        qid: u32,
+        slot: usize,
+        ids: &[u32],
+        mut mask: u32,
+        _unique: bool,
+    ) {
         let ids = &ids[..LANES];
         if self.state.cur.ids.capacity() - self.state.cur.ids.len() < LANES && !self.grow() {
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if AVX {
-            // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
-            // LANES values and the block has room for LANES more (just checked).
-            unsafe { self.push_avx2(qid, ids.as_ptr(), mask) };
             return;
         }
         if !self.home.keep_self {
             for (l, &id) in ids.iter().enumerate() {
                 mask &= !(((id == qid) as u32) << l);
             }
+        }
+        if let Some(store) = self.home.store {
+            // All eight lanes at once (the neighbours' coordinates were just read by the
+            // kernel: in cache), then the hits' distances packed like their ids.
+            let accs = store.lane_accs(M::METRIC, q, slot);
+            let dists = &mut self.state.cur.dists;
+            let len = dists.len();
+            // Room: `dists` grows with `ids` (`grow`), which has LANES spare.
+            let spare = &mut dists.spare_capacity_mut()[..LANES];
+            let mut k = 0;
+            for (l, &acc) in accs.iter().enumerate() {
+                spare[k].write(crate::metric::finish(M::METRIC, acc));
+                k += ((mask >> l) & 1) as usize;
+            }
+            // SAFETY: the first k <= LANES spare entries were written above.
+            unsafe { dists.set_len(len + k) };
+        }
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids` holds
+            // LANES values and the block has room for LANES more (checked above).
+            unsafe { self.push_avx2(ids.as_ptr(), mask) };
+            return;
         }
         let len = self.state.cur.ids.len();
         let spare = &mut self.state.cur.ids.spare_capacity_mut()[..LANES];
@@ -315,7 +393,13 @@ impl Hits for RowWriter<'_> {
     fn end_query(&mut self, qid: u32) {
         let end = self.state.cur.ids.len();
         if let Some(sort) = &self.home.sort {
-            sort.sort(&mut self.state.cur.ids[self.row_start..end]);
+            let cur = &mut self.state.cur;
+            let dists = if self.home.store.is_none() {
+                &mut [][..]
+            } else {
+                &mut cur.dists[self.row_start..end]
+            };
+            sort.sort_with(&mut cur.ids[self.row_start..end], dists);
         }
         self.state.cur.rows.push((qid, end));
         self.row_start = end;
@@ -327,16 +411,13 @@ impl Hits for RowWriter<'_> {
     }
 }
 
-impl Drop for RowWriter<'_> {
+impl<T, M> Drop for RowWriter<'_, '_, T, M> {
     fn drop(&mut self) {
         let state = std::mem::replace(
             &mut self.state,
             WriterState {
                 blocks: Vec::new(),
-                cur: Block {
-                    ids: Vec::new(),
-                    rows: Vec::new(),
-                },
+                cur: Block::empty(),
                 next_cap: 0,
             },
         );
@@ -348,6 +429,7 @@ impl Drop for RowWriter<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::store::Euclid;
 
     /// Rows given to writers with tiny blocks (rows moved to a new block part-written,
     /// rows longer than a block), in two jobs, the scalar and the AVX2 hits: the CSR is
@@ -378,9 +460,9 @@ mod tests {
                 continue;
             }
             for (keep_self, sorted) in [(true, false), (false, true), (true, true)] {
-                let mut home = Rows::new(500, !keep_self, false, sorted);
+                let mut home = Rows::<f64>::new(500, !keep_self, false, sorted, None);
                 (home.block_min, home.block_max) = (8, 32);
-                let give = |w: &mut RowWriter, r: usize| {
+                let give = |w: &mut RowWriter<f64, Euclid>, r: usize| {
                     // Eight lanes at a time, a random mask; the lanes beyond the row repeat
                     // its ids with their bits clear.
                     let row = &rows[r];
@@ -391,9 +473,9 @@ mod tests {
                         let take = (row.len() - k).min(LANES);
                         let mask = (1u32 << take) - 1;
                         if avx {
-                            w.hits::<true>(r as u32, &lanes, mask, false);
+                            w.hits::<true>(&[], r as u32, 0, &lanes, mask, false);
                         } else {
-                            w.hits::<false>(r as u32, &lanes, mask, false);
+                            w.hits::<false>(&[], r as u32, 0, &lanes, mask, false);
                         }
                         k += take;
                     }
@@ -401,18 +483,19 @@ mod tests {
                 };
                 // Two jobs; the second takes up the first's writer state.
                 {
-                    let mut w = home.writer();
+                    let mut w = home.writer::<Euclid>();
                     for &r in &order[..n / 2] {
                         give(&mut w, r);
                     }
                 }
                 {
-                    let mut w = home.writer();
+                    let mut w = home.writer::<Euclid>();
                     for &r in &order[n / 2..] {
                         give(&mut w, r);
                     }
                 }
-                let csr = home.finish(n).unwrap();
+                let (csr, d) = home.finish(n).unwrap();
+                assert!(d.is_none());
                 let mut at = 0;
                 for (r, row) in rows.iter().enumerate() {
                     let mut want: Vec<u32> = row
@@ -433,16 +516,16 @@ mod tests {
             }
         }
         // A row given twice, or one missing: errors.
-        let home = Rows::new(10, false, false, false);
+        let home = Rows::<f64>::new(10, false, false, false, None);
         {
-            let mut w = home.writer();
+            let mut w = home.writer::<Euclid>();
             w.end_query(1);
             w.end_query(1);
         }
         assert_eq!(home.finish(2).unwrap_err().kind(), ErrorKind::Internal);
-        let home = Rows::new(10, false, false, false);
+        let home = Rows::<f64>::new(10, false, false, false, None);
         {
-            let mut w = home.writer();
+            let mut w = home.writer::<Euclid>();
             w.end_query(0);
         }
         assert_eq!(home.finish(2).unwrap_err().kind(), ErrorKind::Internal);

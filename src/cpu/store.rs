@@ -131,6 +131,22 @@ impl<T: Coord> Store<T> {
         &self.cols[c * self.stride..c * self.stride + self.n]
     }
 
+    /// The canonical accumulated distances (`metric::distance_acc`) of `q` to slots
+    /// `s..s + LANES` (readable: columns are padded by LANES), lane by lane in column
+    /// order, so the compiler may vectorise across lanes; columns are in the dataset's
+    /// dimension order where the store was gathered so.
+    #[inline(always)]
+    pub fn lane_accs(&self, metric: crate::options::Metric, q: &[T], s: usize) -> [T; LANES] {
+        let mut acc = [T::ZERO; LANES];
+        for (c, &x) in q.iter().enumerate() {
+            let col = &self.cols[c * self.stride + s..][..LANES];
+            for (a, &y) in acc.iter_mut().zip(col) {
+                *a = crate::metric::accumulate(metric, *a, x, y);
+            }
+        }
+        acc
+    }
+
     /// The stored coordinates of slot `s` into `out` (length dim).
     #[inline]
     pub fn point(&self, s: usize, out: &mut [T]) {
