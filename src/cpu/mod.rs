@@ -191,7 +191,8 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
         job.opts.include_self,
         job.opts.sorted,
         job.opts.distances.then_some(&idx.store),
-    );
+    )
+    .expect(n, 16, threads);
     let writer = || rows.writer::<M>();
     // Every adjacent cell for every query point, a self-join's too: its rows need both
     // directions of each pair.

@@ -22,9 +22,10 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-/// Entries of a writer's first block (4 MiB of ids, on huge pages); each next one is twice
-/// as large, up to `BLOCK_MAX`.
+/// Entries of a writer's first block at most (4 MiB of ids, on huge pages), and at least;
+/// each next one is twice as large, up to `BLOCK_MAX`.
 const BLOCK_MIN: usize = 1 << 20;
+const BLOCK_FLOOR: usize = 1 << 12;
 const BLOCK_MAX: usize = 1 << 23;
 /// Rows copied into place per task.
 const COPY_ROWS: usize = 4096;
@@ -91,6 +92,14 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
         }
+    }
+
+    /// First blocks sized for `rows` rows of about `per_row` entries over `workers`
+    /// writers (a small join does not take, nor fault in, 4 MiB a writer).
+    pub fn expect(mut self, rows: usize, per_row: usize, workers: usize) -> Self {
+        let each = rows.saturating_mul(per_row) / workers.max(1);
+        self.block_min = each.next_power_of_two().clamp(BLOCK_FLOOR, self.block_max);
+        self
     }
 
     /// A worker's writer, distances in metric `M`; it hands its rows back when dropped.
