@@ -4,13 +4,16 @@
 # -Zsanitizer=address (the driver itself is not instrumented). Leaks inside the driver and
 # the validation layer are suppressed (tests/lsan-vulkan.supp); any other leak, and any
 # memory error, fails the pass.
-#   bash tests/asan.sh [test-binary ...]     (default: the Vulkan lifetime and kernel tests)
+# The CPU join and distances tests run under it too: the CSR from whole rows writes into
+# memory not yet initialised (cpu/rows.rs).
+#   bash tests/asan.sh [test-binary ...]     (default: the Vulkan lifetime and kernel tests,
+#                                             the CPU join and distances tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}
 export SIMJOIN_VALIDATION=1
 bins=("$@")
-[ ${#bins[@]} -gt 0 ] || bins=(gpu_lifetimes kernel_interface engine_lifecycle vk_kernels)
+[ ${#bins[@]} -gt 0 ] || bins=(gpu_lifetimes kernel_interface engine_lifecycle vk_kernels cpu_join distances)
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   rustup toolchain install nightly --profile minimal
 fi
