@@ -425,7 +425,7 @@ fn query_cell<T: Coord, M: MetricKind, O: Hits<T>, const AVX: bool>(
                 });
             }
         }
-        em.end_query(qid);
+        em.end_query(s, qid);
     }
 }
 

@@ -186,13 +186,14 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     let self_join = b.is_none();
     let n = job.a.len();
     let rows = rows::Rows::new(
+        n,
         job.b.as_ref().map_or(n, |b| b.len()),
         self_join,
         job.opts.include_self,
         job.opts.sorted,
         job.opts.distances.then_some(&idx.store),
-    )
-    .expect(n, 16, threads);
+    )?
+    .expect(16, threads);
     let writer = || rows.writer::<M>();
     // Every adjacent cell for every query point, a self-join's too: its rows need both
     // directions of each pair.
@@ -207,7 +208,7 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     )?;
     phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
     let t2 = Instant::now();
-    let (csr, distances) = rows.finish(n)?;
+    let (csr, distances) = rows.finish(&qidx.as_ref().unwrap_or(&idx).store.ids)?;
     phases.push(("assemble output".to_string(), t2.elapsed().as_secs_f64()));
     if distances.is_some() {
         notes.push("distances: computed as each row was found".into());
