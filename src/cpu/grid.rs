@@ -9,7 +9,7 @@
 //! the query point.
 
 use super::emit::Hits;
-use super::store::{avx2_available, scan_blocks, MetricKind, Store, LANES};
+use super::store::{avx2_available, scan_blocks, BlockHits, MetricKind, Store, LANES};
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -409,23 +409,39 @@ fn query_cell<T: Coord, M: MetricKind, O: Hits<T>, const AVX: bool>(
     for s in span.s0..span.s1 {
         qidx.store.point(s, q);
         let qid = qidx.store.ids[s];
+        let mut to = ToOutput::<T, O, AVX> {
+            em: &mut *em,
+            q,
+            qid,
+            ids,
+            unique: self_join,
+        };
         if self_join {
-            scan_blocks::<T, M, AVX>(q, &idx.store, s + 1, span.own_end, thr, early, |b, mask| {
-                em.hits::<AVX>(q, qid, b, &ids[b..], mask, true)
-            });
-            for &(lo, hi) in ranges {
-                scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    em.hits::<AVX>(q, qid, b, &ids[b..], mask, true)
-                });
-            }
-        } else {
-            for &(lo, hi) in ranges {
-                scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, |b, mask| {
-                    em.hits::<AVX>(q, qid, b, &ids[b..], mask, false)
-                });
-            }
+            scan_blocks::<T, M, AVX>(q, &idx.store, s + 1, span.own_end, thr, early, &mut to);
+        }
+        for &(lo, hi) in ranges {
+            scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, &mut to);
         }
         em.end_query(s, qid);
+    }
+}
+
+/// One query's blocks with matches, to the worker's output.
+struct ToOutput<'a, T, O, const AVX: bool> {
+    em: &'a mut O,
+    q: &'a [T],
+    qid: u32,
+    /// The index's ids by slot.
+    ids: &'a [u32],
+    /// A self-join's half stencil: pairs as `[min, max]`.
+    unique: bool,
+}
+
+impl<T, O: Hits<T>, const AVX: bool> BlockHits for &mut ToOutput<'_, T, O, AVX> {
+    #[inline(always)]
+    fn hit(&mut self, b: usize, mask: u32) {
+        self.em
+            .hits::<AVX>(self.q, self.qid, b, &self.ids[b..], mask, self.unique)
     }
 }
 

@@ -458,6 +458,28 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
     }
 }
 
+/// The lanes of `ids` (LANES values) equal to `id`, as bits.
+#[inline]
+fn lanes_equal(ids: &[u32], id: u32) -> u32 {
+    ids.iter()
+        .enumerate()
+        .fold(0, |m, (l, &x)| m | (((x == id) as u32) << l))
+}
+
+/// `lanes_equal` by one AVX2 compare.
+///
+/// # Safety
+/// AVX2 must be available and `ids` must point at LANES readable u32.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn lanes_equal_avx2(ids: *const u32, id: u32) -> u32 {
+    use std::arch::x86_64::*;
+    let v = _mm256_loadu_si256(ids as *const __m256i);
+    let eq = _mm256_cmpeq_epi32(v, _mm256_set1_epi32(id as i32));
+    _mm256_movemask_ps(_mm256_castsi256_ps(eq)) as u32
+}
+
 /// For each 8-bit mask, the lanes that move the selected u32 to the front.
 #[cfg(target_arch = "x86_64")]
 static PACK8: [[u32; 8]; 256] = {
@@ -494,8 +516,17 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
             return;
         }
         if !self.home.keep_self {
-            for (l, &id) in ids.iter().enumerate() {
-                mask &= !(((id == qid) as u32) << l);
+            #[cfg(target_arch = "x86_64")]
+            if AVX {
+                // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids`
+                // holds LANES values.
+                mask &= !unsafe { lanes_equal_avx2(ids.as_ptr(), qid) };
+            } else {
+                mask &= !lanes_equal(ids, qid);
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                mask &= !lanes_equal(ids, qid);
             }
         }
         if let Some(store) = self.home.store {
