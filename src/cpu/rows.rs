@@ -98,19 +98,7 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
         distances: Option<&'s Store<T>>,
     ) -> Result<Self> {
         let nbr_bits = u32::BITS - (cols.saturating_sub(1) as u32).leading_zeros();
-        let oom = || {
-            Error::new(
-                ErrorKind::OutOfHostMemory,
-                format!("cannot allocate the places of a CSR's {n} rows"),
-            )
-        };
-        let mut lens = Vec::new();
-        let mut starts = Vec::new();
-        lens.try_reserve_exact(n).map_err(|_| oom())?;
-        starts.try_reserve_exact(n).map_err(|_| oom())?;
-        // Filled in place (the room is reserved: no reallocation), on every thread.
-        lens.par_extend((0..n).into_par_iter().map(|_| AtomicU32::new(0)));
-        starts.par_extend((0..n).into_par_iter().map(|_| AtomicU64::new(0)));
+        let (lens, starts) = places(n)?;
         Ok(Rows {
             keep_self: !self_join || include_self,
             sort: sorted.then(|| SmallRows::new(nbr_bits)),
@@ -216,18 +204,7 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
             .collect::<Result<_>>()?;
         // Each row's length and start from its slot to its id (on every thread; ids are
         // distinct, so each place is written once, and one never written is a row missing).
-        let mut lens = Vec::new();
-        let mut starts = Vec::new();
-        lens.try_reserve_exact(n)
-            .and_then(|_| starts.try_reserve_exact(n))
-            .map_err(|_| {
-                Error::new(
-                    ErrorKind::OutOfHostMemory,
-                    format!("cannot allocate the places of a CSR's {n} rows"),
-                )
-            })?;
-        lens.par_extend((0..n).into_par_iter().map(|_| AtomicU32::new(0)));
-        starts.par_extend((0..n).into_par_iter().map(|_| AtomicU64::new(0)));
+        let (lens, starts) = places(n)?;
         (0..n)
             .into_par_iter()
             .with_min_len(COPY_ROWS)
@@ -361,6 +338,24 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
         }
         Ok((Csr { offsets, neighbors }, with_distances.then_some(dists)))
     }
+}
+
+/// Where `n` rows lie, all zero: 1 + length (0: not given) and start, each.
+fn places(n: usize) -> Result<(Vec<AtomicU32>, Vec<AtomicU64>)> {
+    let mut lens = Vec::new();
+    let mut starts = Vec::new();
+    lens.try_reserve_exact(n)
+        .and_then(|_| starts.try_reserve_exact(n))
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::OutOfHostMemory,
+                format!("cannot allocate the places of a CSR's {n} rows"),
+            )
+        })?;
+    // Filled in place (the room is reserved: no reallocation), on every thread.
+    lens.par_extend((0..n).into_par_iter().map(|_| AtomicU32::new(0)));
+    starts.par_extend((0..n).into_par_iter().map(|_| AtomicU64::new(0)));
+    Ok((lens, starts))
 }
 
 /// `dst = src`, into memory not yet initialised.
