@@ -130,9 +130,8 @@ pub(crate) trait Hits<T> {
         mask: u32,
         unique: bool,
     );
-    /// Every hit of query `qid`, at slot `qslot` of the query index's store, has been
-    /// given.
-    fn end_query(&mut self, qslot: usize, qid: u32);
+    /// Every hit of the query at slot `qslot` of the query index's store has been given.
+    fn end_query(&mut self, qslot: usize);
     /// The output failed: the join stops early.
     fn stopped(&self) -> bool;
 }
@@ -167,7 +166,7 @@ impl<T> Hits<T> for Emitter<'_, '_> {
     }
 
     #[inline(always)]
-    fn end_query(&mut self, _qslot: usize, _qid: u32) {}
+    fn end_query(&mut self, _qslot: usize) {}
 
     #[inline]
     fn stopped(&self) -> bool {

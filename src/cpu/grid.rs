@@ -422,7 +422,7 @@ fn query_cell<T: Coord, M: MetricKind, O: Hits<T>, const AVX: bool>(
         for &(lo, hi) in ranges {
             scan_blocks::<T, M, AVX>(q, &idx.store, lo, hi, thr, early, &mut to);
         }
-        em.end_query(s, qid);
+        em.end_query(s);
     }
 }
 

@@ -184,8 +184,11 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
         }
         let n = self.lens.len();
         let broken = |what: &str| Error::new(ErrorKind::Internal, format!("CSR rows: {what}"));
-        if self.recorded.into_inner() != n || ids.len() < n {
+        if self.recorded.into_inner() != n {
             return Err(broken("rows given other than once each"));
+        }
+        if ids.len() < n {
+            return Err(broken("fewer query ids than rows"));
         }
         let with_distances = self.store.is_some();
         // Blocks by number; every number made is a block some writer handed back.
@@ -453,9 +456,16 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
     }
 }
 
-/// The lanes of `ids` (LANES values) equal to `id`, as bits.
-#[inline]
-fn lanes_equal(ids: &[u32], id: u32) -> u32 {
+/// The lanes of `ids` (LANES values) equal to `id`, as bits: by one AVX2 compare where
+/// `AVX` (only on the path taken after AVX2 was detected).
+#[inline(always)]
+fn lanes_equal<const AVX: bool>(ids: &[u32], id: u32) -> u32 {
+    let ids = &ids[..LANES];
+    #[cfg(target_arch = "x86_64")]
+    if AVX {
+        // SAFETY: AVX is true only where AVX2 was detected; `ids` holds LANES values.
+        return unsafe { lanes_equal_avx2(ids.as_ptr(), id) };
+    }
     ids.iter()
         .enumerate()
         .fold(0, |m, (l, &x)| m | (((x == id) as u32) << l))
@@ -511,18 +521,7 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
             return;
         }
         if !self.home.keep_self {
-            #[cfg(target_arch = "x86_64")]
-            if AVX {
-                // SAFETY: AVX is true only on the path taken after detecting AVX2; `ids`
-                // holds LANES values.
-                mask &= !unsafe { lanes_equal_avx2(ids.as_ptr(), qid) };
-            } else {
-                mask &= !lanes_equal(ids, qid);
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            {
-                mask &= !lanes_equal(ids, qid);
-            }
+            mask &= !lanes_equal::<AVX>(ids, qid);
         }
         if let Some(store) = self.home.store {
             // All eight lanes at once (the neighbours' coordinates were just read by the
@@ -560,7 +559,7 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
     }
 
     #[inline]
-    fn end_query(&mut self, qslot: usize, _qid: u32) {
+    fn end_query(&mut self, qslot: usize) {
         let end = self.state.cur.ids.len();
         if let Some(sort) = &self.home.sort {
             let cur = &mut self.state.cur;
@@ -662,7 +661,7 @@ mod tests {
                         }
                         k += take;
                     }
-                    w.end_query(slot_of[r], r as u32);
+                    w.end_query(slot_of[r]);
                 };
                 // Two jobs; the second takes up the first's writer state.
                 {
@@ -705,7 +704,7 @@ mod tests {
             {
                 let mut w = home.writer::<Euclid>();
                 for &s in given {
-                    w.end_query(s, 0);
+                    w.end_query(s);
                 }
             }
             home.finish(ids).map(|(csr, _)| csr)
