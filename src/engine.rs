@@ -221,7 +221,11 @@ impl Engine {
             .then(|| SortingSink::new(rows, cols))
             .flatten();
         // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
-        let rows_csr = if opts.output == OutputForm::Csr && self.runs_on_cpu(opts) && csr_rows() {
+        let rows_csr = if opts.output == OutputForm::Csr
+            && crate::cpu::csr_rows_may_apply(a.dim())
+            && self.runs_on_cpu(opts)
+            && csr_rows()
+        {
             check_join(a, b, opts)?;
             let job = Job {
                 a: *a,
