@@ -753,10 +753,12 @@ impl RowScatter {
 /// Sorting a sorted CSR's rows one by one, where they are short: a bucket of 1024 rows of
 /// 32 neighbours is sorted so in about half the time its two least-significant-digit
 /// passes by neighbour take (1M uniform 2-D points, 32M entries: 57 against 120 ms of
-/// thread time). A row of up to 64 is sorted by rank with AVX2 compares; longer ones, rare
-/// in such a bucket, by a comparison sort.
+/// thread time). With AVX2, a row of up to 32 without distances is sorted by a network
+/// (`network_sort`), one of up to 64 by rank (`rank_sort`); longer ones, rare in such a
+/// bucket, by a comparison sort.
 pub(crate) struct SmallRows {
-    /// Ranks hold a neighbour's 25 bits above 6 bits of its place in the row, in an i32.
+    /// AVX2 is available and neighbours are below 2^25, as both vector sorts need (ranks
+    /// hold a neighbour's 25 bits above 6 bits of its place in the row, in an i32).
     rank: bool,
 }
 

@@ -180,7 +180,7 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     let thr: T = threshold(M::METRIC, job.opts.eps);
     let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
     let geom = match (&plan.algorithm, &plan.geometry) {
-        (Algorithm::Grid, Some(g)) if dim <= ROWS_MAX_DIM && g.k() == dim => g,
+        (Algorithm::Grid, Some(g)) if csr_rows_may_apply(dim) && g.k() == dim => g,
         _ => return Ok(None),
     };
     let mut notes = plan.notes.clone();
