@@ -525,15 +525,18 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
         }
         if let Some(store) = self.home.store {
             // All eight lanes at once (the neighbours' coordinates were just read by the
-            // kernel: in cache), then the hits' distances packed like their ids.
-            let accs = store.lane_accs(M::METRIC, q, slot);
+            // kernel: in cache), then the hits' accumulators packed like their ids; they
+            // become distances (the square root) when the row ends, packed: a square root
+            // of every lane of every block with a hit took a fifth of a 3-D CSR with
+            // distances.
+            let fin = store.lane_accs_of::<M, AVX>(q, slot);
             let dists = &mut self.state.cur.dists;
             let len = dists.len();
             // Room: `dists` grows with `ids` (`grow`), which has LANES spare.
             let spare = &mut dists.spare_capacity_mut()[..LANES];
             let mut k = 0;
-            for (l, &acc) in accs.iter().enumerate() {
-                spare[k].write(crate::metric::finish(M::METRIC, acc));
+            for (l, &d) in fin.iter().enumerate() {
+                spare[k].write(d);
                 k += ((mask >> l) & 1) as usize;
             }
             // SAFETY: the first k <= LANES spare entries were written above.
@@ -561,6 +564,12 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
     #[inline]
     fn end_query(&mut self, qslot: usize) {
         let end = self.state.cur.ids.len();
+        if self.home.store.is_some() && M::METRIC == crate::options::Metric::Euclidean {
+            // The row's accumulators to distances (`metric::finish`): one vectorised pass.
+            for d in &mut self.state.cur.dists[self.row_start..end] {
+                *d = crate::metric::finish(M::METRIC, *d);
+            }
+        }
         if let Some(sort) = &self.home.sort {
             let cur = &mut self.state.cur;
             let dists = if self.home.store.is_none() {

@@ -147,6 +147,39 @@ impl<T: Coord> Store<T> {
         acc
     }
 
+    /// [`lane_accs`](Self::lane_accs) for the metric `M`: with `AVX`, for f64 and f32, in
+    /// explicit AVX2 registers (the compiler left the portable form scalar, lane by lane).
+    /// The same arithmetic lane by lane, so the same bits.
+    #[inline(always)]
+    pub fn lane_accs_of<M: MetricKind, const AVX: bool>(&self, q: &[T], s: usize) -> [T; LANES] {
+        assert!(q.len() <= self.dim && s + LANES <= self.stride);
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            use std::any::TypeId;
+            macro_rules! explicit {
+                ($t:ty, $dists:ident) => {
+                    if TypeId::of::<T>() == TypeId::of::<$t>() {
+                        // SAFETY: AVX is true only where AVX2 was detected; T is $t (the
+                        // casts are identities); q.len() <= dim columns of `stride` slots
+                        // and s + LANES <= stride (asserted above).
+                        let d = unsafe {
+                            avx2::$dists::<M>(
+                                bytemuck::cast_slice(q),
+                                bytemuck::cast_slice(&self.cols),
+                                self.stride,
+                                s,
+                            )
+                        };
+                        return bytemuck::cast(d);
+                    }
+                };
+            }
+            explicit!(f64, accs_f64);
+            explicit!(f32, accs_f32);
+        }
+        self.lane_accs(M::METRIC, q, s)
+    }
+
     /// The stored coordinates of slot `s` into `out` (length dim).
     #[inline]
     pub fn point(&self, s: usize, out: &mut [T]) {
@@ -320,6 +353,80 @@ mod avx2 {
             }
         };
     }
+    macro_rules! accs {
+        ($name:ident, $t:ty, $v:ty, $halves:expr, $width:expr, $load:ident, $store:ident,
+         $set1:ident, $zero:ident, $sub:ident, $mul:ident, $add:ident, $max:ident,
+         $andnot:ident) => {
+            /// The accumulated distances of `q` to slots `s..s + LANES`, as
+            /// [`Store::lane_accs`](super::Store::lane_accs) makes them (column order, a
+            /// separate multiply and add).
+            ///
+            /// # Safety
+            /// AVX2 must be available; `cols` must hold `q.len()` columns of `stride`
+            /// slots, and `s + LANES <= stride` (both checked).
+            #[inline(always)]
+            pub(super) unsafe fn $name<M: MetricKind>(
+                q: &[$t],
+                cols: &[$t],
+                stride: usize,
+                s: usize,
+            ) -> [$t; LANES] {
+                assert!(s + LANES <= stride && q.len() * stride <= cols.len());
+                let sign = $set1(-0.0);
+                let mut acc: [$v; $halves] = [$zero(); $halves];
+                for (c, &qc) in q.iter().enumerate() {
+                    let qc = $set1(qc);
+                    // Slots s..s + LANES of column c: inside `cols` (asserted above).
+                    let p = cols.as_ptr().add(c * stride + s);
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let d = $sub(qc, $load(p.add(h * $width)));
+                        *a = match M::METRIC {
+                            Metric::Euclidean => $add(*a, $mul(d, d)),
+                            Metric::Manhattan => $add(*a, $andnot(sign, d)),
+                            Metric::Chebyshev => $max(*a, $andnot(sign, d)),
+                        };
+                    }
+                }
+                let mut out = [0.0; LANES];
+                for (h, a) in acc.iter().enumerate() {
+                    $store(out.as_mut_ptr().add(h * $width), *a);
+                }
+                out
+            }
+        };
+    }
+    accs!(
+        accs_f64,
+        f64,
+        __m256d,
+        2,
+        4,
+        _mm256_loadu_pd,
+        _mm256_storeu_pd,
+        _mm256_set1_pd,
+        _mm256_setzero_pd,
+        _mm256_sub_pd,
+        _mm256_mul_pd,
+        _mm256_add_pd,
+        _mm256_max_pd,
+        _mm256_andnot_pd
+    );
+    accs!(
+        accs_f32,
+        f32,
+        __m256,
+        1,
+        8,
+        _mm256_loadu_ps,
+        _mm256_storeu_ps,
+        _mm256_set1_ps,
+        _mm256_setzero_ps,
+        _mm256_sub_ps,
+        _mm256_mul_ps,
+        _mm256_add_ps,
+        _mm256_max_ps,
+        _mm256_andnot_ps
+    );
     kernel!(
         blocks_f64,
         f64,
