@@ -222,7 +222,7 @@ impl Engine {
             .flatten();
         // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
         let rows_csr = if opts.output == OutputForm::Csr
-            && crate::cpu::csr_rows_may_apply(a.dim(), opts.distances)
+            && crate::cpu::csr_rows_may_apply(a.dim())
             && self.runs_on_cpu(opts)
             && csr_rows()
         {

@@ -161,27 +161,15 @@ fn grid_indexes<T: Coord>(
 /// pairs (`radix::CsrSink`), 3-D the same, 6-D 1.8x slower.
 const ROWS_MAX_DIM: usize = 2;
 
-/// The same with distances, one dimension more: whole rows compute each distance from
-/// points the kernel just read (in cache), where the bucketed CSR's pass after the join
-/// reads each entry's neighbour at random in memory. Measured on 1M uniform points, 32M
-/// entries with distances (`bench/RESULTS_BENCH.md`, 2026-11-26 midday): 3-D median 383
-/// against 423 ms (12 calls each, alternated); 4-D 619-737 against 587-593 ms.
-const ROWS_MAX_DIM_DISTANCES: usize = 3;
-
-/// Whether a CSR of `dim`-dimensional points (with `distances` or not) may come from whole
-/// rows: asked before the join is checked and planned, so that a CSR which cannot (more
-/// dimensions) is not planned twice (the plan's pass over the data: 3-4 ms of 1M 3-D
-/// points).
-pub(crate) fn csr_rows_may_apply(dim: usize, distances: bool) -> bool {
-    dim <= if distances {
-        ROWS_MAX_DIM_DISTANCES
-    } else {
-        ROWS_MAX_DIM
-    }
+/// Whether a CSR of `dim`-dimensional points may come from whole rows: asked before the
+/// join is checked and planned, so that a CSR which cannot (more dimensions) is not
+/// planned twice (the plan's pass over the data: 3-4 ms of 1M 3-D points).
+pub(crate) fn csr_rows_may_apply(dim: usize) -> bool {
+    dim <= ROWS_MAX_DIM
 }
 
 /// The CSR from whole rows (`rows.rs`) where the plan is a grid join over every dimension
-/// and `csr_rows_may_apply`; `None` otherwise.
+/// of at most `ROWS_MAX_DIM`; `None` otherwise.
 fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     job: &Job,
     a: &[T],
@@ -192,11 +180,7 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     let thr: T = threshold(M::METRIC, job.opts.eps);
     let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
     let geom = match (&plan.algorithm, &plan.geometry) {
-        (Algorithm::Grid, Some(g))
-            if csr_rows_may_apply(dim, job.opts.distances) && g.k() == dim =>
-        {
-            g
-        }
+        (Algorithm::Grid, Some(g)) if csr_rows_may_apply(dim) && g.k() == dim => g,
         _ => return Ok(None),
     };
     let mut notes = plan.notes.clone();
