@@ -32,6 +32,7 @@ pub mod options;
 pub mod oracle;
 mod radix;
 pub mod result;
+mod scratch;
 pub mod stats;
 
 pub(crate) mod cpu;

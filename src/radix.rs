@@ -188,11 +188,18 @@ impl Buckets {
                 .map_or(FIRST_SLAB, |s| (2 * s.capacity()).min(SLAB))
                 .max(size + LINE);
             // Capacity only: blocks are written through pointers and read back only as far
-            // as written, and the memory stays untouched until then.
-            let mut slab: Vec<u32> = Vec::new();
-            slab.try_reserve_exact(len)
-                .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
-            crate::huge::advise(&mut slab);
+            // as written, and fresh memory stays untouched until then. A slab an earlier
+            // join left (`scratch`) saves the fresh memory's page faults.
+            let slab = match crate::scratch::take(len) {
+                Some(slab) => slab,
+                None => {
+                    let mut slab: Vec<u32> = Vec::new();
+                    slab.try_reserve_exact(len)
+                        .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
+                    crate::huge::advise(&mut slab);
+                    slab
+                }
+            };
             // Blocks start on a cache line.
             self.used = slab.as_ptr().align_offset(std::mem::align_of::<Line>());
             self.slabs.push(slab);
@@ -259,12 +266,23 @@ unsafe impl Send for Closed {}
 // SAFETY: as for Send: every access through `&Closed` is a read.
 unsafe impl Sync for Closed {}
 
+impl Drop for Closed {
+    /// The slabs go back to the scratch pool for the next join (`scratch.rs`).
+    fn drop(&mut self) {
+        // The blocks point into the slabs: dropped first, so nothing points into a slab
+        // that another join is about to write.
+        self.blocks = Vec::new();
+        crate::scratch::give(std::mem::take(&mut self._slabs));
+    }
+}
+
 impl Closed {
-    /// Frees the store on a worker of the calling thread pool (the engine's, through
-    /// `CpuBackend::install`), so that the caller has its result first: unmapping the
-    /// blocks' slabs took 3.6-4.0 ms of one thread while the other idled (128 MB, a 3-D
-    /// sorted CSR of 1M points). Outside a pool (no workers to give it to, and rayon's
-    /// global pool is not started for this) it is freed here.
+    /// Drops the store (its slabs to the scratch pool, any beyond its cap freed) on a
+    /// worker of the calling thread pool (the engine's, through `CpuBackend::install`), so
+    /// that the caller has its result first: unmapping the blocks' slabs took 3.6-4.0 ms
+    /// of one thread while the other idled (128 MB, a 3-D sorted CSR of 1M points).
+    /// Outside a pool (no workers to give it to, and rayon's global pool is not started
+    /// for this) it is dropped here.
     fn free_later(self) {
         if rayon::current_thread_index().is_some() {
             rayon::spawn(move || drop(self));
@@ -389,11 +407,15 @@ impl<K: Bucketing> Parts<K> {
             _slabs: Vec::new(),
         };
         for part in self.parts {
-            let Closed { blocks, _slabs } = part.buckets.close()?;
-            for (to, from) in all.blocks.iter_mut().zip(blocks) {
+            let mut closed = part.buckets.close()?;
+            for (to, from) in all
+                .blocks
+                .iter_mut()
+                .zip(std::mem::take(&mut closed.blocks))
+            {
                 to.extend(from);
             }
-            all._slabs.extend(_slabs);
+            all._slabs.append(&mut closed._slabs);
         }
         Ok(all)
     }

@@ -37,7 +37,14 @@ fn canonical(a: &[f64], b: &[f64], dim: usize, i: u32, j: u32, m: Metric, f32_: 
 /// the 64 the rank sort takes), 3-D and 4-D ones from a pass after the join.
 #[test]
 fn pair_and_csr_distances_are_canonical() {
-    for (dim, eps) in [(1, 0.03), (2, 0.15), (2, 0.4), (3, 0.2), (3, 0.45), (4, 0.3)] {
+    for (dim, eps) in [
+        (1, 0.03),
+        (2, 0.15),
+        (2, 0.4),
+        (3, 0.2),
+        (3, 0.45),
+        (4, 0.3),
+    ] {
         for sorted in [true, false] {
             for include_self in [false, true] {
                 // Auto: brute force at this size; the grid: whole rows up to 2-D.
@@ -150,5 +157,8 @@ fn portable_kernel_distances_too() {
         ])
         .status()
         .unwrap();
-    assert!(status.success(), "the portable kernel's distances failed a case");
+    assert!(
+        status.success(),
+        "the portable kernel's distances failed a case"
+    );
 }

@@ -1,0 +1,179 @@
+//! Scratch memory kept between joins: the slabs of the streaming sinks' bucket stores
+//! (`radix::Buckets`), the sorted pairs' and the CSR's.
+//!
+//! A sorted CSR of 1M 3-D points buckets its 32M entries into 128 MB of slabs, freed when
+//! the result is assembled. Fresh memory costs a page fault and the kernel's zeroing of
+//! each page, and on a VM whatever the host does to back it: among the result benchmark's
+//! six paths taking turns (`bench/RESULTS_BENCH.md`, 2026-11-26 midday), the sorted CSR's
+//! median fell from 242.6 to 218.8 ms and from 258.4 to 231.9 in two runs when its slabs
+//! were kept for the next call. So a slab, once its join is done, waits here for the next
+//! join that needs one of about its size, and every slab left waiting is freed about
+//! `KEEP` after the last one came back (by a thread that only sleeps and frees): a process
+//! that joins in a loop reuses its scratch, one that joined once gets it back soon. At
+//! most `CAP` bytes wait at a time. `SIMJOIN_KEEP_SCRATCH=0` frees each slab at once.
+//!
+//! Only internal scratch comes here, never a result's memory (which is the caller's), and
+//! a slab is handed out as capacity only: its previous contents are never read, since the
+//! stores read back only what they wrote.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// How long a slab waits for another join after the last one came back.
+const KEEP: Duration = Duration::from_secs(1);
+/// Bytes that may wait at once: the slabs of a CSR of about 128M entries.
+const CAP: usize = 512 << 20;
+
+struct Pool {
+    slabs: Vec<Vec<u32>>,
+    bytes: usize,
+    /// Bumped by every return, so that the waiting thread frees only after a quiet `KEEP`.
+    generation: u64,
+    /// The process whose thread waits to free the pool, if one does (a forked child
+    /// inherits the pool but not the thread).
+    reaper: Option<u32>,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    slabs: Vec::new(),
+    bytes: 0,
+    generation: 0,
+    reaper: None,
+});
+
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("SIMJOIN_KEEP_SCRATCH").is_none_or(|v| v != "0"))
+}
+
+fn pool() -> std::sync::MutexGuard<'static, Pool> {
+    // A panic while holding the lock leaves the pool consistent (every step keeps `bytes`
+    // equal to the slabs' sizes), so a poisoned lock is used as it is.
+    POOL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn bytes_of(slab: &Vec<u32>) -> usize {
+    slab.capacity() * std::mem::size_of::<u32>()
+}
+
+/// An empty slab with room for at least `len` and at most `2 len` entries, if one waits.
+pub(crate) fn take(len: usize) -> Option<Vec<u32>> {
+    let mut p = pool();
+    let k = p
+        .slabs
+        .iter()
+        .position(|s| s.capacity() >= len && s.capacity() / 2 <= len)?;
+    let slab = p.slabs.swap_remove(k);
+    p.bytes -= bytes_of(&slab);
+    Some(slab)
+}
+
+/// Slabs whose join is done: kept for the next one where there is room, else freed.
+pub(crate) fn give(slabs: Vec<Vec<u32>>) {
+    if slabs.is_empty() {
+        return;
+    }
+    if !enabled() {
+        return;
+    }
+    let mut spare = Vec::new();
+    {
+        let mut p = pool();
+        for mut slab in slabs {
+            slab.clear();
+            if p.bytes + bytes_of(&slab) <= CAP {
+                p.bytes += bytes_of(&slab);
+                p.slabs.push(slab);
+            } else {
+                spare.push(slab);
+            }
+        }
+        p.generation += 1;
+        if p.reaper != Some(std::process::id()) {
+            let spawned = std::thread::Builder::new()
+                .name("simjoin-scratch".into())
+                .spawn(reap)
+                .is_ok();
+            if spawned {
+                p.reaper = Some(std::process::id());
+            } else {
+                // No thread to free them later: free them now.
+                spare.append(&mut p.slabs);
+                p.bytes = 0;
+            }
+        }
+    }
+    // Freed outside the lock (unmapping takes a few ms).
+    drop(spare);
+}
+
+/// The waiting thread: frees every slab once `KEEP` passes with none returned.
+fn reap() {
+    let mut seen = pool().generation;
+    loop {
+        std::thread::sleep(KEEP);
+        let freed = {
+            let mut p = pool();
+            if p.generation != seen {
+                seen = p.generation;
+                continue;
+            }
+            p.reaper = None;
+            p.bytes = 0;
+            std::mem::take(&mut p.slabs)
+        };
+        drop(freed);
+        return;
+    }
+}
+
+/// Bytes waiting now (for the tests).
+#[cfg(test)]
+fn waiting() -> usize {
+    pool().bytes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slabs_are_reused_by_size_then_freed() {
+        // Other tests of this binary use the pool too: look for this test's slab among
+        // what is handed out, and give the others back.
+        let slab: Vec<u32> = Vec::with_capacity(3_000_017);
+        let at = slab.as_ptr();
+        give(vec![slab]);
+        let mut others = Vec::new();
+        // Too large a slab for a request under half its size is not handed out.
+        while let Some(s) = take(1_000_000) {
+            assert_ne!(s.as_ptr(), at);
+            others.push(s);
+        }
+        let again = loop {
+            let s = take(2_000_000).expect("this test's slab, waiting");
+            if s.as_ptr() == at {
+                break s;
+            }
+            others.push(s);
+        };
+        assert!(again.is_empty() && again.capacity() >= 2_000_000);
+        give(others);
+        give(vec![again]);
+        // Freed once KEEP passes with nothing returned.
+        let deadline = std::time::Instant::now() + 60 * KEEP;
+        while waiting() != 0 {
+            assert!(std::time::Instant::now() < deadline, "scratch never freed");
+            std::thread::sleep(KEEP / 10);
+        }
+    }
+
+    #[test]
+    fn at_most_cap_waits() {
+        let big: Vec<Vec<u32>> = (0..3)
+            .map(|_| Vec::with_capacity(CAP / 4 / 2 + 1))
+            .collect();
+        give(big);
+        assert!(waiting() <= CAP);
+    }
+}
