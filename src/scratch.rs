@@ -1,12 +1,15 @@
 //! Scratch memory kept between joins: the slabs of the streaming sinks' bucket stores
-//! (`radix::Buckets`), the sorted pairs' and the CSR's.
+//! (`radix::Buckets`: the sorted pairs' and the CSR's) and the whole-row writers' blocks of
+//! ids and distances (`cpu/rows.rs`).
 //!
 //! A sorted CSR of 1M 3-D points buckets its 32M entries into 128 MB of slabs, freed when
 //! the result is assembled. Fresh memory costs a page fault and the kernel's zeroing of
 //! each page, and on a VM whatever the host does to back it: among the result benchmark's
 //! six paths taking turns (`bench/RESULTS_BENCH.md`, 2026-11-26 midday), the sorted CSR's
 //! median fell from 242.6 to 218.8 ms and from 258.4 to 231.9 in two runs when its slabs
-//! were kept for the next call. So a slab, once its join is done, waits here for the next
+//! were kept for the next call; in 2-D, with the rows' blocks kept too, the CSR's from
+//! 144.4 to 136.7 and 142.2 to 131.7 ms, the CSR with distances' from 323.9 to 218.4 and
+//! 261.8 to 239.5. So a slab, once its join is done, waits here for the next
 //! join that needs one of about its size, and every slab left waiting is freed about
 //! `KEEP` after the last one came back (by a thread that only sleeps and frees): a process
 //! that joins in a loop reuses its scratch, one that joined once gets it back soon. At
@@ -16,6 +19,7 @@
 //! a slab is handed out as capacity only: its previous contents are never read, since the
 //! stores read back only what they wrote.
 
+use std::any::Any;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -24,8 +28,74 @@ const KEEP: Duration = Duration::from_secs(1);
 /// Bytes that may wait at once: the slabs of a CSR of about 128M entries.
 const CAP: usize = 512 << 20;
 
+/// A waiting slab, of one of the element types scratch is made of.
+enum Slab {
+    U32(Vec<u32>),
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+impl Slab {
+    /// `v` as a slab, if its element type is one of them.
+    fn of<T: 'static>(v: Vec<T>) -> Option<Slab> {
+        Slab::of_any(Box::new(v))
+    }
+
+    /// The slab as a `Vec<T>`, if T is its element type.
+    fn into_vec<T: 'static>(self) -> Result<Vec<T>, Slab> {
+        let v: Box<dyn Any> = match self {
+            Slab::U32(v) => Box::new(v),
+            Slab::F32(v) => Box::new(v),
+            Slab::F64(v) => Box::new(v),
+        };
+        v.downcast::<Vec<T>>()
+            .map(|v| *v)
+            .map_err(|v| Slab::of_any(v).expect("one of the slab types"))
+    }
+
+    /// A boxed `Vec` of u32, f32 or f64 as a slab.
+    fn of_any(v: Box<dyn Any>) -> Option<Slab> {
+        let v = match v.downcast::<Vec<u32>>() {
+            Ok(v) => return Some(Slab::U32(*v)),
+            Err(v) => v,
+        };
+        let v = match v.downcast::<Vec<f32>>() {
+            Ok(v) => return Some(Slab::F32(*v)),
+            Err(v) => v,
+        };
+        v.downcast::<Vec<f64>>().ok().map(|v| Slab::F64(*v))
+    }
+
+    /// Whether it holds `T` elements, and how many fit.
+    fn fits<T: 'static>(&self) -> Option<usize> {
+        use std::any::TypeId;
+        let (t, cap) = match self {
+            Slab::U32(v) => (TypeId::of::<u32>(), v.capacity()),
+            Slab::F32(v) => (TypeId::of::<f32>(), v.capacity()),
+            Slab::F64(v) => (TypeId::of::<f64>(), v.capacity()),
+        };
+        (t == TypeId::of::<T>()).then_some(cap)
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Slab::U32(v) => v.capacity() * 4,
+            Slab::F32(v) => v.capacity() * 4,
+            Slab::F64(v) => v.capacity() * 8,
+        }
+    }
+
+    fn clear(&mut self) {
+        match self {
+            Slab::U32(v) => v.clear(),
+            Slab::F32(v) => v.clear(),
+            Slab::F64(v) => v.clear(),
+        }
+    }
+}
+
 struct Pool {
-    slabs: Vec<Vec<u32>>,
+    slabs: Vec<Slab>,
     bytes: usize,
     /// Bumped by every return, so that the waiting thread frees only after a quiet `KEEP`.
     generation: u64,
@@ -52,37 +122,35 @@ fn pool() -> std::sync::MutexGuard<'static, Pool> {
     POOL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn bytes_of(slab: &Vec<u32>) -> usize {
-    slab.capacity() * std::mem::size_of::<u32>()
-}
-
-/// An empty slab with room for at least `len` and at most `2 len` entries, if one waits.
-pub(crate) fn take(len: usize) -> Option<Vec<u32>> {
+/// An empty slab of `T` with room for at least `len` and at most `2 len` elements, if one
+/// waits (`T`: u32, f32 or f64; none of another type ever waits).
+pub(crate) fn take<T: 'static>(len: usize) -> Option<Vec<T>> {
     let mut p = pool();
-    let k = p
-        .slabs
-        .iter()
-        .position(|s| s.capacity() >= len && s.capacity() / 2 <= len)?;
+    let k = p.slabs.iter().position(|s| {
+        s.fits::<T>()
+            .is_some_and(|cap| cap >= len && cap / 2 <= len)
+    })?;
     let slab = p.slabs.swap_remove(k);
-    p.bytes -= bytes_of(&slab);
-    Some(slab)
+    p.bytes -= slab.bytes();
+    slab.into_vec::<T>().ok()
 }
 
-/// Slabs whose join is done: kept for the next one where there is room, else freed.
-pub(crate) fn give(slabs: Vec<Vec<u32>>) {
-    if slabs.is_empty() {
-        return;
-    }
-    if !enabled() {
+/// Slabs whose join is done: kept for the next one where there is room, else freed (as
+/// are slabs of types other than u32, f32 and f64).
+pub(crate) fn give<T: 'static>(slabs: Vec<Vec<T>>) {
+    if slabs.is_empty() || !enabled() {
         return;
     }
     let mut spare = Vec::new();
     {
         let mut p = pool();
-        for mut slab in slabs {
+        for slab in slabs {
+            let Some(mut slab) = Slab::of(slab) else {
+                continue;
+            };
             slab.clear();
-            if p.bytes + bytes_of(&slab) <= CAP {
-                p.bytes += bytes_of(&slab);
+            if p.bytes + slab.bytes() <= CAP {
+                p.bytes += slab.bytes();
                 p.slabs.push(slab);
             } else {
                 spare.push(slab);

@@ -339,8 +339,25 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
                 dists.set_len(total);
             }
         }
+        // The blocks to the scratch pool, for the next join's writers (`scratch.rs`).
+        let (ids, dists_blocks): (Vec<Vec<u32>>, Vec<Vec<T>>) =
+            blocks.into_iter().map(|b| (b.ids, b.dists)).unzip();
+        crate::scratch::give(ids);
+        crate::scratch::give(dists_blocks);
         Ok((Csr { offsets, neighbors }, with_distances.then_some(dists)))
     }
+}
+
+/// An empty buffer with room for `cap` elements: one an earlier join left
+/// (`crate::scratch`), else fresh memory advised onto huge pages; `None` if out of memory.
+fn scratch_or_fresh<V: 'static>(cap: usize) -> Option<Vec<V>> {
+    if let Some(v) = crate::scratch::take(cap) {
+        return Some(v);
+    }
+    let mut v = Vec::new();
+    v.try_reserve_exact(cap).ok()?;
+    crate::huge::advise(&mut v);
+    Some(v)
 }
 
 /// Where `n` rows lie, all zero: 1 + length (0: not given) and start, each.
@@ -399,8 +416,19 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
         let cap = st.next_cap.max(2 * partial + LANES);
         st.next_cap = (st.next_cap * 2).min(home.block_max);
         let mut next = Block::none();
-        let reserved = next.ids.try_reserve_exact(cap).is_ok()
-            && (!with_distances || next.dists.try_reserve_exact(cap).is_ok());
+        let reserved = match (scratch_or_fresh(cap), with_distances) {
+            (Some(ids), false) => {
+                next.ids = ids;
+                true
+            }
+            (Some(ids), true) => {
+                // At least the ids' room: a hit writes its distance wherever its id fits.
+                let room = ids.capacity();
+                next.ids = ids;
+                scratch_or_fresh(room).map(|d| next.dists = d).is_some()
+            }
+            (None, _) => false,
+        };
         if !reserved {
             home.fail(Error::new(
                 ErrorKind::OutOfHostMemory,
@@ -416,8 +444,6 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
             ));
             return false;
         }
-        crate::huge::advise(&mut next.ids);
-        crate::huge::advise(&mut next.dists);
         next.ids.extend_from_slice(&st.cur.ids[self.row_start..]);
         st.cur.ids.truncate(self.row_start);
         if with_distances {
