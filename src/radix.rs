@@ -194,8 +194,12 @@ impl Buckets {
                 Some(slab) => slab,
                 None => {
                     let mut slab: Vec<u32> = Vec::new();
-                    slab.try_reserve_exact(len)
-                        .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
+                    if slab.try_reserve_exact(len).is_err() {
+                        // Memory other joins left waiting may be what is missing.
+                        crate::scratch::release();
+                        slab.try_reserve_exact(len)
+                            .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
+                    }
                     crate::huge::advise(&mut slab);
                     slab
                 }

@@ -6,14 +6,15 @@
 //! the result is assembled. Fresh memory costs a page fault and the kernel's zeroing of
 //! each page, and on a VM whatever the host does to back it: among the result benchmark's
 //! six paths taking turns (`bench/RESULTS_BENCH.md`, 2026-11-26 midday), the sorted CSR's
-//! median fell from 242.6 to 218.8 ms and from 258.4 to 231.9 in two runs when its slabs
+//! median fell from 237.3 to 224.4 ms and from 230.2 to 218.8 in two runs when its slabs
 //! were kept for the next call; in 2-D, with the rows' blocks kept too, the CSR's from
 //! 144.4 to 136.7 and 142.2 to 131.7 ms, the CSR with distances' from 323.9 to 218.4 and
 //! 261.8 to 239.5. So a slab, once its join is done, waits here for the next
 //! join that needs one of about its size, and every slab left waiting is freed about
 //! `KEEP` after the last one came back (by a thread that only sleeps and frees): a process
 //! that joins in a loop reuses its scratch, one that joined once gets it back soon. At
-//! most `CAP` bytes wait at a time. `SIMJOIN_KEEP_SCRATCH=0` frees each slab at once.
+//! most `CAP` bytes wait at a time, and all are freed ([`release`]) before a fresh
+//! allocation that failed is tried again. `SIMJOIN_KEEP_SCRATCH=0` frees each slab at once.
 //!
 //! Only internal scratch comes here, never a result's memory (which is the caller's), and
 //! a slab is handed out as capacity only: its previous contents are never read, since the
@@ -175,6 +176,16 @@ pub(crate) fn give<T: 'static>(slabs: Vec<Vec<T>>) {
     drop(spare);
 }
 
+/// Frees every waiting slab now: for an allocation that failed, to try again.
+pub(crate) fn release() {
+    let freed = {
+        let mut p = pool();
+        p.bytes = 0;
+        std::mem::take(&mut p.slabs)
+    };
+    drop(freed);
+}
+
 /// The waiting thread: frees every slab once `KEEP` passes with none returned.
 fn reap() {
     let mut seen = pool().generation;
@@ -228,11 +239,29 @@ mod tests {
         assert!(again.is_empty() && again.capacity() >= 2_000_000);
         give(others);
         give(vec![again]);
-        // Freed once KEEP passes with nothing returned.
+        // Freed, by the waiting thread, once KEEP passes with nothing returned.
         let deadline = std::time::Instant::now() + 60 * KEEP;
-        while waiting() != 0 {
+        while waiting() != 0 || pool().reaper.is_some() {
             assert!(std::time::Instant::now() < deadline, "scratch never freed");
             std::thread::sleep(KEEP / 10);
+        }
+    }
+
+    #[test]
+    fn slabs_keep_their_type_and_release_frees_them() {
+        let slab: Vec<f64> = Vec::with_capacity(1_000_003);
+        let at = slab.as_ptr() as usize;
+        give(vec![slab]);
+        // Not handed out as another type.
+        let mut others = Vec::new();
+        while let Some(s) = take::<u32>(1_000_003) {
+            assert_ne!(s.as_ptr() as usize, at);
+            others.push(s);
+        }
+        give(others);
+        release();
+        while let Some(s) = take::<f64>(1_000_003) {
+            assert_ne!(s.as_ptr() as usize, at, "released, yet handed out");
         }
     }
 

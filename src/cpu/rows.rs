@@ -355,7 +355,11 @@ fn scratch_or_fresh<V: 'static>(cap: usize) -> Option<Vec<V>> {
         return Some(v);
     }
     let mut v = Vec::new();
-    v.try_reserve_exact(cap).ok()?;
+    if v.try_reserve_exact(cap).is_err() {
+        // Memory other joins left waiting may be what is missing.
+        crate::scratch::release();
+        v.try_reserve_exact(cap).ok()?;
+    }
     crate::huge::advise(&mut v);
     Some(v)
 }
