@@ -282,16 +282,38 @@ mod avx2 {
     use crate::options::Metric;
     use std::arch::x86_64::*;
 
-    macro_rules! kernel {
-        ($name:ident, $t:ty, $v:ty, $halves:expr, $width:expr, $load:ident, $set1:ident,
-         $zero:ident, $sub:ident, $mul:ident, $add:ident, $max:ident, $andnot:ident,
-         $cmp:ident, $movemask:ident) => {
+    /// For one element type: `$step` (one column's terms added to the lanes'
+    /// accumulators), the block kernel `$blocks` and the accumulators alone, `$accs`.
+    macro_rules! kernels {
+        ($step:ident, $blocks:ident, $accs:ident, $t:ty, $v:ty, $halves:expr, $width:expr,
+         $load:ident, $store:ident, $set1:ident, $zero:ident, $sub:ident, $mul:ident,
+         $add:ident, $max:ident, $andnot:ident, $cmp:ident, $movemask:ident) => {
+            /// Adds column c's terms for slots `p..p + LANES` (`p` = column c at the
+            /// block's first slot) to the lanes' accumulators: `q - x`, then `acc + d * d`,
+            /// `acc + |d|` or `max(acc, |d|)`.
+            ///
+            /// # Safety
+            /// AVX2 must be available; `p..p + LANES` must be readable.
+            #[inline(always)]
+            unsafe fn $step<M: MetricKind>(acc: &mut [$v; $halves], qc: $t, p: *const $t) {
+                let qc = $set1(qc);
+                let sign = $set1(-0.0);
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let d = $sub(qc, $load(p.add(h * $width)));
+                    *a = match M::METRIC {
+                        Metric::Euclidean => $add(*a, $mul(d, d)),
+                        Metric::Manhattan => $add(*a, $andnot(sign, d)),
+                        Metric::Chebyshev => $max(*a, $andnot(sign, d)),
+                    };
+                }
+            }
+
             /// # Safety
             /// AVX2 must be available; `cols` must hold `q.len()` columns of `stride`
             /// slots, readable up to slot `hi + LANES` (checked).
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
-            pub(super) unsafe fn $name<M: MetricKind>(
+            pub(super) unsafe fn $blocks<M: MetricKind>(
                 q: &[$t],
                 cols: &[$t],
                 stride: usize,
@@ -305,7 +327,6 @@ mod avx2 {
                 // Every load below reads column c < dim at slots < hi + LANES <= stride.
                 assert!(hi + LANES <= stride && dim * stride <= cols.len());
                 let thr_v = $set1(thr);
-                let sign = $set1(-0.0);
                 let base = cols.as_ptr();
                 let mut s = lo;
                 'block: while s < hi {
@@ -314,16 +335,7 @@ mod avx2 {
                     while c < dim {
                         let end = (c + 4).min(dim);
                         while c < end {
-                            let qc = $set1(*q.get_unchecked(c));
-                            let p = base.add(c * stride + s);
-                            for (h, a) in acc.iter_mut().enumerate() {
-                                let d = $sub(qc, $load(p.add(h * $width)));
-                                *a = match M::METRIC {
-                                    Metric::Euclidean => $add(*a, $mul(d, d)),
-                                    Metric::Manhattan => $add(*a, $andnot(sign, d)),
-                                    Metric::Chebyshev => $max(*a, $andnot(sign, d)),
-                                };
-                            }
+                            $step::<M>(&mut acc, *q.get_unchecked(c), base.add(c * stride + s));
                             c += 1;
                         }
                         if early && c < dim {
@@ -351,12 +363,7 @@ mod avx2 {
                     s += LANES;
                 }
             }
-        };
-    }
-    macro_rules! accs {
-        ($name:ident, $t:ty, $v:ty, $halves:expr, $width:expr, $load:ident, $store:ident,
-         $set1:ident, $zero:ident, $sub:ident, $mul:ident, $add:ident, $max:ident,
-         $andnot:ident) => {
+
             /// The accumulated distances of `q` to slots `s..s + LANES`, as
             /// [`Store::lane_accs`](super::Store::lane_accs) makes them (column order, a
             /// separate multiply and add).
@@ -365,27 +372,17 @@ mod avx2 {
             /// AVX2 must be available; `cols` must hold `q.len()` columns of `stride`
             /// slots, and `s + LANES <= stride` (both checked).
             #[inline(always)]
-            pub(super) unsafe fn $name<M: MetricKind>(
+            pub(super) unsafe fn $accs<M: MetricKind>(
                 q: &[$t],
                 cols: &[$t],
                 stride: usize,
                 s: usize,
             ) -> [$t; LANES] {
                 assert!(s + LANES <= stride && q.len() * stride <= cols.len());
-                let sign = $set1(-0.0);
                 let mut acc: [$v; $halves] = [$zero(); $halves];
                 for (c, &qc) in q.iter().enumerate() {
-                    let qc = $set1(qc);
                     // Slots s..s + LANES of column c: inside `cols` (asserted above).
-                    let p = cols.as_ptr().add(c * stride + s);
-                    for (h, a) in acc.iter_mut().enumerate() {
-                        let d = $sub(qc, $load(p.add(h * $width)));
-                        *a = match M::METRIC {
-                            Metric::Euclidean => $add(*a, $mul(d, d)),
-                            Metric::Manhattan => $add(*a, $andnot(sign, d)),
-                            Metric::Chebyshev => $max(*a, $andnot(sign, d)),
-                        };
-                    }
+                    $step::<M>(&mut acc, qc, cols.as_ptr().add(c * stride + s));
                 }
                 let mut out = [0.0; LANES];
                 for (h, a) in acc.iter().enumerate() {
@@ -395,7 +392,9 @@ mod avx2 {
             }
         };
     }
-    accs!(
+    kernels!(
+        step_f64,
+        blocks_f64,
         accs_f64,
         f64,
         __m256d,
@@ -409,9 +408,13 @@ mod avx2 {
         _mm256_mul_pd,
         _mm256_add_pd,
         _mm256_max_pd,
-        _mm256_andnot_pd
+        _mm256_andnot_pd,
+        _mm256_cmp_pd,
+        _mm256_movemask_pd
     );
-    accs!(
+    kernels!(
+        step_f32,
+        blocks_f32,
         accs_f32,
         f32,
         __m256,
@@ -419,38 +422,6 @@ mod avx2 {
         8,
         _mm256_loadu_ps,
         _mm256_storeu_ps,
-        _mm256_set1_ps,
-        _mm256_setzero_ps,
-        _mm256_sub_ps,
-        _mm256_mul_ps,
-        _mm256_add_ps,
-        _mm256_max_ps,
-        _mm256_andnot_ps
-    );
-    kernel!(
-        blocks_f64,
-        f64,
-        __m256d,
-        2,
-        4,
-        _mm256_loadu_pd,
-        _mm256_set1_pd,
-        _mm256_setzero_pd,
-        _mm256_sub_pd,
-        _mm256_mul_pd,
-        _mm256_add_pd,
-        _mm256_max_pd,
-        _mm256_andnot_pd,
-        _mm256_cmp_pd,
-        _mm256_movemask_pd
-    );
-    kernel!(
-        blocks_f32,
-        f32,
-        __m256,
-        1,
-        8,
-        _mm256_loadu_ps,
         _mm256_set1_ps,
         _mm256_setzero_ps,
         _mm256_sub_ps,
