@@ -98,179 +98,205 @@ impl Slab {
 struct Pool {
     slabs: Vec<Slab>,
     bytes: usize,
-    /// Bumped by every return, so that the waiting thread frees only after a quiet `KEEP`.
+    /// Bumped by every return, so that the waiting thread frees only after a quiet `keep`.
     generation: u64,
     /// The process whose thread waits to free the pool, if one does (a forked child
     /// inherits the pool but not the thread).
     reaper: Option<u32>,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
-    slabs: Vec::new(),
-    bytes: 0,
-    generation: 0,
-    reaper: None,
-});
+/// A pool of waiting slabs: the process's one ([`take`], [`give`], [`release`]), and the
+/// tests' own.
+struct Scratch {
+    pool: Mutex<Pool>,
+    /// How long a slab waits after the last one came back, and the bytes that may wait.
+    keep: Duration,
+    cap: usize,
+}
 
+static SCRATCH: Scratch = Scratch::new(KEEP, CAP);
+
+/// `SIMJOIN_KEEP_SCRATCH=0`: nothing waits.
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("SIMJOIN_KEEP_SCRATCH").is_none_or(|v| v != "0"))
 }
 
-fn pool() -> std::sync::MutexGuard<'static, Pool> {
-    // A panic while holding the lock leaves the pool consistent (every step keeps `bytes`
-    // equal to the slabs' sizes), so a poisoned lock is used as it is.
-    POOL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// An empty slab of `T` with room for at least `len` and at most `2 len` elements, if one
 /// waits (`T`: u32, f32 or f64; none of another type ever waits).
 pub(crate) fn take<T: 'static>(len: usize) -> Option<Vec<T>> {
-    let mut p = pool();
-    let k = p.slabs.iter().position(|s| {
-        s.fits::<T>()
-            .is_some_and(|cap| cap >= len && cap / 2 <= len)
-    })?;
-    let slab = p.slabs.swap_remove(k);
-    p.bytes -= slab.bytes();
-    slab.into_vec::<T>().ok()
+    SCRATCH.take(len)
 }
 
 /// Slabs whose join is done: kept for the next one where there is room, else freed (as
 /// are slabs of types other than u32, f32 and f64).
 pub(crate) fn give<T: 'static>(slabs: Vec<Vec<T>>) {
-    if slabs.is_empty() || !enabled() {
-        return;
+    if enabled() {
+        SCRATCH.give(slabs);
     }
-    let mut spare = Vec::new();
-    {
-        let mut p = pool();
-        for slab in slabs {
-            let Some(mut slab) = Slab::of(slab) else {
-                continue;
-            };
-            slab.clear();
-            if p.bytes + slab.bytes() <= CAP {
-                p.bytes += slab.bytes();
-                p.slabs.push(slab);
-            } else {
-                spare.push(slab);
-            }
-        }
-        p.generation += 1;
-        if p.reaper != Some(std::process::id()) {
-            let spawned = std::thread::Builder::new()
-                .name("simjoin-scratch".into())
-                .spawn(reap)
-                .is_ok();
-            if spawned {
-                p.reaper = Some(std::process::id());
-            } else {
-                // No thread to free them later: free them now.
-                spare.append(&mut p.slabs);
-                p.bytes = 0;
-            }
-        }
-    }
-    // Freed outside the lock (unmapping takes a few ms).
-    drop(spare);
 }
 
 /// Frees every waiting slab now: for an allocation that failed, to try again.
 pub(crate) fn release() {
-    let freed = {
-        let mut p = pool();
-        p.bytes = 0;
-        std::mem::take(&mut p.slabs)
-    };
-    drop(freed);
+    SCRATCH.release();
 }
 
-/// The waiting thread: frees every slab once `KEEP` passes with none returned.
-fn reap() {
-    let mut seen = pool().generation;
-    loop {
-        std::thread::sleep(KEEP);
-        let freed = {
-            let mut p = pool();
-            if p.generation != seen {
-                seen = p.generation;
-                continue;
+impl Scratch {
+    const fn new(keep: Duration, cap: usize) -> Self {
+        Scratch {
+            pool: Mutex::new(Pool {
+                slabs: Vec::new(),
+                bytes: 0,
+                generation: 0,
+                reaper: None,
+            }),
+            keep,
+            cap,
+        }
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, Pool> {
+        // A panic while holding the lock leaves the pool consistent (every step keeps
+        // `bytes` equal to the slabs' sizes), so a poisoned lock is used as it is.
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take<T: 'static>(&self, len: usize) -> Option<Vec<T>> {
+        let mut p = self.pool();
+        let k = p.slabs.iter().position(|s| {
+            s.fits::<T>()
+                .is_some_and(|cap| cap >= len && cap / 2 <= len)
+        })?;
+        let slab = p.slabs.swap_remove(k);
+        p.bytes -= slab.bytes();
+        slab.into_vec::<T>().ok()
+    }
+
+    fn give<T: 'static>(&'static self, slabs: Vec<Vec<T>>) {
+        if slabs.is_empty() {
+            return;
+        }
+        let mut spare = Vec::new();
+        {
+            let mut p = self.pool();
+            for slab in slabs {
+                let Some(mut slab) = Slab::of(slab) else {
+                    continue;
+                };
+                slab.clear();
+                if p.bytes + slab.bytes() <= self.cap {
+                    p.bytes += slab.bytes();
+                    p.slabs.push(slab);
+                } else {
+                    spare.push(slab);
+                }
             }
-            p.reaper = None;
+            p.generation += 1;
+            if p.reaper != Some(std::process::id()) {
+                let spawned = std::thread::Builder::new()
+                    .name("simjoin-scratch".into())
+                    .spawn(|| self.reap())
+                    .is_ok();
+                if spawned {
+                    p.reaper = Some(std::process::id());
+                } else {
+                    // No thread to free them later: free them now.
+                    spare.append(&mut p.slabs);
+                    p.bytes = 0;
+                }
+            }
+        }
+        // Freed outside the lock (unmapping takes a few ms).
+        drop(spare);
+    }
+
+    fn release(&self) {
+        let freed = {
+            let mut p = self.pool();
             p.bytes = 0;
             std::mem::take(&mut p.slabs)
         };
         drop(freed);
-        return;
     }
-}
 
-/// Bytes waiting now (for the tests).
-#[cfg(test)]
-fn waiting() -> usize {
-    pool().bytes
+    /// The waiting thread: frees every slab once `keep` passes with none returned.
+    fn reap(&self) {
+        let mut seen = self.pool().generation;
+        loop {
+            std::thread::sleep(self.keep);
+            let freed = {
+                let mut p = self.pool();
+                if p.generation != seen {
+                    seen = p.generation;
+                    continue;
+                }
+                p.reaper = None;
+                p.bytes = 0;
+                std::mem::take(&mut p.slabs)
+            };
+            drop(freed);
+            return;
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Each test its own pool, whose slabs wait `ms` milliseconds, 64 MiB at most (long
+    /// enough that a loaded machine does not free them while a test looks).
+    macro_rules! pool {
+        ($ms:expr) => {{
+            static S: Scratch = Scratch::new(Duration::from_millis($ms), 64 << 20);
+            &S
+        }};
+    }
+
     #[test]
     fn slabs_are_reused_by_size_then_freed() {
-        // Other tests of this binary use the pool too: look for this test's slab among
-        // what is handed out, and give the others back.
+        let s = pool!(500);
         let slab: Vec<u32> = Vec::with_capacity(3_000_017);
         let at = slab.as_ptr();
-        give(vec![slab]);
-        let mut others = Vec::new();
-        // Too large a slab for a request under half its size is not handed out.
-        while let Some(s) = take(1_000_000) {
-            assert_ne!(s.as_ptr(), at);
-            others.push(s);
-        }
-        let again = loop {
-            let s = take(2_000_000).expect("this test's slab, waiting");
-            if s.as_ptr() == at {
-                break s;
-            }
-            others.push(s);
-        };
-        assert!(again.is_empty() && again.capacity() >= 2_000_000);
-        give(others);
-        give(vec![again]);
-        // Freed, by the waiting thread, once KEEP passes with nothing returned.
-        let deadline = std::time::Instant::now() + 60 * KEEP;
-        while waiting() != 0 || pool().reaper.is_some() {
+        s.give(vec![slab]);
+        assert_eq!(s.pool().bytes, 3_000_017 * 4);
+        // Not for a request under half its size, nor one above it.
+        assert!(s.take::<u32>(1_000_000).is_none());
+        assert!(s.take::<u32>(3_000_018).is_none());
+        let again = s.take::<u32>(2_000_000).expect("the slab, waiting");
+        assert_eq!(again.as_ptr(), at);
+        assert!(again.is_empty() && again.capacity() == 3_000_017);
+        assert_eq!(s.pool().bytes, 0);
+        s.give(vec![again]);
+        // Freed, by the waiting thread, once `keep` passes with nothing returned.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while s.pool().bytes != 0 || s.pool().reaper.is_some() {
             assert!(std::time::Instant::now() < deadline, "scratch never freed");
-            std::thread::sleep(KEEP / 10);
+            std::thread::sleep(Duration::from_millis(5));
         }
+        assert!(s.take::<u32>(3_000_017).is_none());
     }
 
     #[test]
     fn slabs_keep_their_type_and_release_frees_them() {
-        let slab: Vec<f64> = Vec::with_capacity(1_000_003);
-        let at = slab.as_ptr() as usize;
-        give(vec![slab]);
-        // Not handed out as another type.
-        let mut others = Vec::new();
-        while let Some(s) = take::<u32>(1_000_003) {
-            assert_ne!(s.as_ptr() as usize, at);
-            others.push(s);
-        }
-        give(others);
-        release();
-        while let Some(s) = take::<f64>(1_000_003) {
-            assert_ne!(s.as_ptr() as usize, at, "released, yet handed out");
-        }
+        let s = pool!(60_000);
+        s.give(vec![Vec::<f64>::with_capacity(1_000_003)]);
+        s.give(vec![Vec::<u8>::with_capacity(1_000_003)]);
+        // Not handed out as another type; a type that never waits is dropped.
+        assert!(s.take::<u32>(1_000_003).is_none());
+        assert!(s.take::<f32>(1_000_003).is_none());
+        assert_eq!(s.pool().bytes, 1_000_003 * 8);
+        s.release();
+        assert_eq!(s.pool().bytes, 0);
+        assert!(s.take::<f64>(1_000_003).is_none());
     }
 
     #[test]
     fn at_most_cap_waits() {
-        let big: Vec<Vec<u32>> = (0..3)
-            .map(|_| Vec::with_capacity(CAP / 4 / 2 + 1))
-            .collect();
-        give(big);
-        assert!(waiting() <= CAP);
+        let s = pool!(60_000);
+        // Three slabs of 24 MiB: two fit 64 MiB, the third is freed.
+        s.give((0..3).map(|_| Vec::<u32>::with_capacity(6 << 20)).collect());
+        assert_eq!(s.pool().bytes, 2 * (24 << 20));
+        assert_eq!(s.pool().slabs.len(), 2);
     }
 }
