@@ -144,21 +144,8 @@ fn distances_are_canonical(dim: usize, eps: f64, sorted: bool, include_self: boo
 /// environment.
 #[test]
 fn portable_kernel_distances_too() {
-    if std::env::var_os("SIMJOIN_NO_AVX2").is_some() {
-        return; // already the child
-    }
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("SIMJOIN_NO_AVX2", "1")
-        .args([
-            "--exact",
-            "pair_and_csr_distances_are_canonical",
-            "--test-threads",
-            "2",
-        ])
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "the portable kernel's distances failed a case"
+    common::run_in_child(
+        "pair_and_csr_distances_are_canonical",
+        &[("SIMJOIN_NO_AVX2", "1")],
     );
 }
