@@ -190,20 +190,8 @@ impl Buckets {
             // Capacity only: blocks are written through pointers and read back only as far
             // as written, and fresh memory stays untouched until then. A slab an earlier
             // join left (`scratch`) saves the fresh memory's page faults.
-            let slab = match crate::scratch::take(len) {
-                Some(slab) => slab,
-                None => {
-                    let mut slab: Vec<u32> = Vec::new();
-                    if slab.try_reserve_exact(len).is_err() {
-                        // Memory other joins left waiting may be what is missing.
-                        crate::scratch::release();
-                        slab.try_reserve_exact(len)
-                            .map_err(|_| anyhow::anyhow!("out of memory for the join's result"))?;
-                    }
-                    crate::huge::advise(&mut slab);
-                    slab
-                }
-            };
+            let slab: Vec<u32> = crate::scratch::take_or_alloc(len)
+                .ok_or_else(|| anyhow::anyhow!("out of memory for the join's result"))?;
             // Blocks start on a cache line.
             self.used = slab.as_ptr().align_offset(std::mem::align_of::<Line>());
             self.slabs.push(slab);

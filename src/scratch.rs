@@ -136,6 +136,23 @@ pub(crate) fn give<T: 'static>(slabs: Vec<Vec<T>>) {
     }
 }
 
+/// An empty buffer with room for `len` elements: a waiting slab ([`take`]), else fresh
+/// memory advised onto huge pages, tried once more after [`release`] if it fails; `None`
+/// if out of memory.
+pub(crate) fn take_or_alloc<T: 'static>(len: usize) -> Option<Vec<T>> {
+    if let Some(v) = take(len) {
+        return Some(v);
+    }
+    let mut v = Vec::new();
+    if v.try_reserve_exact(len).is_err() {
+        // Memory other joins left waiting may be what is missing.
+        release();
+        v.try_reserve_exact(len).ok()?;
+    }
+    crate::huge::advise(&mut v);
+    Some(v)
+}
+
 /// Frees every waiting slab now: for an allocation that failed, to try again.
 pub(crate) fn release() {
     SCRATCH.release();

@@ -348,22 +348,6 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
     }
 }
 
-/// An empty buffer with room for `cap` elements: one an earlier join left
-/// (`crate::scratch`), else fresh memory advised onto huge pages; `None` if out of memory.
-fn scratch_or_fresh<V: 'static>(cap: usize) -> Option<Vec<V>> {
-    if let Some(v) = crate::scratch::take(cap) {
-        return Some(v);
-    }
-    let mut v = Vec::new();
-    if v.try_reserve_exact(cap).is_err() {
-        // Memory other joins left waiting may be what is missing.
-        crate::scratch::release();
-        v.try_reserve_exact(cap).ok()?;
-    }
-    crate::huge::advise(&mut v);
-    Some(v)
-}
-
 /// Where `n` rows lie, all zero: 1 + length (0: not given) and start, each.
 fn places(n: usize) -> Result<(Vec<AtomicU32>, Vec<AtomicU64>)> {
     let mut lens = Vec::new();
@@ -420,18 +404,18 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
         let cap = st.next_cap.max(2 * partial + LANES);
         st.next_cap = (st.next_cap * 2).min(home.block_max);
         let mut next = Block::none();
-        let reserved = match (scratch_or_fresh(cap), with_distances) {
-            (Some(ids), false) => {
-                next.ids = ids;
-                true
-            }
-            (Some(ids), true) => {
-                // At least the ids' room: a hit writes its distance wherever its id fits.
+        let reserved = match crate::scratch::take_or_alloc(cap) {
+            Some(ids) => {
+                // Distances get at least the ids' room: a hit writes its distance wherever
+                // its id fits.
                 let room = ids.capacity();
                 next.ids = ids;
-                scratch_or_fresh(room).map(|d| next.dists = d).is_some()
+                !with_distances
+                    || crate::scratch::take_or_alloc(room)
+                        .map(|d| next.dists = d)
+                        .is_some()
             }
-            (None, _) => false,
+            None => false,
         };
         if !reserved {
             home.fail(Error::new(
@@ -556,9 +540,9 @@ impl<T: Coord + Default, M: MetricKind> Hits<T> for RowWriter<'_, '_, T, M> {
         if let Some(store) = self.home.store {
             // All eight lanes at once (the neighbours' coordinates were just read by the
             // kernel: in cache), then the hits' accumulators packed like their ids; they
-            // become distances (the square root) when the row ends, packed: a square root
-            // of every lane of every block with a hit took a fifth of a 3-D CSR with
-            // distances.
+            // become distances (the square root) when the row ends, packed: square roots
+            // of every lane of every block with a hit took a fifth of the samples of a CSR
+            // with distances (`bench/RESULTS_BENCH.md`, 2026-11-26 midday).
             let fin = store.lane_accs_of::<M, AVX>(q, slot);
             let dists = &mut self.state.cur.dists;
             let len = dists.len();
