@@ -635,6 +635,7 @@ impl CsrSink {
         let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
         let nbr_mask = (1u64 << nbr_bits) - 1;
         let small_rows = SmallRows::new(nbr_bits);
+        let count = starts.len() - 1;
         split_mut(&mut neighbors, &starts)
             .into_par_iter()
             .zip(offsets[..rows].par_chunks_mut(rows_per_bucket.max(1)))
@@ -676,8 +677,19 @@ impl CsrSink {
                             .iter()
                             .map(|&o| o as usize - starts[b])
                             .chain([region.len()]);
+                        // The next bucket's entries start coming into the cache while the
+                        // rows, in cache, are sorted: its copy then reads them from there
+                        // (1M uniform 3-D points, sorted CSR: the copies took 12 thread-ms,
+                        // now 3; the sorts 45 -> 47.5).
+                        let next = if b + 1 < count {
+                            buckets.bucket(b + 1)
+                        } else {
+                            Vec::new()
+                        };
+                        let mut ahead = Ahead::new(&next, offs.len());
                         let mut lo = 0;
                         for hi in ends {
+                            ahead.step();
                             small_rows.sort(&mut region[lo..hi]);
                             lo = hi;
                         }
@@ -687,6 +699,43 @@ impl CsrSink {
         offsets[rows] = total as u64;
         buckets.free_later();
         Ok(Csr { offsets, neighbors })
+    }
+}
+
+/// Prefetches a bucket's blocks, a few cache lines a step, spread over `steps` steps.
+struct Ahead<'a> {
+    blocks: &'a [&'a [u32]],
+    block: usize,
+    at: usize,
+    per_step: usize,
+}
+
+impl<'a> Ahead<'a> {
+    fn new(blocks: &'a [&'a [u32]], steps: usize) -> Self {
+        let lines: usize = blocks.iter().map(|b| b.len().div_ceil(LINE)).sum();
+        Ahead {
+            blocks,
+            block: 0,
+            at: 0,
+            per_step: lines.div_ceil(steps.max(1)),
+        }
+    }
+
+    #[inline]
+    fn step(&mut self) {
+        for _ in 0..self.per_step {
+            let Some(b) = self.blocks.get(self.block) else {
+                return;
+            };
+            if self.at < b.len() {
+                crate::cpu::prefetch(&b[self.at..]);
+            }
+            self.at += LINE;
+            if self.at >= b.len() {
+                self.block += 1;
+                self.at = 0;
+            }
+        }
     }
 }
 
@@ -865,15 +914,11 @@ impl SmallRows {
 unsafe fn network_sort<const N: usize>(row: &mut [u32]) {
     use std::arch::x86_64::*;
     assert!(row.len() <= 8 * N && N.is_power_of_two() && N <= 4);
-    let mut buf = [i32::MAX; 32];
-    for (b, &x) in buf.iter_mut().zip(row.iter()) {
-        debug_assert!(x < 1 << 31);
-        *b = x as i32;
-    }
+    debug_assert!(row.iter().all(|&x| x < 1 << 31));
     let mut v = [_mm256_setzero_si256(); N];
     for (i, v) in v.iter_mut().enumerate() {
-        // SAFETY: 8 (i + 1) <= 8 N <= 32 = buf.len().
-        *v = unsafe { _mm256_loadu_si256(buf.as_ptr().add(8 * i) as *const __m256i) };
+        // SAFETY: AVX2 (this function's precondition); `load_padded` reads row only.
+        *v = unsafe { load_padded(row, i, _mm256_set1_epi32(i32::MAX)) };
     }
     // A compare-exchange of each lane i with lane partner[i]: MASK has a lane's bit set
     // where it keeps the larger of the two.
@@ -923,11 +968,63 @@ unsafe fn network_sort<const N: usize>(row: &mut [u32]) {
         run *= 2;
     }
     for (i, v) in v.iter().enumerate() {
-        // SAFETY: as for the loads.
-        unsafe { _mm256_storeu_si256(buf.as_mut_ptr().add(8 * i) as *mut __m256i, *v) };
+        // SAFETY: AVX2 (this function's precondition); `store_prefix` writes row only.
+        unsafe { store_prefix(row, i, *v) };
     }
-    for (r, &b) in row.iter_mut().zip(buf.iter()) {
-        *r = b as u32;
+}
+
+/// Lanes `8 i..8 i + 8` of `row`, each lane past its end `pad`'s: the vector sorts read
+/// and write a row in place, where copying it through a padded buffer, one value at a
+/// time, took a tenth of their time (1M uniform 3-D points, sorted CSR: the rows' sorts
+/// 50 -> 45 thread-ms).
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn load_padded(
+    row: &[u32],
+    i: usize,
+    pad: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let have = row.len().saturating_sub(8 * i).min(8);
+    if have == 8 {
+        // SAFETY: 8 i + 8 <= row.len().
+        return unsafe { _mm256_loadu_si256(row.as_ptr().add(8 * i) as *const __m256i) };
+    }
+    if have == 0 {
+        return pad;
+    }
+    // Lanes below `have`: all bits set.
+    let mask = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(have as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    // SAFETY: only the lanes under the mask are read: 8 i + have <= row.len().
+    let v = unsafe { _mm256_maskload_epi32(row.as_ptr().add(8 * i) as *const i32, mask) };
+    _mm256_blendv_epi8(pad, v, mask)
+}
+
+/// Writes lanes of `v` to `row[8 i..]`, as many as fit.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn store_prefix(row: &mut [u32], i: usize, v: std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    let have = row.len().saturating_sub(8 * i).min(8);
+    if have == 8 {
+        // SAFETY: 8 i + 8 <= row.len().
+        unsafe { _mm256_storeu_si256(row.as_mut_ptr().add(8 * i) as *mut __m256i, v) };
+    } else if have > 0 {
+        let mut lanes = [0u32; 8];
+        // SAFETY: 8 lanes, 32 bytes, into `lanes`.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, v) };
+        row[8 * i..].copy_from_slice(&lanes[..have]);
     }
 }
 
@@ -948,16 +1045,20 @@ unsafe fn rank_sort<const N: usize, C: Copy + Default>(row: &mut [u32], with: &m
     debug_assert!(k <= 8 * N && N <= 8);
     // Keys are below 2^31, so signed compares order them; the padding, i32::MAX, is never
     // compared as a key (only the first k are) and its ranks are never used.
+    debug_assert!(row.iter().all(|&x| x < 1 << 25));
     let mut keys = [i32::MAX; 64];
-    for (j, &x) in row.iter().enumerate() {
-        debug_assert!(x < 1 << 25);
-        keys[j] = ((x << 6) | j as u32) as i32;
-    }
     let mut v = [_mm256_setzero_si256(); N];
     let mut rank = [_mm256_setzero_si256(); N];
+    let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (i, v) in v.iter_mut().enumerate() {
+        // SAFETY: AVX2 (this function's precondition); `load_padded` reads row only.
+        let x = unsafe { load_padded(row, i, _mm256_setzero_si256()) };
+        let place = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * i as i32));
+        let in_row = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), place);
+        let key = _mm256_or_si256(_mm256_slli_epi32::<6>(x), place);
+        *v = _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), key, in_row);
         // SAFETY: 8 (i + 1) <= 8 N <= 64 = keys.len().
-        *v = unsafe { _mm256_loadu_si256(keys.as_ptr().add(8 * i) as *const __m256i) };
+        unsafe { _mm256_storeu_si256(keys.as_mut_ptr().add(8 * i) as *mut __m256i, *v) };
     }
     for &x in &keys[..k] {
         let b = _mm256_set1_epi32(x);
@@ -1490,8 +1591,32 @@ mod tests {
                     let mut row: Vec<u32> = (0..k).map(|_| lcg(&mut seed) % top).collect();
                     let mut want = row.clone();
                     want.sort_unstable();
+                    // In a larger buffer, as in a CSR: the values around it stay as they
+                    // are (the vector sorts load and store whole registers of 8).
+                    let mut buf = vec![u32::MAX - 1; k + 16];
+                    buf[8..8 + k].copy_from_slice(&row);
                     rows.sort(&mut row);
                     assert_eq!(row, want, "{k} values below {top}");
+                    rows.sort(&mut buf[8..8 + k]);
+                    assert_eq!(
+                        buf[8..8 + k],
+                        want[..],
+                        "{k} values below {top}, in a buffer"
+                    );
+                    assert!(buf[..8]
+                        .iter()
+                        .chain(&buf[8 + k..])
+                        .all(|&x| x == u32::MAX - 1));
+                    // With a value moved along with each entry (the CSR's distances).
+                    let mut ids: Vec<u32> = (0..k).map(|_| lcg(&mut seed) % top).collect();
+                    let mut with: Vec<u64> = ids.iter().map(|&x| u64::from(x) * 3 + 1).collect();
+                    rows.sort_with(&mut ids, &mut with);
+                    assert_eq!(ids.len(), k);
+                    assert!(ids.windows(2).all(|w| w[0] <= w[1]), "{k} values, with");
+                    assert!(ids
+                        .iter()
+                        .zip(&with)
+                        .all(|(&x, &w)| w == u64::from(x) * 3 + 1));
                 }
             }
         }
