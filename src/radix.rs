@@ -1022,14 +1022,26 @@ unsafe fn load_padded(
     if have == 0 {
         return pad;
     }
-    // Lanes below `have`: all bits set.
-    let mask = _mm256_cmpgt_epi32(
-        _mm256_set1_epi32(have as i32),
-        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-    );
+    // SAFETY: AVX2 (this function's precondition).
+    let mask = unsafe { lanes_below(have) };
     // SAFETY: only the lanes under the mask are read: 8 i + have <= row.len().
     let v = unsafe { _mm256_maskload_epi32(row.as_ptr().add(8 * i) as *const i32, mask) };
     _mm256_blendv_epi8(pad, v, mask)
+}
+
+/// All bits set in the lanes below `n` (0 to 8), none above.
+///
+/// # Safety
+/// AVX2 must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn lanes_below(n: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n as i32),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    )
 }
 
 /// Writes lanes of `v` to `row[8 i..]`, as many as fit.
@@ -1077,9 +1089,13 @@ unsafe fn rank_sort<const N: usize, C: Copy + Default>(row: &mut [u32], with: &m
     let iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     for (i, v) in v.iter_mut().enumerate() {
         // SAFETY: AVX2 (this function's precondition); `load_padded` reads row only.
-        let x = unsafe { load_padded(row, i, _mm256_setzero_si256()) };
+        let (x, in_row) = unsafe {
+            (
+                load_padded(row, i, _mm256_setzero_si256()),
+                lanes_below(k.saturating_sub(8 * i).min(8)),
+            )
+        };
         let place = _mm256_add_epi32(iota, _mm256_set1_epi32(8 * i as i32));
-        let in_row = _mm256_cmpgt_epi32(_mm256_set1_epi32(k as i32), place);
         let key = _mm256_or_si256(_mm256_slli_epi32::<6>(x), place);
         *v = _mm256_blendv_epi8(_mm256_set1_epi32(i32::MAX), key, in_row);
         // SAFETY: 8 (i + 1) <= 8 N <= 64 = keys.len().
@@ -1094,7 +1110,7 @@ unsafe fn rank_sort<const N: usize, C: Copy + Default>(row: &mut [u32], with: &m
     }
     let mut ranks = [0u32; 64];
     for (i, r) in rank.iter().enumerate() {
-        // SAFETY: as for the loads.
+        // SAFETY: as for the keys' stores.
         unsafe { _mm256_storeu_si256(ranks.as_mut_ptr().add(8 * i) as *mut __m256i, *r) };
     }
     // The k keys are distinct, so their ranks are 0..k, each once: a permutation.
