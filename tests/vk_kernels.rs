@@ -171,14 +171,15 @@ fn buffers_mapped_upload_download_and_staging_copies() {
 }
 
 /// `Context::transfer_bandwidth` (the transfer bound of bench/run.py gpu): an exactly
-/// checked round trip and finite positive rates, on the mapped path and, in a child
+/// checked round trip (serial, and through the link's copies on every queue) and finite
+/// positive rates, on the mapped path and, in a child
 /// process with SIMJOIN_GPU_STAGING=1, through pinned buffers and queue copies.
 #[test]
 fn transfer_bandwidth_round_trip() {
     let ctx = shared_context();
     let b = ctx.transfer_bandwidth(3 << 20, 2).unwrap();
     assert_eq!(b.bytes, 3 << 20);
-    for rate in [b.upload, b.download] {
+    for rate in [b.upload, b.download, b.link_up, b.link_down] {
         assert!(rate.is_finite() && rate > 0.0, "{b:?}");
     }
     assert_no_validation_errors();

@@ -10,8 +10,12 @@
 #   bash bench/device/run.sh stress         the test binaries repeatedly (STRESS_RUNS, STRESS_JOBS)
 #   bash bench/device/run.sh tests bench low    steps run in order, in one call
 # Sizes, selectivities and repeats: SIZES (default 2000000,10000000 for low, 2000000 for
-# high), SEL (10,100 low; 1,10,100 high), REPEATS (2), RUN_TIMEOUT per run (300 s: GDS-Join parses a CSV each run);
-# TESTS="gpu_join vk_kernels" runs only those test binaries.
+# high), SEL (10,100 low; 1,10,100 high), WORKLOADS (a comma list), REPEATS (2), RUN_TIMEOUT
+# per run (300 s: GDS-Join parses a CSV each run); each row runs simjoin on the GPU, its CPU
+# backend (WITH_CPU=0: not), `auto` (WITH_AUTO=0: not) and GDS-Join (WITH_GDS=0: not), and
+# `high` the GPU filter's tiles forced off and on (COMPARE_TILES=0: not). BANDWIDTH_MIB
+# (1024): the link measurement's size. TESTS="gpu_join vk_kernels" runs only those test
+# binaries, TEST_JOBS (6) at a time.
 # Off the device (lavapipe, no nvcc) the same steps run as a rehearsal with small SIZES.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,17 +68,27 @@ failed=0
 # Seconds since $1 (date +%s.%N), without bc (the device image may lack it).
 since() { awk -v a="$(date +%s.%N)" -v b="$1" 'BEGIN { printf "%.1f", a - b }'; }
 run_tests() {
-  say "tests: GPU test binaries, SIMJOIN_VALIDATION=1 (a validation error fails a test)"
-  local sum=$OUT/tests-summary.txt
+  # TEST_JOBS binaries at once (their GPU work is small; the validation layer's CPU work is
+  # what takes the time): the first H100 run took 4.3 minutes one after another.
+  local jobs=${TEST_JOBS:-6} sum=$OUT/tests-summary.txt
+  say "tests: GPU test binaries, SIMJOIN_VALIDATION=1 (a validation error fails a test), $jobs at a time"
+  mkdir -p "$OUT/tests"
   for t in $kit/tests/*; do
-    local name t0 rc
-    name=$(basename "$t"); t0=$(date +%s.%N)
-    if [ -n "${TESTS:-}" ] && [[ " $TESTS " != *" $name "* ]]; then continue; fi
-    SIMJOIN_VALIDATION=1 timeout "${TEST_TIMEOUT:-300}" "$t" -q >>"$OUT/tests.log" 2>&1
-    rc=$?
-    printf '%-20s rc=%-3s %6.1f s\n' "$name" $rc "$(since "$t0")" | tee -a "$sum" "$log"
-    [ $rc -eq 0 ] || { failed=$((failed + 1)); grep -E "^test .* FAILED|panicked|VUID|error" "$OUT/tests.log" | tail -20 >>"$log"; }
-  done
+    if [ -z "${TESTS:-}" ] || [[ " $TESTS " == *" $(basename "$t") "* ]]; then echo "$t"; fi
+  done | xargs -P "$jobs" -I{} bash -c 'name=$(basename "$1"); t0=$(date +%s.%N)
+    SIMJOIN_VALIDATION=1 timeout "${TEST_TIMEOUT:-300}" "$1" -q >"$2/tests/$name.log" 2>&1; rc=$?
+    printf "%-20s rc=%-3s %6.1f s\n" "$name" $rc "$(awk -v a="$(date +%s.%N)" -v b="$t0" "BEGIN { printf \"%.1f\", a - b }")"' _ {} "$OUT" |
+    tee -a "$sum" "$log"
+  local bad
+  bad=$(grep -vc "rc=0 " "$sum")
+  if [ "$bad" -gt 0 ]; then
+    failed=$((failed + 1))
+    for f in "$OUT"/tests/*.log; do
+      grep -E "^test .* FAILED|panicked|VUID|error" "$f" | tail -8 | sed "s|^|$(basename "$f" .log): |" >>"$log"
+    done
+  fi
+  # One file back instead of a folder of logs (the tool returns at most 8 files).
+  tail -n 40 "$OUT"/tests/*.log >"$OUT/tests.log" 2>/dev/null; rm -rf "$OUT/tests"
 }
 
 run_stress() {
@@ -99,11 +113,14 @@ run_stress() {
 run_bench() {
   local which=$1 workloads sizes sel extra=()
   case $which in
-    low) workloads=uniform-2d,uniform-6d sizes=${SIZES:-2000000,10000000} sel=${SEL:-10,100} ;;
-    high) workloads=expo-16d,expo-32d,expo-64d sizes=${SIZES:-2000000} sel=${SEL:-1,10,100} extra=(--compare-tiles) ;;
+    low) workloads=${WORKLOADS:-uniform-2d,uniform-6d} sizes=${SIZES:-2000000,10000000} sel=${SEL:-10,100} ;;
+    high) workloads=${WORKLOADS:-expo-16d,expo-32d,expo-64d} sizes=${SIZES:-2000000} sel=${SEL:-1,10,100}
+      [ "${COMPARE_TILES:-1}" = 1 ] && extra=(--compare-tiles) ;;
     *) echo "bench: low or high, not '$which'" >&2; return 2 ;;
   esac
-  if [ -d $kit/gds-join ] && command -v nvcc >/dev/null; then
+  if [ "${WITH_GDS:-1}" != 1 ]; then
+    say "bench $which: GDS-Join not asked for (WITH_GDS=0)"
+  elif [ -d $kit/gds-join ] && command -v nvcc >/dev/null; then
     extra+=(--gds-join $kit/gds-join)
   else
     say "bench $which: no nvcc or no GDS-Join sources here: simjoin alone"
@@ -111,8 +128,11 @@ run_bench() {
   local device=${DEVICE:-NVIDIA}
   [ -n "${DEVICE:-}" ] || $kit/simjoin info 2>/dev/null | grep -q NVIDIA || device=0
   say "bench $which: $workloads at $sizes, selectivities $sel, device $device"
+  [ "${WITH_CPU:-1}" = 1 ] && extra+=(--with-cpu)
+  [ "${WITH_AUTO:-1}" = 1 ] && extra+=(--with-auto)
   PYTHONUNBUFFERED=1 python3 bench/run.py gpu --device "$device" --simjoin-bin $kit/simjoin --no-build \
-    --data-dir /tmp/simjoin-data --out "$OUT/bench-$which" --workloads $workloads --sizes "$sizes" \
+    --bandwidth-mib "${BANDWIDTH_MIB:-1024}" \
+    --data-dir /tmp/simjoin-data --out "$OUT/bench-$which${TAG:+-$TAG}" --workloads $workloads --sizes "$sizes" \
     --selectivities "$sel" --repeats "${REPEATS:-2}" --timeout "${RUN_TIMEOUT:-300}" "${extra[@]}" 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 }

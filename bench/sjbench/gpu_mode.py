@@ -57,8 +57,12 @@ def run_gpu_mode(args) -> int:
     if args.with_cpu:
         systems.append(System("simjoin-cpu", "simjoin CPU", True, True,
                               lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "cpu", "auto")))  # fmt: skip
+    if args.with_auto:
+        # The engine's own choice (the device named as for the GPU rows, so auto can pick it).
+        systems.append(System("simjoin-auto", "simjoin auto", True, True,
+                              lambda d, e, r, t: run_simjoin_cli(binary, d, e, r, t, "auto", "auto", device=args.device)))  # fmt: skip
     # The transfer bound: result bytes over the measured device -> host bandwidth.
-    bandwidth = measure_bandwidth(binary, args.device)
+    bandwidth = measure_bandwidth(binary, args.device, args.bandwidth_mib)
     log(f"bandwidth: {bandwidth}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,19 +126,32 @@ def run_gpu_mode(args) -> int:
                 points.append({"eps": eps, "pairs": reference,
                                "selectivity": wl.selectivity(reference, n) if reference is not None else None,
                                "systems": rows})  # fmt: skip
-            results["workloads"].append({"workload": w.name, "description": w.describe(), "dim": w.dim, "n": n, "points": points})
+                # Written after every point: a run stopped at its time limit keeps what it measured.
+                write_results(out, device, args, results, [*results["workloads"], partial(w, n, points)])
+            results["workloads"].append(partial(w, n, points))
             if not args.keep_data:
                 path.unlink(missing_ok=True)
                 path.with_suffix(".csv").unlink(missing_ok=True)  # GDS-Join's copy
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", (device or {}).get("name", args.device)).strip("-").lower()
-    (out / f"gpu-{slug}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / f"gpu-{slug}.md").write_text(gpu_markdown(results))
+    slug = write_results(out, device, args, results, results["workloads"])
     log(f"done in {results['elapsed_s']} s; wrote {out}/gpu-{slug}.json and .md")
     # A wrong count of simjoin's fails the run; GDS-Join's boundary test (sqrt(d^2) <= eps)
     # may count points at exactly eps differently, which the tables show.
     return 1 if any(r.get("agrees") is False for w in results["workloads"] for p in w["points"]
                     for key, r in p["systems"].items() if key != "gds-join") else 0  # fmt: skip
+
+
+def partial(w, n: int, points: list) -> dict:
+    return {"workload": w.name, "description": w.describe(), "dim": w.dim, "n": n, "points": points}
+
+
+def write_results(out: Path, device: dict | None, args, results: dict, workloads: list) -> str:
+    """Writes gpu-<device>.json and .md under `out`; returns the file name's device part."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", (device or {}).get("name", args.device)).strip("-").lower()
+    shown = dict(results, workloads=workloads)
+    (out / f"gpu-{slug}.json").write_text(json.dumps(shown, indent=1) + "\n")
+    (out / f"gpu-{slug}.md").write_text(gpu_markdown(shown))
+    return slug
 
 
 def transfer_bound(row: dict, bandwidth: dict | None) -> float | None:
@@ -151,14 +168,18 @@ def gpu_markdown(results: dict) -> str:
     lines = [f"# simjoin GPU mode on {dev['name']}", "",
              f"{m['date_utc']}, host `{m['host']}` ({m['cpu']}, {m['cores']} cores), simjoin `{m['simjoin_commit']}`, "
              f"{results['options'].get('precision', 'f64')} coordinates. "
-             f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it, "
+             f"Median of {results['options']['repeats']} runs; `seconds` = the join as `--stats` reports it "
+             f"plus, for sorted output, the in-memory sort's finish (every pair in memory, in order), "
              f"`wall` = the whole CLI process (.npy load and Vulkan start-up included). "
              f"GDS-Join rows (where run): `seconds` = its index build + the time it reports, the same span as simjoin's; "
              f"`wall` = its whole process (CSV import and CUDA start-up included).", ""]  # fmt: skip
     bw = results.get("bandwidth")
     if bw:
         lines += [f"Measured copy bandwidth (`simjoin info --bandwidth {bw['mib']}`): host->device {bw['upload_gbps']} GB/s, "
-                  f"device->host {bw['download_gbps']} GB/s. `bound` = the join's bytes from the device at that rate; "
+                  f"device->host {bw['download_gbps']} GB/s (the link: pinned buffers, copies in flight on every queue"
+                  + (f"; a serial round trip, one copy then one thread reading: {bw['serial_upload_gbps']} / {bw['serial_download_gbps']} GB/s"
+                     if "serial_download_gbps" in bw else "")
+                  + "). `bound` = the join's bytes from the device at that rate; "
                   f"`x bound` = seconds / bound.", ""]  # fmt: skip
     for w in results["workloads"]:
         lines += [f"## {w['workload']}: {w['description']}, n = {w['n']:,}", "",
@@ -171,6 +192,8 @@ def gpu_markdown(results: dict) -> str:
                     lines.append(f"| {p['eps']:g} | {sel} | {pairs} | {key} | {r['status']} | | | | | | | {r['message']} |")
                     continue
                 phases = "; ".join(f"{name} {secs:.3g}" for name, secs in r.get("phases", []))
+                if key == "simjoin-auto":
+                    phases = f"{auto_verdict(p['systems'])}; {phases}"
                 agree = "" if r.get("agrees", True) else " **WRONG COUNT**"
                 if key == "gds-join":
                     agree = f" ({r['deviation']:+,} vs simjoin)" if r.get("deviation") else ""
@@ -183,12 +206,23 @@ def gpu_markdown(results: dict) -> str:
                          if "bytes_to_device" in r else "")  # fmt: skip
                 b = r.get("transfer_bound_s")
                 bound, x_bound = (f"{b:.3g}", f"{r['median'] / b:.3g}") if b else ("", "")
-                shown = "GDS-Join (CUDA)" if key == "gds-join" else r.get("device", key) + {"simjoin-gpu-untiled": " (filter untiled)", "simjoin-gpu-tiled": " (filter tiled)"}.get(key, "")
+                shown = "GDS-Join (CUDA)" if key == "gds-join" else r.get("device", key) + {"simjoin-gpu-untiled": " (filter untiled)", "simjoin-gpu-tiled": " (filter tiled)", "simjoin-auto": " (auto)", "simjoin-cpu": " (cpu)"}.get(key, "")
                 lines.append(f"| {p['eps']:g} | {sel} | {r['pairs']:,}{agree} | {shown} | "
                              f"{r['median']:.3g} | {r.get('wall_median', 0):.3g} | {r.get('batches', '')} | "
                              f"{moved} | {bound} | {x_bound} | {overlap(r.get('notes', []))} | {phases} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def auto_verdict(rows: dict) -> str:
+    """How `auto` did against the faster of the GPU and CPU rows of the same point."""
+    times = {k: rows[k]["median"] for k in ("simjoin-gpu", "simjoin-cpu", "simjoin-auto")
+             if k in rows and rows[k]["status"] == "ok"}  # fmt: skip
+    if len(times) < 3:
+        return "auto: no comparison (a row is missing)"
+    best = min(times["simjoin-gpu"], times["simjoin-cpu"])
+    ran = rows["simjoin-auto"].get("backend", "?")
+    return f"auto ran {ran}: {times['simjoin-auto'] / best:.2f}x the faster backend"
 
 
 def overlap(notes: list[str]) -> str:

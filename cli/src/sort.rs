@@ -88,9 +88,17 @@ impl ExternalSort {
     }
 
     /// Hands every pair, sorted, to `out` in batches.
-    pub fn finish(mut self, mut out: impl FnMut(&[Pair]) -> Result<()>) -> Result<()> {
+    /// Writes the pairs to `out` in order; `sort_seconds` gets the time the in-memory sort
+    /// took to finish (before any pair is written), when no run was spilled.
+    pub fn finish(
+        mut self,
+        mut out: impl FnMut(&[Pair]) -> Result<()>,
+        sort_seconds: &mut f64,
+    ) -> Result<()> {
         if self.runs.is_empty() {
+            let t = std::time::Instant::now();
             let sorted = self.sorter.finish()?;
+            *sort_seconds = t.elapsed().as_secs_f64();
             return sorted.chunks(OUT_BATCH).try_for_each(out);
         }
         if !self.sorter.is_empty() {
@@ -268,11 +276,14 @@ mod tests {
             let expect_runs = if n > cap { n.div_ceil(cap) - 1 } else { 0 };
             assert_eq!(sort.runs(), expect_runs, "n {n} budget {budget}");
             let mut got = Vec::new();
-            sort.finish(|b| {
-                assert!(b.len() <= OUT_BATCH);
-                got.extend_from_slice(b);
-                Ok(())
-            })
+            sort.finish(
+                |b| {
+                    assert!(b.len() <= OUT_BATCH);
+                    got.extend_from_slice(b);
+                    Ok(())
+                },
+                &mut 0.0,
+            )
             .unwrap();
             assert!(got == want, "n {n} budget {budget} fan-in {fan_in}");
             assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
@@ -301,10 +312,13 @@ mod tests {
             pool.install(|| sort.push(&pairs)).unwrap();
             assert_eq!(sort.runs(), runs);
             let mut got = Vec::new();
-            sort.finish(|b| {
-                got.extend_from_slice(b);
-                Ok(())
-            })
+            sort.finish(
+                |b| {
+                    got.extend_from_slice(b);
+                    Ok(())
+                },
+                &mut 0.0,
+            )
             .unwrap();
             assert!(got == want, "n {n}");
         }

@@ -443,9 +443,10 @@ fn info_names_the_auto_backend() {
             .find(|l| l.starts_with("bandwidth on "))
             .unwrap_or_else(|| panic!("no bandwidth line: {out}"));
         assert!(
-            line.contains("GB/s, device->host") && line.ends_with("(4 MiB, best of 3)"),
+            line.contains("GB/s, device->host") && line.contains("(4 MiB, best of 3; the link"),
             "{line}"
         );
+        assert!(out.contains("serial round trip on "), "{out}");
     }
 }
 

@@ -62,24 +62,31 @@ impl Context {
     }
 }
 
-/// Copy bandwidth between host memory and a device, as a join's transfers meet it.
+/// Copy bandwidth between host memory and a device.
 #[derive(Clone, Copy, Debug)]
 pub struct Bandwidth {
     /// Bytes moved per measurement.
     pub bytes: u64,
-    /// Host -> device: a host array into a device-local buffer (written in place where
-    /// device memory is mapped, else through a pinned buffer and a copy), bytes per second.
+    /// The link: large copies between pinned host buffers and device memory, several in
+    /// flight on every queue the context has (the transfer queue and the compute queues),
+    /// submit of the first to completion of the last, bytes per second each way. What the
+    /// link carries, and so the bound on a join's transfers. Where device memory is mapped
+    /// (unified memory) nothing crosses a link: the figures are a host memcpy's.
+    pub link_up: f64,
+    pub link_down: f64,
+    /// A serial round trip, as a naive read-back meets it: one copy, a wait, then one host
+    /// thread reading the pinned buffer into a fresh array (written in place and read in
+    /// place where device memory is mapped), bytes per second.
     pub upload: f64,
-    /// Device -> host: a device-local buffer into a host array, the way join results come
-    /// back (read in place where mapped, else copied into a pinned buffer and read from
-    /// there), bytes per second.
     pub download: f64,
 }
 
+/// Copies in flight per queue in the link measurement, and their size at most.
+const LINK_CHUNK: u64 = 32 << 20;
+
 impl Context {
     /// Measures [`Bandwidth`] with buffers of `bytes`, best of `reps` (buffers allocated
-    /// outside the timing, as a join's three result slots are). The bound a join's
-    /// transfers cannot beat: its bytes over these rates.
+    /// outside the timing, as a join's result slots are).
     pub fn transfer_bandwidth(self: &Arc<Self>, bytes: u64, reps: usize) -> Result<Bandwidth> {
         let bytes = bytes.max(4) & !3;
         let words = (bytes / 4) as usize;
@@ -127,12 +134,83 @@ impl Context {
                 return Err(anyhow::anyhow!("the bandwidth probe read back other data").into());
             }
         }
+        let (link_up, link_down) = match &pinned {
+            Some((upload, readback)) => {
+                let mut streams = (0..self.compute_queue_count())
+                    .map(|i| Stream::new(self, i))
+                    .collect::<Result<Vec<_>>>()?;
+                if self.has_transfer_queue() {
+                    streams.push(Stream::transfer(self)?);
+                }
+                let (mut lu, mut ld) = (f64::INFINITY, f64::INFINITY);
+                let mut after = Vec::new();
+                for _ in 0..reps.max(1) {
+                    lu = lu.min(link_copies(
+                        &mut streams,
+                        upload,
+                        &device,
+                        bytes,
+                        &mut after,
+                    )?);
+                    ld = ld.min(link_copies(
+                        &mut streams,
+                        &device,
+                        readback,
+                        bytes,
+                        &mut after,
+                    )?);
+                }
+                if readback.read_vec::<u32>(0, words)? != host {
+                    return Err(anyhow::anyhow!("the link probe read back other data").into());
+                }
+                (bytes as f64 / lu, bytes as f64 / ld)
+            }
+            None => (bytes as f64 / up, bytes as f64 / down),
+        };
         Ok(Bandwidth {
             bytes,
+            link_up,
+            link_down,
             upload: bytes as f64 / up,
             download: bytes as f64 / down,
         })
     }
+}
+
+/// Seconds to copy `bytes` from `src` to `dst` in chunks of at most LINK_CHUNK dealt round
+/// the streams, all submitted before any is waited for. Each stream first waits for
+/// `after` (the previous measurement's copies, whose writes these copies read).
+fn link_copies(
+    streams: &mut [Stream],
+    src: &Arc<Buffer>,
+    dst: &Arc<Buffer>,
+    bytes: u64,
+    after: &mut Vec<Ticket>,
+) -> Result<f64> {
+    for s in streams.iter_mut() {
+        for t in after.iter() {
+            s.wait_for(t);
+        }
+    }
+    let chunk = LINK_CHUNK.min(bytes.div_ceil(streams.len() as u64).next_multiple_of(4));
+    let t = std::time::Instant::now();
+    let mut tickets = Vec::new();
+    let mut offset = 0;
+    let mut k = 0;
+    while offset < bytes {
+        let len = chunk.min(bytes - offset);
+        let s = &mut streams[k % streams.len()];
+        s.copy(src, offset, dst, offset, len)?;
+        tickets.push(s.submit()?);
+        offset += len;
+        k += 1;
+    }
+    for t in &tickets {
+        t.wait()?;
+    }
+    let seconds = t.elapsed().as_secs_f64();
+    *after = tickets;
+    Ok(seconds)
 }
 
 /// The uploads of one job: device-local buffers filled from host data, written in place
