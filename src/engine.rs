@@ -56,6 +56,8 @@ pub struct Engine {
 struct Gpu {
     backend: Box<dyn JoinBackend>,
     software: bool,
+    /// Seconds opening the device took (reported by the join that opened it).
+    open_seconds: f64,
 }
 
 impl Default for Engine {
@@ -119,8 +121,14 @@ impl Engine {
         self.gpu
             .get_or_init(|| {
                 #[cfg(feature = "gpu")]
-                return crate::gpu::open(&self.options)
-                    .map(|(backend, software)| Gpu { backend, software });
+                {
+                    let t = Instant::now();
+                    return crate::gpu::open(&self.options).map(|(backend, software)| Gpu {
+                        backend,
+                        software,
+                        open_seconds: t.elapsed().as_secs_f64(),
+                    });
+                }
                 #[cfg(not(feature = "gpu"))]
                 Err(Error::new(
                     ErrorKind::NoDevice,
@@ -434,6 +442,7 @@ impl Engine {
             b: b.copied(),
             opts,
         };
+        let opened_before = self.gpu.get().is_some();
         let mut report = match opts.backend {
             Backend::Cpu => self.cpu.run(&job, sink)?,
             // On the engine's threads: the GPU backend pushes batches to a sink's parts
@@ -455,6 +464,14 @@ impl Engine {
                 _ => self.cpu.run(&job, sink)?,
             },
         };
+        if let (false, Some(Ok(gpu)), "vulkan") =
+            (opened_before, self.gpu.get(), report.backend.as_str())
+        {
+            // This call opened the device: a long-lived caller pays it once.
+            report
+                .phases
+                .insert(0, ("device open (host clock)".into(), gpu.open_seconds));
+        }
         report.seconds = start.elapsed().as_secs_f64();
         Ok(report)
     }

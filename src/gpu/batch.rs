@@ -69,6 +69,8 @@ enum SlotState {
 #[derive(Default)]
 pub(super) struct Times {
     pub upload: f64,
+    /// Kernel creation and the result slots' allocation.
+    pub setup: f64,
     pub estimate: f64,
     pub wait_search: f64,
     pub download: f64,

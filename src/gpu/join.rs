@@ -314,6 +314,7 @@ where
     if tiling.is_some() {
         prepared.flags |= flags::FLAG_TILE;
     }
+    let t_setup = Instant::now();
     let kernel = join_kernel::<T>(
         ctx,
         algorithm,
@@ -339,6 +340,7 @@ where
         n_samples,
         counting,
     )?;
+    times.setup = t_setup.elapsed().as_secs_f64();
     // The first searches start on the device once the uploads have landed.
     wait_for(&mut slots, &prepared.ready);
     let thr: T = threshold(opts.metric, opts.eps);
@@ -496,7 +498,12 @@ fn phases(
     if let Some(g) = gpu_index_build {
         p.push(("index build kernels (GPU clock)".into(), g));
     }
-    p.extend([("upload: staging writes (host clock)".into(), t.upload)]);
+    p.extend([
+        ("upload: staging writes (host clock)".into(), t.upload),
+        // The kernel's pipeline (the driver's compile, cached after the first), the
+        // timer, and the result slots' device and pinned buffers.
+        ("kernel and result buffers (host clock)".into(), t.setup),
+    ]);
     if let Some(g) = gpu_upload {
         // 0 where the device maps its memory: the data was written in place.
         p.push(("upload copies (GPU clock)".into(), g));
