@@ -461,14 +461,19 @@ fn write_join(
             },
         };
         let mut sort = sort::ExternalSort::new(budget, &spill_dir, a.len(), b.unwrap_or(a).len());
-        let report = stream_join(engine, a, b, opts, |chunk| {
+        // The sort is the join's sink itself, not behind a queue: a GPU batch arrives as one
+        // large chunk, which the sort buckets from every engine thread at once (through a
+        // queue of small pieces one thread bucketed them all: 4.6 s of a 6.0 s join of
+        // 503M pairs on an H100's 16-core host, 2026-11-26).
+        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
             found += chunk.len();
             progress.pairs_so_far(found);
-            let t = Instant::now();
-            sort.push(&chunk)?;
-            seconds += t.elapsed().as_secs_f64();
-            Ok(())
-        })?;
+            sort.push(chunk)
+        };
+        let report = match b {
+            None => engine.self_join_stream(a, opts, &mut sink),
+            Some(b) => engine.join_stream(a, b, opts, &mut sink),
+        }?;
         let t = Instant::now();
         let runs = sort.runs();
         sort.finish(&mut emit, &mut sort_seconds)?;

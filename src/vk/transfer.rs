@@ -135,7 +135,12 @@ impl Context {
             }
         }
         let (link_up, link_down) = match &pinned {
-            Some((upload, readback)) => {
+            Some((_, readback)) => {
+                // Both directions from and to host memory: an upload buffer may be
+                // device-local memory the host maps (resizable BAR, as on the H100), where
+                // a copy from it never crosses the link.
+                let upload = &Buffer::new(self, bytes, Memory::Readback, "link probe source")?;
+                upload.write(0, &host)?;
                 let mut streams = (0..self.compute_queue_count())
                     .map(|i| Stream::new(self, i))
                     .collect::<Result<Vec<_>>>()?;
