@@ -45,3 +45,71 @@ fn staged_results_match_the_oracle() {
     }
     assert_no_validation_errors();
 }
+
+/// The engine keeps its result slots (device result buffers, pinned read-back buffers)
+/// between joins: a repeated join reuses them, a join needing another size or kind
+/// allocates anew, and every result stays exact through the reuse.
+#[test]
+fn result_slots_are_reused_between_joins() {
+    common::gpu_test_setup();
+    std::env::set_var("SIMJOIN_GPU_STAGING", "1");
+    let engine = Engine::new();
+    let mut state = 777u64;
+    let mut points = |n: usize, dim: usize| -> Vec<f32> {
+        (0..n * dim)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (state >> 40) as f32 / (1u64 << 24) as f32
+            })
+            .collect()
+    };
+    let (x2, x5) = (points(700, 2), points(400, 5));
+    let small = Dataset::from_f32(&x2, 2).unwrap();
+    let wide = Dataset::from_f32(&x5, 5).unwrap();
+    let reused = |r: &simjoin::JoinReport| {
+        let note = r
+            .notes
+            .iter()
+            .find(|n| n.starts_with("result slots: "))
+            .unwrap_or_else(|| panic!("no slots note: {:?}", r.notes));
+        note.contains("kept from")
+    };
+    let opts = |buffer: Option<usize>, output: OutputForm| {
+        let mut o = JoinOptions::new(0.07);
+        o.backend = Backend::Gpu;
+        o.algorithm = Algorithm::Grid;
+        o.sorted = true;
+        o.result_buffer_pairs = buffer;
+        o.output = output;
+        o
+    };
+    // (data, result buffer, output, expect reuse)
+    let steps = [
+        (&small, Some(200), OutputForm::Pairs, false),
+        (&small, Some(200), OutputForm::Pairs, true),
+        (&wide, Some(200), OutputForm::Pairs, true),
+        (&small, Some(300), OutputForm::Pairs, false),
+        (&small, Some(300), OutputForm::Count, false),
+        (&small, Some(300), OutputForm::Pairs, false),
+        (&small, None, OutputForm::Pairs, false),
+        // Fewer queries than the kept slots hold: reused.
+        (&wide, None, OutputForm::Pairs, true),
+    ];
+    for (k, (data, buffer, output, expect)) in steps.into_iter().enumerate() {
+        let want = oracle::self_join(data, Metric::Euclidean, 0.07);
+        let got = engine.self_join(data, &opts(buffer, output)).unwrap();
+        match output {
+            OutputForm::Count => assert_eq!(got.count(), want.len() as u64, "step {k}"),
+            _ => assert_eq!(got.pairs().unwrap(), &want[..], "step {k}"),
+        }
+        assert_eq!(
+            reused(&got.report),
+            expect,
+            "step {k}: {:?}",
+            got.report.notes
+        );
+    }
+    assert_no_validation_errors();
+}

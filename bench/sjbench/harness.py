@@ -354,6 +354,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--with-auto", action="store_true",
                      help="also run simjoin with --backend auto (the engine's own choice of CPU or GPU)")  # fmt: skip
     gpu.add_argument("--bandwidth-mib", type=int, default=256, help="transfer size of the link measurement")
+    gpu.add_argument("--in-process-repeat", type=int, default=2,
+                     help="joins per simjoin process, the last timed (1: a fresh process's join, after a warm-up process)")  # fmt: skip
     gpu.add_argument("--compare-tiles", action="store_true",
                      help="also run the GPU join with the filter's shared-memory tiles off and on (SIMJOIN_GPU_TILE=0, 1)")  # fmt: skip
     gpu.add_argument("--gds-join", metavar="DIR",

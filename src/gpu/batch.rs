@@ -167,17 +167,66 @@ fn new_slot(
     })
 }
 
-/// The three slots. Result-buffer capacity: the user's, else the default within the binding
-/// limit. On device out-of-memory, the result buffers and the batch size (query states)
-/// are halved, down to MIN_RESULT_PAIRS pairs and `min_points` queries, before giving up.
-/// Returns the slots, the capacity and the most queries per batch.
+/// Result slots kept between joins: one set of [`SLOTS`], the last one given back (an
+/// idle engine holds it, up to 3 result buffers on the device and 3 pinned on the host,
+/// 128 MiB each by default, until it is dropped or a join needs another size).
+#[derive(Default)]
+pub(crate) struct SlotPool {
+    kept: std::sync::Mutex<Option<KeptSlots>>,
+}
+
+struct KeptSlots {
+    slots: Vec<Slot>,
+    capacity: u32,
+    max_points: usize,
+    counting: bool,
+}
+
+impl SlotPool {
+    /// Keeps `slots` (every one idle: their batches have been waited for) for the next join.
+    pub(super) fn give(&self, slots: Vec<Slot>, capacity: u32, max_points: usize, counting: bool) {
+        if slots.iter().all(|s| matches!(s.state, SlotState::Free)) {
+            let kept = KeptSlots {
+                slots,
+                capacity,
+                max_points,
+                counting,
+            };
+            *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+        }
+    }
+
+    /// The kept set, when it has this `capacity`, room for `max_points` queries and the
+    /// same kind (`counting`).
+    fn take(&self, capacity: u32, max_points: usize, counting: bool) -> Option<(Vec<Slot>, usize)> {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        match kept.as_ref() {
+            Some(k)
+                if k.capacity == capacity
+                    && k.max_points >= max_points
+                    && k.counting == counting =>
+            {
+                kept.take().map(|k| (k.slots, k.max_points))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The three slots, from `pool` where it keeps a set that fits. Result-buffer capacity:
+/// the user's, else the default within the binding limit. On device out-of-memory, the
+/// kept set is dropped, then the result buffers and the batch size (query states) are
+/// halved, down to MIN_RESULT_PAIRS pairs and `min_points` queries, before giving up.
+/// Returns the slots, the capacity, the most queries per batch and whether the slots were
+/// kept from an earlier join.
 pub(super) fn make_slots(
     ctx: &Arc<Context>,
+    pool: &SlotPool,
     requested: Option<usize>,
     mut max_points: usize,
     min_points: usize,
     counting: bool,
-) -> Result<(Vec<Slot>, u32, usize)> {
+) -> Result<(Vec<Slot>, u32, usize, bool)> {
     let limit_pairs = ctx.limits().max_storage_buffer_range / 8;
     let mut capacity = match requested {
         Some(c) => (c as u64).min(limit_pairs),
@@ -185,12 +234,17 @@ pub(super) fn make_slots(
     }
     .min(u32::MAX as u64 / 2)
     .max(1);
+    if let Some((slots, kept_points)) = pool.take(capacity as u32, max_points, counting) {
+        return Ok((slots, capacity as u32, kept_points, true));
+    }
+    // A kept set of another size gives its memory back first.
+    pool.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
     loop {
         match (0..SLOTS)
             .map(|i| new_slot(ctx, i, capacity, max_points, counting))
             .collect::<Result<Vec<_>>>()
         {
-            Ok(slots) => return Ok((slots, capacity as u32, max_points)),
+            Ok(slots) => return Ok((slots, capacity as u32, max_points, false)),
             Err(e)
                 if e.kind() == ErrorKind::OutOfDeviceMemory
                     && (capacity > MIN_RESULT_PAIRS || max_points > min_points) =>

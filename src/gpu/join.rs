@@ -4,18 +4,21 @@
 //! the filter runs in shared-memory tiles) and brute_join_*.comp;
 //! their interface is `interface.rs`.
 
-use super::batch::{estimate, make_slots, run_batches, wait_for, Counts, Run, Times, TIMER_SLOTS};
+use super::batch::{
+    estimate, make_slots, run_batches, wait_for, Counts, Run, Times, SLOTS, TIMER_SLOTS,
+};
 use super::device_data::{prepare_brute, prepare_grid, Link, Prepared};
 use super::dot_filter::{self, Tiling};
 use super::interface::{binding, flags, JoinParams};
 use super::plan::estimate_stride;
+use super::Pools;
 use crate::backend::Job;
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::metric::{reject_threshold, threshold, Coord};
 use crate::options::Algorithm;
 use crate::result::{JoinReport, PairSink};
-use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec, StagingPool, Uploads};
+use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec, Uploads};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,27 +37,28 @@ const TINY_PAIRS: u64 = 4096;
 /// this divided by the workgroup size, and stops and resumes in the next dispatch.
 const LOOP_BUDGET: u32 = 56_000;
 
-/// Runs `job` on `ctx`; uploads go through staging buffers from `staging`.
+/// Runs `job` on `ctx`; uploads go through staging buffers from `pools`, whose result
+/// slots the batches reuse.
 pub(crate) fn run(
     ctx: &Arc<Context>,
-    staging: &Arc<StagingPool>,
+    pools: &Pools,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
 ) -> Result<JoinReport> {
-    by_precision(ctx, staging, job, sink, Extra::None)
+    by_precision(ctx, pools, job, sink, Extra::None)
 }
 
 /// `run_typed` in the jobs' coordinate type (f64 only where the device has shaderFloat64).
 fn by_precision(
     ctx: &Arc<Context>,
-    staging: &Arc<StagingPool>,
+    pools: &Pools,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
     extra: Extra,
 ) -> Result<JoinReport> {
     match (job.a.coords(), job.b.map(|b| b.coords())) {
         (Coords::F32(_), None) | (Coords::F32(_), Some(Coords::F32(_))) => {
-            run_typed::<f32>(ctx, staging, job, sink, extra)
+            run_typed::<f32>(ctx, pools, job, sink, extra)
         }
         (Coords::F64(_), None) | (Coords::F64(_), Some(Coords::F64(_))) => {
             if !ctx.features().shader_float64 {
@@ -63,7 +67,7 @@ fn by_precision(
                     ctx.device_name()
                 )));
             }
-            run_typed::<f64>(ctx, staging, job, sink, extra)
+            run_typed::<f64>(ctx, pools, job, sink, extra)
         }
         _ => Err(Error::invalid(
             "A and B must have the same coordinate precision",
@@ -78,7 +82,7 @@ fn by_precision(
 /// count-only form.
 pub(crate) fn neighbour_counts(
     ctx: &Arc<Context>,
-    staging: &Arc<StagingPool>,
+    pools: &Pools,
     job: &Job,
 ) -> Result<Option<(Vec<u32>, JoinReport)>> {
     if job.b.is_some() {
@@ -88,7 +92,7 @@ pub(crate) fn neighbour_counts(
         return Ok(None);
     }
     let mut counts = vec![0u32; job.a.len()];
-    let report = by_precision(ctx, staging, job, None, Extra::Counts(&mut counts))?;
+    let report = by_precision(ctx, pools, job, None, Extra::Counts(&mut counts))?;
     Ok(Some((counts, report)))
 }
 
@@ -100,7 +104,7 @@ pub(crate) fn neighbour_counts(
 /// the point) for the host to finish. `Ok(None)` for LSS (no FLAG_LINK there).
 pub(crate) fn link(
     ctx: &Arc<Context>,
-    staging: &Arc<StagingPool>,
+    pools: &Pools,
     job: &Job,
     core: &[bool],
     sink: &mut dyn PairSink,
@@ -118,7 +122,7 @@ pub(crate) fn link(
         core,
         parent: &mut parent,
     };
-    let report = by_precision(ctx, staging, job, Some(sink), extra)?;
+    let report = by_precision(ctx, pools, job, Some(sink), extra)?;
     Ok(Some((parent, report)))
 }
 
@@ -205,7 +209,7 @@ fn join_kernel<T: Coord>(
 /// `extra` asks for (a self-join's per-point counts, or DBSCAN's links).
 fn run_typed<T: Coord>(
     ctx: &Arc<Context>,
-    staging: &Arc<StagingPool>,
+    pools: &Pools,
     job: &Job,
     sink: Option<&mut dyn PairSink>,
     extra: Extra,
@@ -255,7 +259,7 @@ where
     let mut times = Times::default();
 
     // Indexed set R and query set Q on the device.
-    let uploads = Uploads::new(ctx, staging)?;
+    let uploads = Uploads::new(ctx, &pools.staging)?;
     let mut prepared = match algorithm {
         Algorithm::Grid => prepare_grid::<T>(ctx, uploads, job, &mut report, &mut times.upload)?,
         _ => prepare_brute::<T>(uploads, job, &mut times.upload)?,
@@ -333,14 +337,23 @@ where
     let timer = GpuTimer::new(ctx, TIMER_SLOTS).ok();
     let gpu_clock = timer.as_ref().map(|_| 0.0);
     (times.gpu_search, times.gpu_estimate, times.gpu_copies) = (gpu_clock, gpu_clock, gpu_clock);
-    let (mut slots, capacity, max_points) = make_slots(
+    let (mut slots, capacity, max_points, reused) = make_slots(
         ctx,
+        &pools.slots,
         opts.result_buffer_pairs,
         max_points,
         n_samples,
         counting,
     )?;
     times.setup = t_setup.elapsed().as_secs_f64();
+    report.notes.push(format!(
+        "result slots: {SLOTS} of {capacity} pairs, {}",
+        if reused {
+            "kept from the engine's previous join"
+        } else {
+            "allocated for this join"
+        }
+    ));
     // The first searches start on the device once the uploads have landed.
     wait_for(&mut slots, &prepared.ready);
     let thr: T = threshold(opts.metric, opts.eps);
@@ -405,6 +418,8 @@ where
     ));
     let batches = plan.ranges.len();
     run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)?;
+    // Every batch has completed: the next join reuses the slots.
+    pools.slots.give(slots, capacity, max_points, counting);
 
     if let Some(g) = prepared.dot_cutoff {
         report.notes.push(format!(
