@@ -123,11 +123,11 @@ impl Engine {
                 #[cfg(feature = "gpu")]
                 {
                     let t = Instant::now();
-                    return crate::gpu::open(&self.options).map(|(backend, software)| Gpu {
+                    crate::gpu::open(&self.options).map(|(backend, software)| Gpu {
                         backend,
                         software,
                         open_seconds: t.elapsed().as_secs_f64(),
-                    });
+                    })
                 }
                 #[cfg(not(feature = "gpu"))]
                 Err(Error::new(
