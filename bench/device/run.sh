@@ -133,7 +133,7 @@ run_bench() {
   PYTHONUNBUFFERED=1 python3 bench/run.py gpu --device "$device" --simjoin-bin $kit/simjoin --no-build \
     --bandwidth-mib "${BANDWIDTH_MIB:-1024}" \
     --data-dir /tmp/simjoin-data --out "$OUT/bench-$which${TAG:+-$TAG}" --workloads $workloads --sizes "$sizes" \
-    --selectivities "$sel" --repeats "${REPEATS:-2}" --timeout "${RUN_TIMEOUT:-300}" "${extra[@]}" 2>&1 | tee -a "$log"
+    --selectivities "$sel" --repeats "${REPEATS:-2}" --timeout "${RUN_TIMEOUT:-300}" "${extra[@]}" ${BENCH_EXTRA:-} 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 }
 

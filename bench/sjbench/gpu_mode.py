@@ -30,6 +30,7 @@ def run_gpu_mode(args) -> int:
     # Each simjoin row: two joins in one process, the second timed (warm device, kept
     # buffers), as a library caller sees it; no separate warm-up process.
     cli_runner.IN_PROCESS_REPEAT = args.in_process_repeat
+    cli_runner.VULKAN_WARMUP = not args.no_gpu_warmup
     if not binary.exists():
         log(f"no simjoin binary at {binary}")
         return 2
@@ -44,7 +45,8 @@ def run_gpu_mode(args) -> int:
         # in the same run, beside the default's own choice: from 8 Euclidean dimensions they
         # differ; below they are the same. (The H100's first run, 2026-11-25: tiles 2.4x
         # faster where the rule chose them, untried where it did not.)
-        for key, tile, label in (("untiled", "0", "filter untiled"), ("tiled", "1", "filter tiled")):
+        forced = (("untiled", "0", "filter untiled"), ("tiled", "1", "filter tiled"))
+        for key, tile, label in forced[1:] if args.tiled_only else forced:
             systems.append(System(f"simjoin-gpu-{key}", f"simjoin Vulkan ({args.device}), {label}", True, True,
                                   lambda d, e, r, t, tile=tile: run_simjoin_cli(
                                       binary, d, e, r, t, "gpu", "auto", device=args.device,

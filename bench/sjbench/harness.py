@@ -356,6 +356,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--bandwidth-mib", type=int, default=256, help="transfer size of the link measurement")
     gpu.add_argument("--in-process-repeat", type=int, default=2,
                      help="joins per simjoin process, the last timed (1: a fresh process's join, after a warm-up process)")  # fmt: skip
+    gpu.add_argument("--tiled-only", action="store_true",
+                     help="with --compare-tiles, only the run with the tiles forced on (SIMJOIN_GPU_TILE=1)")  # fmt: skip
+    gpu.add_argument("--no-gpu-warmup", action="store_true",
+                     help="with --in-process-repeat 1, no untimed warm-up process before the GPU rows")  # fmt: skip
     gpu.add_argument("--compare-tiles", action="store_true",
                      help="also run the GPU join with the filter's shared-memory tiles off and on (SIMJOIN_GPU_TILE=0, 1)")  # fmt: skip
     gpu.add_argument("--gds-join", metavar="DIR",
