@@ -231,7 +231,7 @@ impl Engine {
         // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
         let rows_csr = if opts.output == OutputForm::Csr
             && crate::cpu::csr_rows_may_apply(a.dim())
-            && self.runs_on_cpu(opts)
+            && self.runs_on_cpu(a, b, opts)?
             && csr_rows()
         {
             check_join(a, b, opts)?;
@@ -417,14 +417,55 @@ impl Engine {
     }
 
     /// Whether `opts.backend` runs this engine's joins on the CPU backend (`run`'s choice).
-    fn runs_on_cpu(&self, opts: &JoinOptions) -> bool {
-        match opts.backend {
+    fn runs_on_cpu(&self, a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<bool> {
+        Ok(match opts.backend {
             Backend::Cpu => true,
             Backend::Gpu => false,
-            Backend::Auto => !matches!(
-                self.auto_gpu().then(|| self.gpu()),
-                Some(Ok(gpu)) if !gpu.software
-            ),
+            // The CSR's whole rows are the CPU's parallel output: a sink with parts.
+            Backend::Auto => self.auto_route(a, b, opts, true)?.0.is_none(),
+        })
+    }
+
+    /// `Backend::Auto`'s choice for this job: the GPU to run it on, or `None` for the CPU,
+    /// and the cost model's note for the report (`None` when there is no GPU to weigh).
+    /// A software device (lavapipe) is never a candidate, except for tests with
+    /// `SIMJOIN_AUTO_ALLOW_SOFTWARE=1`. The device is opened only if the model picks it.
+    fn auto_route(
+        &self,
+        a: &Dataset,
+        b: Option<&Dataset>,
+        opts: &JoinOptions,
+        parallel_sink: bool,
+    ) -> Result<(Option<&Gpu>, Option<String>)> {
+        let allow_software = std::env::var("SIMJOIN_AUTO_ALLOW_SOFTWARE").is_ok_and(|v| v == "1");
+        let candidate = self.auto_gpu() || (allow_software && self.gpu().is_ok());
+        if !candidate {
+            return Ok((None, None));
+        }
+        let table = crate::auto::CostTable::from_env().map_err(Error::invalid)?;
+        let shape = crate::auto::JobShape {
+            queries: a.len(),
+            indexed: b.map_or(a.len(), |b| b.len()),
+            dim: a.dim(),
+            pairs: crate::auto::estimate_pairs(a, b, opts),
+            output: opts.output,
+            parallel_sink,
+        };
+        let threads = self.cpu.install(rayon::current_num_threads)?;
+        let open = self.gpu.get().is_some_and(|g| g.is_ok());
+        let choice = crate::auto::choose(&table, &shape, threads, open);
+        if !choice.gpu {
+            return Ok((None, Some(choice.reason)));
+        }
+        match self.gpu() {
+            Ok(gpu) if !gpu.software || allow_software => Ok((Some(gpu), Some(choice.reason))),
+            _ => Ok((
+                None,
+                Some(format!(
+                    "{}; no usable hardware GPU, ran on the CPU",
+                    choice.reason
+                )),
+            )),
         }
     }
 
@@ -456,13 +497,23 @@ impl Engine {
                     ))
                 }
             },
-            // A hardware GPU when present, else the CPU (no device is opened to find out).
-            Backend::Auto => match self.auto_gpu().then(|| self.gpu()) {
-                Some(Ok(gpu)) if !gpu.software => self
-                    .cpu
-                    .install(|| self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink))??,
-                _ => self.cpu.run(&job, sink)?,
-            },
+            // The cost model's choice between the CPU and a hardware GPU (`auto.rs`).
+            Backend::Auto => {
+                let mut sink = sink;
+                let threads = self.cpu.install(rayon::current_num_threads)?;
+                let parallel_sink = sink
+                    .as_deref_mut()
+                    .is_some_and(|s| !s.parts(threads).is_empty());
+                let (gpu, note) = self.auto_route(a, b, opts, parallel_sink)?;
+                let mut report = match gpu {
+                    Some(gpu) => self
+                        .cpu
+                        .install(|| self.run_gpu_or_cpu(gpu.backend.as_ref(), &job, sink))??,
+                    None => self.cpu.run(&job, sink)?,
+                };
+                report.notes.extend(note);
+                report
+            }
         };
         if let (false, Some(Ok(gpu)), "vulkan") =
             (opened_before, self.gpu.get(), report.backend.as_str())

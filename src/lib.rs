@@ -16,6 +16,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod arrow;
+pub mod auto;
 mod backend;
 pub mod dataset;
 pub mod dbscan;

@@ -20,7 +20,8 @@ pub enum Metric {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum Backend {
-    /// A real (non-CPU) Vulkan GPU when one is present, else the native CPU backend.
+    /// The native CPU backend or a real (non-CPU) Vulkan GPU, whichever the cost model
+    /// (`simjoin::auto`) predicts faster for the job; the CPU where there is no such GPU.
     /// A software Vulkan device (lavapipe) is never chosen automatically.
     #[default]
     Auto = 0,

@@ -628,12 +628,24 @@ fn info(args: &InfoArgs) -> Result<()> {
         .map(|n| n.get())
         .unwrap_or(1);
     println!("CPU: {threads} threads");
-    // Ask the engine what `--backend auto` picks by running a two-point join.
+    // `--backend auto` weighs the CPU against a hardware GPU per join (its cost model);
+    // a two-point join shows what it does with a tiny one, and whether a GPU is weighed.
     let probe = [0.0f32, 1.0];
     let result = Engine::new().self_join(&Dataset::from_f32(&probe, 1)?, &JoinOptions::new(1.0))?;
+    let weighed = result
+        .report
+        .notes
+        .iter()
+        .any(|n| n.starts_with("backend auto:"));
     println!(
-        "backend auto chooses: {} ({})",
-        result.report.backend, result.report.device
+        "backend auto chooses: {} ({}) for a tiny join; {}",
+        result.report.backend,
+        result.report.device,
+        if weighed {
+            "a hardware GPU is weighed against the CPU per join"
+        } else {
+            "no hardware GPU: every join runs on the CPU"
+        }
     );
     if let Some(mib) = args.bandwidth {
         bandwidth(mib, args.device.clone())?;
