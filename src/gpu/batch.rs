@@ -111,21 +111,114 @@ pub(super) struct Run<'a, T: Coord> {
     /// dispatch, then two per batch slot around its result copy.
     pub timer: Option<Arc<GpuTimer>>,
     pub data: &'a DeviceData,
-    /// The parameters every dispatch shares; the batch fields are set per dispatch.
+    /// The parameters every dispatch shares; the batch fields and the loop budget are
+    /// set per dispatch.
     pub params: JoinParams<T>,
+    pub pace: Pace,
+}
+
+/// A dispatch's time the loop budget aims at on a hardware GPU: desktop drivers reset a
+/// GPU whose kernel runs for seconds while it drives a display, so no search dispatch
+/// should run for more than about 100 ms. `SIMJOIN_GPU_DISPATCH_MS` sets another target
+/// (tests: also on a software device, within its loop limit).
+const DISPATCH_TARGET_S: f64 = 0.05;
+/// The per-thread loop budget a hardware GPU's first dispatch gets.
+const PACE_START: u32 = 1 << 16;
+
+/// The per-thread loop budget of the search dispatches. On a software device it is fixed
+/// (lavapipe's loop limit); on a hardware GPU it adapts so that each dispatch takes about
+/// the target: doubled after a dispatch under half of it, scaled down after one over
+/// twice it, within [`floor`, `cap`] (the floor: what a thread must be allowed, to make
+/// progress). Threads out of budget stop and resume in the next dispatch (the mechanism a
+/// full result buffer uses), so the budget bounds time, never results.
+pub(super) struct Pace {
+    budget: std::cell::Cell<u32>,
+    floor: u32,
+    cap: u32,
+    /// Seconds a dispatch aims at; None: a fixed budget.
+    target: Option<f64>,
+    /// The longest search dispatch seen, seconds.
+    longest: std::cell::Cell<f64>,
+}
+
+impl Pace {
+    /// The pace of a device: `software_budget` is a software device's loop limit (0 on
+    /// hardware); `floor` the least budget a thread needs to make progress.
+    pub fn new(software_budget: u32, floor: u32) -> Self {
+        let forced = std::env::var("SIMJOIN_GPU_DISPATCH_MS")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms > 0.0)
+            .map(|ms| ms / 1e3);
+        let (target, cap) = match (software_budget, forced) {
+            (0, t) => (Some(t.unwrap_or(DISPATCH_TARGET_S)), u32::MAX / 2),
+            (b, Some(t)) => (Some(t), b),
+            (b, None) => (None, b),
+        };
+        // Room above the least on hardware: a budget that barely allows a step would spend
+        // its dispatches on the fixed charge.
+        let floor = if software_budget == 0 {
+            floor * 4
+        } else {
+            floor
+        }
+        .min(cap);
+        let start = if target.is_some() { PACE_START } else { cap };
+        Pace {
+            budget: std::cell::Cell::new(start.clamp(floor, cap)),
+            floor,
+            cap,
+            target,
+            longest: std::cell::Cell::new(0.0),
+        }
+    }
+
+    pub fn budget(&self) -> u32 {
+        self.budget.get()
+    }
+
+    pub fn longest(&self) -> f64 {
+        self.longest.get()
+    }
+
+    /// The target seconds of a dispatch, where the budget adapts.
+    pub fn target(&self) -> Option<f64> {
+        self.target
+    }
+
+    /// A search dispatch took `seconds`.
+    fn observe(&self, seconds: f64) {
+        self.longest.set(self.longest.get().max(seconds));
+        let Some(target) = self.target else { return };
+        if !seconds.is_finite() {
+            return;
+        }
+        let b = self.budget.get() as f64;
+        let next = if seconds < target / 2.0 {
+            b * 2.0
+        } else if seconds > 2.0 * target {
+            b * target / seconds
+        } else {
+            b
+        };
+        self.budget
+            .set(next.clamp(self.floor as f64, self.cap as f64) as u32);
+    }
 }
 
 impl<T: Coord> Run<'_, T>
 where
     JoinParams<T>: bytemuck::Pod,
 {
-    /// The push constants of one dispatch over `queries` (every `stride`-th position).
+    /// The push constants of one dispatch over `queries` (every `stride`-th position),
+    /// with the pace's current loop budget.
     fn push(&self, queries: &Range<u32>, q_count: u32, stride: u32, bits: u32) -> JoinParams<T> {
         JoinParams {
             q_begin: queries.start,
             q_count,
             q_stride: stride,
             flags: bits,
+            budget: self.pace.budget(),
             ..self.params
         }
     }
@@ -281,19 +374,25 @@ where
     JoinParams<T>: bytemuck::Pod,
 {
     let n_samples = nq.div_ceil(stride);
-    let push = run.push(
-        &(0..nq as u32),
-        n_samples as u32,
-        stride as u32,
-        run.params.flags | flags::FLAG_COUNT,
-    );
     let mut fresh = true;
     loop {
+        let push = run.push(
+            &(0..nq as u32),
+            n_samples as u32,
+            stride as u32,
+            run.params.flags | flags::FLAG_COUNT,
+        );
+        let t = Instant::now();
         submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
+        let mut took = t.elapsed().as_secs_f64();
         counts.dispatches += 1;
-        if let (Some(timer), Some(gpu)) = (&run.timer, gpu_seconds.as_mut()) {
-            *gpu += timer.seconds(0, 1)?;
+        if let Some(timer) = &run.timer {
+            took = timer.seconds(0, 1)?;
+            if let Some(gpu) = gpu_seconds.as_mut() {
+                *gpu += took;
+            }
         }
+        run.pace.observe(took);
         fresh = false;
         let head = read_words(
             slot.counters_host.as_ref().unwrap_or(&slot.counters),
@@ -364,10 +463,15 @@ where
                     let t = Instant::now();
                     ticket.wait()?;
                     times.wait_search += t.elapsed().as_secs_f64();
-                    if let (Some(timer), Some(gpu)) = (&run.timer, times.gpu_search.as_mut()) {
-                        *gpu += timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
-                        times.gpu_searches += 1;
+                    let mut took = submitted.elapsed().as_secs_f64();
+                    if let Some(timer) = &run.timer {
+                        took = timer.seconds(2 * s as u32, 2 * s as u32 + 1)?;
+                        if let Some(gpu) = times.gpu_search.as_mut() {
+                            *gpu += took;
+                            times.gpu_searches += 1;
+                        }
                     }
+                    run.pace.observe(took);
                     let t = Instant::now();
                     let head = read_words(
                         slot.counters_host.as_ref().unwrap_or(&slot.counters),

@@ -59,6 +59,26 @@ fn tile_cost(n: u64, dim: u64, workgroup: u64, passes: u64) -> u64 {
     (n * (dim + 1)).div_ceil(workgroup) + n * (passes * dim + 1)
 }
 
+/// The least loop budget a thread of the tiled kernel needs to make progress: a fresh
+/// dispatch's fixed charge and one whole tile.
+pub(super) fn least_tiled_charge(
+    t: &Tiling,
+    dim: usize,
+    k: u32,
+    log_cells: u32,
+    workgroup: u32,
+    reorder: bool,
+) -> u64 {
+    let (d, k, l, wg) = (dim as u64, k as u64, log_cells as u64, workgroup as u64);
+    fixed_charge(d, k, l) + tile_cost(t.tile as u64, d, wg, 2 + u64::from(reorder))
+}
+
+/// Charged before a fresh dispatch's first tile: loading the query and its masks, a phase,
+/// a probe and the windows (tile_main, sweep, sweep_cell).
+fn fixed_charge(d: u64, k: u64, l: u64) -> u64 {
+    2 * d + k * (3 * l + 2) + k + (k + 2 * l) + (2 * l + 2) + LINK_CHARGE
+}
+
 /// The tiling for a filtered grid join, None (with the reason in `notes`) where it is off:
 /// on a `software` device unless `SIMJOIN_GPU_TILE=1`, where `SIMJOIN_GPU_TILE=0`, or where
 /// a tile of one candidate exceeds the shared memory or a software device's loop `budget`
@@ -105,9 +125,7 @@ pub(super) fn tiling(
     let (d, k, l, wg) = (dim as u64, k as u64, log_cells as u64, workgroup as u64);
     let passes = 2 + u64::from(reorder);
     let by_memory = (shared_bytes.min(TILE_BYTES) as u64 / 4) / (d + 1);
-    // Charged before a fresh dispatch's first tile: loading the query and its masks, a
-    // phase, a probe and the windows (tile_main, sweep, sweep_cell).
-    let fixed = 2 * d + k * (3 * l + 2) + k + (k + 2 * l) + (2 * l + 2) + LINK_CHARGE;
+    let fixed = fixed_charge(d, k, l);
     let mut tile = wg.min(by_memory);
     if budget != 0 {
         while tile > 0 && fixed + tile_cost(tile, d, wg, passes) > budget as u64 {

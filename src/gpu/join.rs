@@ -5,7 +5,7 @@
 //! their interface is `interface.rs`.
 
 use super::batch::{
-    estimate, make_slots, run_batches, wait_for, Counts, Run, Times, SLOTS, TIMER_SLOTS,
+    estimate, make_slots, run_batches, wait_for, Counts, Pace, Run, Times, SLOTS, TIMER_SLOTS,
 };
 use super::device_data::{prepare_brute, prepare_grid, Link, Prepared};
 use super::dot_filter::{self, Tiling};
@@ -283,22 +283,23 @@ where
     // Bound on one binary search: over the cells, a mask, or the points of one cell
     // (SORTIDU window): all at most the larger input.
     let log_cells = (usize::BITS - (na.max(nb) + 1).leading_zeros()) + 1;
-    if budget != 0 {
-        // The least a thread must do to make progress: load, masks, one probe, one candidate.
+    // The least a thread must do to make progress: load, masks, one probe, one candidate.
+    let least = {
         let (d, k, l) = (dim as u32, prepared.k, log_cells);
         let filter = if prepared.dot_cutoff.is_some() {
             2 * d
         } else {
             0
         };
-        let least = d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter;
-        if least > budget {
-            return Err(Error::unsupported(format!(
-                "{} (a software device) cannot run this join: {d} dimensions with {k} indexed \
+        d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter
+    };
+    if budget != 0 && least > budget {
+        return Err(Error::unsupported(format!(
+            "{} (a software device) cannot run this join: {dim} dimensions with {} indexed \
                  exceed its per-thread loop budget; use fewer indexed dims or the CPU backend",
-                ctx.device_name()
-            )));
-        }
+            ctx.device_name(),
+            prepared.k
+        )));
     }
     let tiling = match (algorithm, prepared.dot_cutoff) {
         (Algorithm::Grid, Some(_)) => dot_filter::tiling(
@@ -318,6 +319,22 @@ where
     if tiling.is_some() {
         prepared.flags |= flags::FLAG_TILE;
     }
+    // A software device's budget is its loop limit; a hardware GPU's bounds each dispatch's
+    // time (batch::Pace), at least what one step of the kernel needs, with room.
+    let tiled = tiling.map_or(0, |t| {
+        dot_filter::least_tiled_charge(
+            &t,
+            dim,
+            prepared.k,
+            log_cells,
+            workgroup,
+            prepared.flags & flags::FLAG_REORDER != 0,
+        )
+    });
+    let pace = Pace::new(
+        budget,
+        u64::from(least).max(tiled).min(u64::from(u32::MAX / 8)) as u32,
+    );
     let t_setup = Instant::now();
     let kernel = join_kernel::<T>(
         ctx,
@@ -367,6 +384,7 @@ where
         prepared.flags
     };
     let run = Run {
+        pace,
         kernel,
         timer,
         data: &prepared.data,
@@ -476,8 +494,16 @@ where
         counts.dispatches,
         counts.resumed,
         counts.overflowed,
-        if budget != 0 {
+        if budget != 0 && run.pace.target().is_none() {
             format!(", software device: workgroup {workgroup}, loop budget {budget} per thread")
+        } else if let Some(target) = run.pace.target() {
+            format!(
+                ", the longest search dispatch {:.1} ms (each thread's loop budget adapted to \
+                 about {:.1} ms a dispatch, ended at {})",
+                1e3 * run.pace.longest(),
+                1e3 * target,
+                run.pace.budget()
+            )
         } else {
             String::new()
         }
