@@ -661,3 +661,37 @@ fn read_matches(slot: &Slot, threads: usize, counts: &mut Counts) -> Result<Vec<
         .read_vec(0, threads)?;
     Ok(states.iter().map(|s| s[3]).collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+
+    /// A hardware pace doubles under half the target, shrinks over twice it, and stays
+    /// within its floor and cap; a software device's budget without a target is fixed.
+    #[test]
+    fn pace_adapts_within_bounds() {
+        std::env::remove_var("SIMJOIN_GPU_DISPATCH_MS");
+        let p = Pace::new(0, 100);
+        let t = p.target().unwrap();
+        let b0 = p.budget();
+        p.observe(t / 4.0);
+        assert_eq!(p.budget(), 2 * b0);
+        p.observe(t);
+        assert_eq!(p.budget(), 2 * b0);
+        p.observe(t * 8.0);
+        assert_eq!(p.budget(), b0 / 4);
+        for _ in 0..40 {
+            p.observe(1e3);
+        }
+        assert_eq!(p.budget(), 400, "the floor: 4x the least");
+        for _ in 0..80 {
+            p.observe(0.0);
+        }
+        assert_eq!(p.budget(), u32::MAX / 2);
+        assert_eq!(p.longest(), 1e3);
+        let s = Pace::new(7000, 50);
+        assert_eq!((s.budget(), s.target()), (7000, None));
+        s.observe(1e3);
+        assert_eq!(s.budget(), 7000);
+    }
+}
