@@ -479,20 +479,17 @@ fn write_join(
                 _ => PathBuf::from("."),
             },
         };
-        let mut sort = sort::ExternalSort::new(budget, &spill_dir, a.len(), b.unwrap_or(a).len());
-        // The sort is the join's sink itself, not behind a queue: a GPU batch arrives as one
-        // large chunk, which the sort buckets from every engine thread at once (through a
-        // queue of small pieces one thread bucketed them all: 4.6 s of a 6.0 s join of
-        // 503M pairs on an H100's 16-core host, 2026-11-26).
-        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
-            found += chunk.len();
+        let sort = std::sync::Mutex::new(sort::ExternalSort::new(
+            budget,
+            &spill_dir,
+            a.len(),
+            b.unwrap_or(a).len(),
+        ));
+        let report = sort_join(engine, a, b, opts, &sort, |n| {
+            found += n;
             progress.pairs_so_far(found);
-            sort.push(chunk)
-        };
-        let report = match b {
-            None => engine.self_join_stream(a, opts, &mut sink),
-            Some(b) => engine.join_stream(a, b, opts, &mut sink),
-        }?;
+        })?;
+        let sort = sort.into_inner().unwrap_or_else(|p| p.into_inner());
         let t = Instant::now();
         let runs = sort.runs();
         sort.finish(&mut emit, &mut sort_seconds)?;
@@ -513,6 +510,52 @@ fn write_join(
             sort_seconds,
         },
     ))
+}
+
+/// A chunk at least this large (a GPU batch) is sorted from the join's thread, its pairs
+/// bucketed by every engine thread at once; smaller ones (the CPU backend's) go through a
+/// queue to a thread of their own, so that sorting overlaps the join.
+const LARGE_CHUNK: usize = 1 << 20;
+
+/// Runs the join into `sort`: large chunks straight in (through a queue of 64K-pair pieces
+/// one thread bucketed a GPU's batches: 4.6 s of a 6.0 s join of 503M pairs on an H100's
+/// 16-core host, 2026-11-26), small ones through the queue (pushed from the workers
+/// themselves, the CPU backend's sorted output took twice as long there). `found` hears
+/// of every chunk.
+fn sort_join(
+    engine: &Engine,
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &JoinOptions,
+    sort: &std::sync::Mutex<sort::ExternalSort>,
+    mut found: impl FnMut(usize) + Send,
+) -> Result<JoinReport> {
+    let lock = || sort.lock().unwrap_or_else(|p| p.into_inner());
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_PIECES);
+    std::thread::scope(|scope| {
+        let consumer = scope.spawn(move || rx.iter().try_for_each(|piece| lock().push(&piece)));
+        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
+            found(chunk.len());
+            if chunk.len() >= LARGE_CHUNK {
+                return lock().push(chunk);
+            }
+            chunk.chunks(PIECE_PAIRS).try_for_each(|piece| {
+                tx.send(piece.to_vec())
+                    .map_err(|_| anyhow::anyhow!("the sort stopped"))
+            })
+        };
+        let report = match b {
+            None => engine.self_join_stream(a, opts, &mut sink),
+            Some(b) => engine.join_stream(a, b, opts, &mut sink),
+        };
+        drop(tx);
+        let consumed = consumer
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        // The sort's own error says more than the join's "stopped".
+        consumed?;
+        Ok(report?)
+    })
 }
 
 /// Pieces of pairs the join may run ahead of the writer, and their size: the queue holds

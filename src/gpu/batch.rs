@@ -117,20 +117,30 @@ pub(super) struct Run<'a, T: Coord> {
     pub pace: Pace,
 }
 
-/// A dispatch's time the loop budget aims at on a hardware GPU: desktop drivers reset a
-/// GPU whose kernel runs for seconds while it drives a display, so no search dispatch
-/// should run for more than about 100 ms. `SIMJOIN_GPU_DISPATCH_MS` sets another target
-/// (tests: also on a software device, within its loop limit).
-const DISPATCH_TARGET_S: f64 = 0.05;
-/// The per-thread loop budget a hardware GPU's first dispatch gets.
+/// The per-thread loop budget a paced hardware GPU's first dispatch gets.
 const PACE_START: u32 = 1 << 16;
 
-/// The per-thread loop budget of the search dispatches. On a software device it is fixed
-/// (lavapipe's loop limit); on a hardware GPU it adapts so that each dispatch takes about
-/// the target: doubled after a dispatch under half of it, scaled down after one over
-/// twice it, within [`floor`, `cap`] (the floor: what a thread must be allowed, to make
-/// progress). Threads out of budget stop and resume in the next dispatch (the mechanism a
-/// full result buffer uses), so the budget bounds time, never results.
+/// The seconds a search dispatch should take, where `SIMJOIN_GPU_DISPATCH_MS` asks for
+/// paced dispatches. Desktop drivers reset a GPU whose kernel runs for seconds while it
+/// drives a display: 50-100 ms keeps a join clear of that. Off by default: on an H100
+/// (no display) a 16-D join paced at 50 ms took 67.9 s against 24.9 s unpaced, its
+/// batches of a million queries each resuming hundreds of times (2026-11-26); batches
+/// sized by time too are the missing half.
+pub(super) fn dispatch_target() -> Option<f64> {
+    std::env::var("SIMJOIN_GPU_DISPATCH_MS")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms > 0.0)
+        .map(|ms| ms / 1e3)
+}
+
+/// The per-thread loop budget of the search dispatches: a software device's loop limit
+/// (lavapipe), none on a hardware GPU; or, paced ([`dispatch_target`]), adapted so that
+/// each dispatch takes about the target: doubled after a dispatch under half of it,
+/// scaled down after one over twice it, within [`floor`, `cap`] (the floor: what a thread
+/// must be allowed, to make progress; the cap: a software device's limit). Threads out of
+/// budget stop and resume in the next dispatch (the mechanism a full result buffer uses),
+/// so the budget bounds time, never results.
 pub(super) struct Pace {
     budget: std::cell::Cell<u32>,
     floor: u32,
@@ -143,18 +153,23 @@ pub(super) struct Pace {
 
 impl Pace {
     /// The pace of a device: `software_budget` is a software device's loop limit (0 on
-    /// hardware); `floor` the least budget a thread needs to make progress.
-    pub fn new(software_budget: u32, floor: u32) -> Self {
-        let forced = std::env::var("SIMJOIN_GPU_DISPATCH_MS")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|ms| ms.is_finite() && *ms > 0.0)
-            .map(|ms| ms / 1e3);
-        let (target, cap) = match (software_budget, forced) {
-            (0, t) => (Some(t.unwrap_or(DISPATCH_TARGET_S)), u32::MAX / 2),
-            (b, Some(t)) => (Some(t), b),
-            (b, None) => (None, b),
+    /// hardware, none); `floor` the least budget a thread needs to make progress;
+    /// `target` the seconds a dispatch should take, if paced ([`dispatch_target`]).
+    pub fn new(software_budget: u32, floor: u32, target: Option<f64>) -> Self {
+        let cap = match software_budget {
+            0 => u32::MAX / 2,
+            b => b,
         };
+        if target.is_none() {
+            // Unpaced: a software device's limit, or no budget at all.
+            return Pace {
+                budget: std::cell::Cell::new(software_budget),
+                floor: software_budget,
+                cap,
+                target,
+                longest: std::cell::Cell::new(0.0),
+            };
+        }
         // Room above the least on hardware: a budget that barely allows a step would spend
         // its dispatches on the fixed charge.
         let floor = if software_budget == 0 {
@@ -163,9 +178,8 @@ impl Pace {
             floor
         }
         .min(cap);
-        let start = if target.is_some() { PACE_START } else { cap };
         Pace {
-            budget: std::cell::Cell::new(start.clamp(floor, cap)),
+            budget: std::cell::Cell::new(PACE_START.clamp(floor, cap)),
             floor,
             cap,
             target,
@@ -666,12 +680,12 @@ fn read_matches(slot: &Slot, threads: usize, counts: &mut Counts) -> Result<Vec<
 mod tests {
     use super::Pace;
 
-    /// A hardware pace doubles under half the target, shrinks over twice it, and stays
-    /// within its floor and cap; a software device's budget without a target is fixed.
+    /// A paced budget doubles under half the target, shrinks over twice it, and stays
+    /// within its floor and cap; unpaced, a software device's budget is fixed and a
+    /// hardware GPU has none.
     #[test]
     fn pace_adapts_within_bounds() {
-        std::env::remove_var("SIMJOIN_GPU_DISPATCH_MS");
-        let p = Pace::new(0, 100);
+        let p = Pace::new(0, 100, Some(0.05));
         let t = p.target().unwrap();
         let b0 = p.budget();
         p.observe(t / 4.0);
@@ -689,9 +703,22 @@ mod tests {
         }
         assert_eq!(p.budget(), u32::MAX / 2);
         assert_eq!(p.longest(), 1e3);
-        let s = Pace::new(7000, 50);
+        let s = Pace::new(7000, 50, None);
         assert_eq!((s.budget(), s.target()), (7000, None));
         s.observe(1e3);
         assert_eq!(s.budget(), 7000);
+        let h = Pace::new(0, 50, None);
+        assert_eq!(h.budget(), 0, "unpaced hardware: no budget");
+        let paced_soft = Pace::new(7000, 50, Some(1e-4));
+        paced_soft.observe(1.0);
+        assert!(paced_soft.budget() < 7000 && paced_soft.budget() >= 50);
+        for _ in 0..40 {
+            paced_soft.observe(0.0);
+        }
+        assert_eq!(
+            paced_soft.budget(),
+            7000,
+            "a software device's limit caps it"
+        );
     }
 }

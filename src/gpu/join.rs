@@ -319,8 +319,9 @@ where
     if tiling.is_some() {
         prepared.flags |= flags::FLAG_TILE;
     }
-    // A software device's budget is its loop limit; a hardware GPU's bounds each dispatch's
-    // time (batch::Pace), at least what one step of the kernel needs, with room.
+    // A software device's budget is its loop limit, a hardware GPU has none; paced
+    // (SIMJOIN_GPU_DISPATCH_MS), it bounds each dispatch's time (batch::Pace), never below
+    // what one step of the kernel needs.
     let tiled = tiling.map_or(0, |t| {
         dot_filter::least_tiled_charge(
             &t,
@@ -334,6 +335,7 @@ where
     let pace = Pace::new(
         budget,
         u64::from(least).max(tiled).min(u64::from(u32::MAX / 8)) as u32,
+        super::batch::dispatch_target(),
     );
     let t_setup = Instant::now();
     let kernel = join_kernel::<T>(
