@@ -606,7 +606,7 @@ fn spatial_order<T: Coord>(
             .enumerate()
             .map(|(i, row)| [key(row), i as u32])
             .collect_into_vec(&mut keyed);
-        crate::radix::sort_by_first(&mut keyed);
+        crate::result::radix::sort_by_first(&mut keyed);
         let mut orig: Vec<u32> = Vec::new();
         orig.try_reserve_exact(n).map_err(|_| oom("point order"))?;
         keyed

@@ -7,7 +7,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
 use crate::knn::{KnnJob, KnnOptions, KnnResult};
 use crate::options::{Backend, JoinOptions, OutputForm};
-use crate::radix::{CsrSink, SortingSink};
+use crate::result::radix::{CsrSink, SortingSink};
 use crate::result::{assemble, entry_distances, CollectSink, JoinReport, JoinResult, PairSink};
 use std::sync::OnceLock;
 use std::time::Instant;

@@ -160,7 +160,7 @@ pub(crate) fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>>
             format!("cannot allocate the kNN {what} ({len} entries)"),
         )
     })?;
-    crate::huge::advise(&mut v);
+    crate::result::huge::advise(&mut v);
     v.resize(len, fill);
     Ok(v)
 }

@@ -15,7 +15,6 @@
 // Every `unsafe` block says why it is sound (checked by clippy in CI).
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod arrow;
 pub mod auto;
 mod backend;
 pub mod dataset;
@@ -25,15 +24,14 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod grid;
-mod huge;
 pub mod knn;
 pub mod metric;
 pub mod options;
 #[doc(hidden)]
 pub mod oracle;
-mod radix;
 pub mod result;
-mod scratch;
+/// Arrow export of results (the module lives in `result/`, beside the rest of the result path).
+pub use result::arrow;
 pub mod stats;
 
 pub(crate) mod cpu;

@@ -127,7 +127,7 @@ impl<T: Coord> GridIndex<T> {
                 .with_min_len(4096)
                 .map(|i| [key(i) as u32, i as u32])
                 .collect();
-            crate::radix::sort_by_first(&mut pairs);
+            crate::result::radix::sort_by_first(&mut pairs);
             for (s, &[id, _]) in pairs.iter().enumerate() {
                 if cell_ids.last() != Some(&u64::from(id)) {
                     cell_ids.push(u64::from(id));

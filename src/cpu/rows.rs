@@ -15,7 +15,7 @@ use super::emit::Hits;
 use super::store::{MetricKind, Store, LANES};
 use crate::error::{Error, ErrorKind, Result};
 use crate::metric::Coord;
-use crate::radix::SmallRows;
+use crate::result::radix::SmallRows;
 use crate::result::Csr;
 use rayon::prelude::*;
 use std::marker::PhantomData;
@@ -237,7 +237,7 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
                 Some(sum)
             })
             .collect();
-        let mut offsets = crate::huge::zeroed(n + 1, 0u64);
+        let mut offsets = crate::result::huge::zeroed(n + 1, 0u64);
         let mut run_starts = Vec::with_capacity(run_totals.len());
         let mut total = 0u64;
         for t in run_totals {
@@ -267,13 +267,13 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
         neighbors
             .try_reserve_exact(total)
             .map_err(|_| oom("entries"))?;
-        crate::huge::advise(&mut neighbors);
+        crate::result::huge::advise(&mut neighbors);
         let mut dists: Vec<T> = Vec::new();
         if with_distances {
             dists
                 .try_reserve_exact(total)
                 .map_err(|_| oom("distances"))?;
-            crate::huge::advise(&mut dists);
+            crate::result::huge::advise(&mut dists);
         }
         // Tasks of COPY_ROWS rows, each writing its own run of the (not yet initialised)
         // arrays in order: fresh pages are touched front to back.
@@ -342,8 +342,8 @@ impl<'s, T: Coord + Default> Rows<'s, T> {
         // The blocks to the scratch pool, for the next join's writers (`scratch.rs`).
         let (ids, dists_blocks): (Vec<Vec<u32>>, Vec<Vec<T>>) =
             blocks.into_iter().map(|b| (b.ids, b.dists)).unzip();
-        crate::scratch::give(ids);
-        crate::scratch::give(dists_blocks);
+        crate::result::scratch::give(ids);
+        crate::result::scratch::give(dists_blocks);
         Ok((Csr { offsets, neighbors }, with_distances.then_some(dists)))
     }
 }
@@ -404,14 +404,14 @@ impl<T: Coord + Default, M> RowWriter<'_, '_, T, M> {
         let cap = st.next_cap.max(2 * partial + LANES);
         st.next_cap = (st.next_cap * 2).min(home.block_max);
         let mut next = Block::none();
-        let reserved = match crate::scratch::take_or_alloc(cap) {
+        let reserved = match crate::result::scratch::take_or_alloc(cap) {
             Some(ids) => {
                 // Distances get at least the ids' room: a hit writes its distance wherever
                 // its id fits.
                 let room = ids.capacity();
                 next.ids = ids;
                 !with_distances
-                    || crate::scratch::take_or_alloc(room)
+                    || crate::result::scratch::take_or_alloc(room)
                         .map(|d| next.dists = d)
                         .is_some()
             }

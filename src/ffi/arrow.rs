@@ -4,7 +4,7 @@ use super::engine::simjoin_engine;
 use super::matrix::{read_matrix, simjoin_matrix};
 use super::options::{read_options, simjoin_options};
 use super::{guard, null_arg, simjoin_status};
-use crate::arrow::PairBatches;
+use crate::result::arrow::PairBatches;
 use arrow_array::ffi_stream::FFI_ArrowArrayStream;
 use std::ffi::c_void;
 

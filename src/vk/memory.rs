@@ -285,7 +285,7 @@ impl Buffer {
     /// Reads `count` elements starting at element `first` of a mapped buffer.
     pub fn read_vec<T: Pod>(&self, first: usize, count: usize) -> Result<Vec<T>> {
         // Fresh zeroed pages, on huge pages when large (results come back this way).
-        let mut out = crate::huge::zeroed(count, T::zeroed());
+        let mut out = crate::result::huge::zeroed(count, T::zeroed());
         self.read(first, &mut out)?;
         Ok(out)
     }

@@ -190,7 +190,7 @@ impl Buckets {
             // Capacity only: blocks are written through pointers and read back only as far
             // as written, and fresh memory stays untouched until then. A slab an earlier
             // join left (`scratch`) saves the fresh memory's page faults.
-            let slab: Vec<u32> = crate::scratch::take_or_alloc(len)
+            let slab: Vec<u32> = crate::result::scratch::take_or_alloc(len)
                 .ok_or_else(|| anyhow::anyhow!("out of memory for the join's result"))?;
             // Blocks start on a cache line.
             self.used = slab.as_ptr().align_offset(std::mem::align_of::<Line>());
@@ -264,7 +264,7 @@ impl Drop for Closed {
         // The blocks point into the slabs: dropped first, so nothing points into a slab
         // that another join is about to write.
         self.blocks = Vec::new();
-        crate::scratch::give(std::mem::take(&mut self._slabs));
+        crate::result::scratch::give(std::mem::take(&mut self._slabs));
     }
 }
 
@@ -486,7 +486,7 @@ impl SortingSink {
         let buckets = self.parts.close()?;
         let starts = starts_of(&buckets.sizes(), |_| 0).expect("entries held in memory");
         // Zeroed, so untouched until written, on huge pages where the kernel gives them.
-        let mut out: Vec<Pair> = crate::huge::zeroed(starts[starts.len() - 1], [0, 0]);
+        let mut out: Vec<Pair> = crate::result::huge::zeroed(starts[starts.len() - 1], [0, 0]);
         let j_mask = (1u64 << j_bits) - 1;
         split_mut(&mut out, &starts)
             .into_par_iter()
@@ -631,8 +631,8 @@ impl CsrSink {
             Error::new(ErrorKind::OutOfHostMemory, "the CSR does not fit in memory")
         })?;
         let total = starts[starts.len() - 1];
-        let mut neighbors = crate::huge::zeroed(total, 0u32);
-        let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
+        let mut neighbors = crate::result::huge::zeroed(total, 0u32);
+        let mut offsets = crate::result::huge::zeroed(rows + 1, 0u64);
         let nbr_mask = (1u64 << nbr_bits) - 1;
         let small_rows = SmallRows::new(nbr_bits);
         let count = starts.len() - 1;
@@ -1244,8 +1244,8 @@ pub fn build_csr(
     let by_row = |e: &Pair| u64::from(e[0] & low);
 
     // Bucket b holds rows b << row_shift.. : its own run of offsets and of neighbours.
-    let mut offsets = crate::huge::zeroed(rows + 1, 0u64);
-    let mut neighbors = crate::huge::zeroed(total, 0u32);
+    let mut offsets = crate::result::huge::zeroed(rows + 1, 0u64);
+    let mut neighbors = crate::result::huge::zeroed(total, 0u32);
     let rows_per_bucket = 1usize << row_shift;
     let bucket_rows =
         |b: usize| (b * rows_per_bucket).min(rows)..((b + 1) * rows_per_bucket).min(rows);
@@ -1375,7 +1375,7 @@ fn scatter<E: Copy + Default + Send>(
     starts.push(acc);
 
     // Zeroed allocation: the pages are mapped lazily, touched once by the scatter.
-    let mut out: Vec<E> = crate::huge::zeroed(acc, E::default());
+    let mut out: Vec<E> = crate::result::huge::zeroed(acc, E::default());
     let dst = OutPtr(out.as_mut_ptr());
     pairs
         .par_chunks(chunk)

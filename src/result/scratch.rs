@@ -149,7 +149,7 @@ pub(crate) fn take_or_alloc<T: 'static>(len: usize) -> Option<Vec<T>> {
         release();
         v.try_reserve_exact(len).ok()?;
     }
-    crate::huge::advise(&mut v);
+    crate::result::huge::advise(&mut v);
     Some(v)
 }
 

@@ -1,5 +1,25 @@
-//! Join results: pair sinks (the streaming interface every backend writes to), the
-//! report of what ran, and assembly of the output forms (pairs, CSR, count).
+//! The result path: how pairs travel from a join to the user.
+//!
+//! 1. A backend finds pairs: the CPU's workers in chunks, the GPU's batch loop a whole
+//!    result buffer at a time (`gpu/batch.rs`, read in place from pinned buffers that an
+//!    engine keeps between joins).
+//! 2. They reach a [`PairSink`] (this file): the caller's, or one of the engine's own.
+//!    [`push_split`] hands a large chunk to a sink's parts from every engine thread at
+//!    once.
+//! 3. The engine's sinks build the output forms as the pairs arrive: sorted pairs and the
+//!    CSR bucketed by key (`radix.rs`: `SortingSink`, `CsrSink`, and the radix sorts that
+//!    finish them), unsorted pairs collected (`CollectSink`), Arrow record batches made
+//!    while the join runs (`arrow.rs`).
+//! 4. Their memory: scratch slabs kept between joins (`scratch.rs`) and large arrays on
+//!    huge pages (`huge.rs`).
+//!
+//! This file also holds the report of what ran ([`JoinReport`]) and the assembly of a
+//! collected result into its output form.
+
+pub mod arrow;
+pub(crate) mod huge;
+pub(crate) mod radix;
+pub(crate) mod scratch;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{Algorithm, IndexBuild, OutputForm};
@@ -112,7 +132,7 @@ pub struct PairSorter {
 }
 
 enum Sorter {
-    Buckets(crate::radix::SortingSink),
+    Buckets(crate::result::radix::SortingSink),
     Collect(Vec<Pair>),
 }
 
@@ -120,7 +140,7 @@ impl PairSorter {
     /// A sorter for pairs `[i, j]` with `i < rows` and `j < cols` (a pair beyond them is an
     /// error from `push`).
     pub fn new(rows: usize, cols: usize) -> Self {
-        let inner = match crate::radix::SortingSink::new(rows, cols) {
+        let inner = match crate::result::radix::SortingSink::new(rows, cols) {
             Some(s) => Sorter::Buckets(s),
             None => Sorter::Collect(Vec::new()),
         };
@@ -292,7 +312,7 @@ impl JoinResult {
 
 /// Sorts pairs lexicographically (a parallel radix sort, `radix.rs`).
 pub fn sort_pairs(pairs: &mut Vec<Pair>) {
-    crate::radix::sort_pairs(pairs);
+    crate::result::radix::sort_pairs(pairs);
 }
 
 /// Builds the output form from collected pairs.
@@ -323,7 +343,7 @@ pub(crate) fn assemble(
     }
 }
 
-pub use crate::radix::build_csr;
+pub use crate::result::radix::build_csr;
 
 /// The result entries whose distances are asked for.
 enum Entries<'a> {
@@ -394,7 +414,7 @@ fn distances_of(
                 format!("cannot allocate {len} distances"),
             )
         })?;
-        crate::huge::advise(&mut out);
+        crate::result::huge::advise(&mut out);
         // Points a few entries ahead are fetched while this one is computed: the
         // neighbours are random points, and waiting for each from memory in turn was most
         // of the time (CSR of 16M pairs, 32M distances: 190-350 ms -> see RESULTS_BENCH.md).
