@@ -160,26 +160,23 @@ impl Pace {
             0 => u32::MAX / 2,
             b => b,
         };
-        if target.is_none() {
-            // Unpaced: a software device's limit, or no budget at all.
-            return Pace {
-                budget: std::cell::Cell::new(software_budget),
-                floor: software_budget,
-                cap,
-                target,
-                longest: std::cell::Cell::new(0.0),
-            };
-        }
-        // Room above the least on hardware: a budget that barely allows a step would spend
-        // its dispatches on the fixed charge.
-        let floor = if software_budget == 0 {
-            floor * 4
-        } else {
-            floor
-        }
-        .min(cap);
+        let (start, floor) = match target {
+            // Unpaced: a software device's limit, or no budget at all (0).
+            None => (software_budget, software_budget),
+            // Room above the least on hardware: a budget that barely allows a step would
+            // spend its dispatches on the fixed charge.
+            Some(_) => {
+                let floor = if software_budget == 0 {
+                    floor * 4
+                } else {
+                    floor
+                }
+                .min(cap);
+                (PACE_START.clamp(floor, cap), floor)
+            }
+        };
         Pace {
-            budget: std::cell::Cell::new(PACE_START.clamp(floor, cap)),
+            budget: std::cell::Cell::new(start),
             floor,
             cap,
             target,
@@ -304,19 +301,12 @@ impl SlotPool {
     }
 
     /// The kept set, when it has this `capacity`, room for `max_points` queries and the
-    /// same kind (`counting`).
+    /// same kind (`counting`); a kept set that does not fit is dropped, so that its memory
+    /// is back before new slots are allocated.
     fn take(&self, capacity: u32, max_points: usize, counting: bool) -> Option<(Vec<Slot>, usize)> {
-        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
-        match kept.as_ref() {
-            Some(k)
-                if k.capacity == capacity
-                    && k.max_points >= max_points
-                    && k.counting == counting =>
-            {
-                kept.take().map(|k| (k.slots, k.max_points))
-            }
-            _ => None,
-        }
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        (kept.capacity == capacity && kept.max_points >= max_points && kept.counting == counting)
+            .then_some((kept.slots, kept.max_points))
     }
 }
 
@@ -344,8 +334,6 @@ pub(super) fn make_slots(
     if let Some((slots, kept_points)) = pool.take(capacity as u32, max_points, counting) {
         return Ok((slots, capacity as u32, kept_points, true));
     }
-    // A kept set of another size gives its memory back first.
-    pool.kept.lock().unwrap_or_else(|p| p.into_inner()).take();
     loop {
         match (0..SLOTS)
             .map(|i| new_slot(ctx, i, capacity, max_points, counting))

@@ -81,7 +81,7 @@ pub struct Bandwidth {
     pub download: f64,
 }
 
-/// Copies in flight per queue in the link measurement, and their size at most.
+/// The link measurement's copies: at most this many bytes each, dealt round the queues.
 const LINK_CHUNK: u64 = 32 << 20;
 
 impl Context {
