@@ -76,32 +76,36 @@ fn auto_runs_on(want: &str) {
     assert_no_validation_errors();
 }
 
+/// True in the child process that runs `test` with lavapipe weighed by `auto` and the cost
+/// table `costs`; false in the parent, once that child has passed.
+fn in_child_with_costs(test: &str, costs: &str) -> bool {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return true;
+    }
+    run_in_child(
+        test,
+        &[
+            ("SIMJOIN_AUTO_ALLOW_SOFTWARE", "1"),
+            ("SIMJOIN_AUTO_COSTS", costs),
+        ],
+    );
+    false
+}
+
 #[test]
 fn auto_picks_the_gpu_when_it_is_predicted_cheaper() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return run_in_child(
-            "auto_picks_the_gpu_when_it_is_predicted_cheaper",
-            &[
-                ("SIMJOIN_AUTO_ALLOW_SOFTWARE", "1"),
-                ("SIMJOIN_AUTO_COSTS", "gpu_scale=0.000001,sink_parallel=0"),
-            ],
-        );
+    let test = "auto_picks_the_gpu_when_it_is_predicted_cheaper";
+    if in_child_with_costs(test, "gpu_scale=0.000001,sink_parallel=0") {
+        auto_runs_on("vulkan");
     }
-    auto_runs_on("vulkan");
 }
 
 #[test]
 fn auto_picks_the_cpu_when_it_is_predicted_cheaper() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return run_in_child(
-            "auto_picks_the_cpu_when_it_is_predicted_cheaper",
-            &[
-                ("SIMJOIN_AUTO_ALLOW_SOFTWARE", "1"),
-                ("SIMJOIN_AUTO_COSTS", "cpu_scale=0.000001,sink_parallel=0"),
-            ],
-        );
+    let test = "auto_picks_the_cpu_when_it_is_predicted_cheaper";
+    if in_child_with_costs(test, "cpu_scale=0.000001,sink_parallel=0") {
+        auto_runs_on("cpu");
     }
-    auto_runs_on("cpu");
 }
 
 /// Without the test switch, a software device is never weighed: the CPU runs, and the
@@ -136,14 +140,8 @@ fn auto_never_weighs_a_software_device() {
 /// A malformed cost table is the caller's error, not a silent default.
 #[test]
 fn a_bad_cost_table_is_an_error() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return run_in_child(
-            "a_bad_cost_table_is_an_error",
-            &[
-                ("SIMJOIN_AUTO_ALLOW_SOFTWARE", "1"),
-                ("SIMJOIN_AUTO_COSTS", "gpu_scale=fast"),
-            ],
-        );
+    if !in_child_with_costs("a_bad_cost_table_is_an_error", "gpu_scale=fast") {
+        return;
     }
     let x = points(300, 2, 4);
     let data = Dataset::from_f32(&x, 2).unwrap();

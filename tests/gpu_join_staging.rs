@@ -54,17 +54,9 @@ fn result_slots_are_reused_between_joins() {
     common::gpu_test_setup();
     std::env::set_var("SIMJOIN_GPU_STAGING", "1");
     let engine = Engine::new();
-    let mut state = 777u64;
-    let mut points = |n: usize, dim: usize| -> Vec<f32> {
-        (0..n * dim)
-            .map(|_| {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (state >> 40) as f32 / (1u64 << 24) as f32
-            })
-            .collect()
-    };
+    let mut rng = common::Rng(777);
+    let mut points =
+        |n: usize, dim: usize| -> Vec<f32> { (0..n * dim).map(|_| rng.unit() as f32).collect() };
     let (x2, x5) = (points(700, 2), points(400, 5));
     let small = Dataset::from_f32(&x2, 2).unwrap();
     let wide = Dataset::from_f32(&x5, 5).unwrap();
