@@ -461,14 +461,21 @@ fn write_join(
     };
     let mut sort_seconds = 0.0;
     let (report, runs) = if args.unsorted {
-        let report = stream_join(engine, a, b, opts, |chunk| {
-            found += chunk.len();
-            progress.pairs_so_far(found);
-            let t = Instant::now();
-            emit(&chunk)?;
-            seconds += t.elapsed().as_secs_f64();
-            Ok(())
-        })?;
+        let report = stream_join(
+            engine,
+            a,
+            b,
+            opts,
+            |_| Ok(false),
+            |chunk| {
+                found += chunk.len();
+                progress.pairs_so_far(found);
+                let t = Instant::now();
+                emit(&chunk)?;
+                seconds += t.elapsed().as_secs_f64();
+                Ok(())
+            },
+        )?;
         (report, 0)
     } else {
         let budget = args.sort_memory.unwrap_or_else(default_sort_memory);
@@ -485,10 +492,37 @@ fn write_join(
             a.len(),
             b.unwrap_or(a).len(),
         ));
-        let report = sort_join(engine, a, b, opts, &sort, |n| {
-            found += n;
-            progress.pairs_so_far(found);
-        })?;
+        // A chunk at least this large (a GPU batch) goes into the sort from the join's own
+        // thread, its pairs bucketed by every engine thread at once (through the queue one
+        // thread bucketed a GPU's batches: 4.6 s of a 6.0 s join of 503M pairs on an H100's
+        // 16-core host, 2026-11-26); smaller ones (the CPU backend's) through the queue, so
+        // that sorting overlaps the join (pushed from the workers themselves, the CPU's
+        // sorted output took twice as long there).
+        const LARGE_CHUNK: usize = 1 << 20;
+        let lock = || sort.lock().unwrap_or_else(|p| p.into_inner());
+        let counted = std::sync::atomic::AtomicUsize::new(0);
+        let count = |n: usize| {
+            let total = counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
+            progress.pairs_so_far(total);
+        };
+        let report = stream_join(
+            engine,
+            a,
+            b,
+            opts,
+            |chunk| {
+                let large = chunk.len() >= LARGE_CHUNK;
+                if large {
+                    count(chunk.len());
+                    lock().push(chunk)?;
+                }
+                Ok(large)
+            },
+            |piece| {
+                count(piece.len());
+                lock().push(&piece)
+            },
+        )?;
         let sort = sort.into_inner().unwrap_or_else(|p| p.into_inner());
         let t = Instant::now();
         let runs = sort.runs();
@@ -512,52 +546,6 @@ fn write_join(
     ))
 }
 
-/// A chunk at least this large (a GPU batch) is sorted from the join's thread, its pairs
-/// bucketed by every engine thread at once; smaller ones (the CPU backend's) go through a
-/// queue to a thread of their own, so that sorting overlaps the join.
-const LARGE_CHUNK: usize = 1 << 20;
-
-/// Runs the join into `sort`: large chunks straight in (through a queue of 64K-pair pieces
-/// one thread bucketed a GPU's batches: 4.6 s of a 6.0 s join of 503M pairs on an H100's
-/// 16-core host, 2026-11-26), small ones through the queue (pushed from the workers
-/// themselves, the CPU backend's sorted output took twice as long there). `found` hears
-/// of every chunk.
-fn sort_join(
-    engine: &Engine,
-    a: &Dataset,
-    b: Option<&Dataset>,
-    opts: &JoinOptions,
-    sort: &std::sync::Mutex<sort::ExternalSort>,
-    mut found: impl FnMut(usize) + Send,
-) -> Result<JoinReport> {
-    let lock = || sort.lock().unwrap_or_else(|p| p.into_inner());
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_PIECES);
-    std::thread::scope(|scope| {
-        let consumer = scope.spawn(move || rx.iter().try_for_each(|piece| lock().push(&piece)));
-        let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
-            found(chunk.len());
-            if chunk.len() >= LARGE_CHUNK {
-                return lock().push(chunk);
-            }
-            chunk.chunks(PIECE_PAIRS).try_for_each(|piece| {
-                tx.send(piece.to_vec())
-                    .map_err(|_| anyhow::anyhow!("the sort stopped"))
-            })
-        };
-        let report = match b {
-            None => engine.self_join_stream(a, opts, &mut sink),
-            Some(b) => engine.join_stream(a, b, opts, &mut sink),
-        };
-        drop(tx);
-        let consumed = consumer
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        // The sort's own error says more than the join's "stopped".
-        consumed?;
-        Ok(report?)
-    })
-}
-
 /// Pieces of pairs the join may run ahead of the writer, and their size: the queue holds
 /// at most 8 MiB, however large the chunks the backend delivers (a GPU's are a whole result
 /// buffer).
@@ -565,18 +553,23 @@ const QUEUE_PIECES: usize = 16;
 const PIECE_PAIRS: usize = 1 << 16;
 
 /// Runs the join on a thread of its own and hands its chunks to `consume` on this one, so
-/// that writing overlaps the join. An error from `consume` stops the join.
+/// that writing overlaps the join; except the chunks `direct` takes on the join's thread
+/// (it answers whether it did). An error from either stops the join.
 fn stream_join(
     engine: &Engine,
     a: &Dataset,
     b: Option<&Dataset>,
     opts: &JoinOptions,
+    mut direct: impl FnMut(&[Pair]) -> anyhow::Result<bool> + Send,
     mut consume: impl FnMut(Vec<Pair>) -> Result<()>,
 ) -> Result<JoinReport> {
     let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Pair>>(QUEUE_PIECES);
     std::thread::scope(|scope| {
         let join = scope.spawn(move || {
             let mut sink = |chunk: &[Pair]| {
+                if direct(chunk)? {
+                    return Ok(());
+                }
                 chunk.chunks(PIECE_PAIRS).try_for_each(|piece| {
                     tx.send(piece.to_vec())
                         .map_err(|_| anyhow::anyhow!("the output writer stopped"))
