@@ -86,6 +86,7 @@ fn main() -> simjoin::Result<()> {
         backend: Backend::Cpu,
         algorithm: args.algorithm,
         lss_lists: None,
+        ..Default::default()
     };
     println!(
         "workload: {} n={} d={} k={} queries={:?} {}",

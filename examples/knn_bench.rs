@@ -89,6 +89,7 @@ fn main() -> simjoin::Result<()> {
         backend: Backend::Gpu,
         algorithm: args.algorithm,
         lss_lists: args.lists,
+        ..Default::default()
     };
     println!(
         "workload: {} n={} d={} k={} queries={:?} metric={} {}",

@@ -75,6 +75,14 @@ typedef uint32_t simjoin_status;
 #endif // __cplusplus
 
 /**
+ * A cancel flag and progress counters shared by the caller and the calls that name it
+ * (opaque). Create with `simjoin_control_new` or `simjoin_control_new_with_progress`;
+ * free with `simjoin_control_free` (safe while a call that named it still runs: the call
+ * keeps its own reference).
+ */
+typedef struct simjoin_control simjoin_control;
+
+/**
  * The engine (opaque). Thread-safe: share one across threads freely.
  */
 typedef struct simjoin_engine simjoin_engine;
@@ -183,6 +191,11 @@ typedef struct simjoin_options {
    * (`simjoin_result_distances`). Added in 0.3.
    */
   uint32_t distances;
+  /**
+   * NULL, or a control that can stop the call and reports its progress (see
+   * `simjoin_control_new`); it must be live when the call starts. Added in 0.4.
+   */
+  const struct simjoin_control *control;
 } simjoin_options;
 
 /**
@@ -242,6 +255,10 @@ typedef struct simjoin_knn_options {
    * LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic).
    */
   uint64_t lss_lists;
+  /**
+   * NULL, or a control that can stop the call and reports its progress. Added in 0.4.
+   */
+  const struct simjoin_control *control;
 } simjoin_knn_options;
 
 /**
@@ -299,6 +316,10 @@ typedef struct simjoin_dbscan_options {
    * and get NULL.
    */
   const double *sample_weight;
+  /**
+   * NULL, or a control that can stop the call and reports its progress. Added in 0.4.
+   */
+  const struct simjoin_control *control;
 } simjoin_dbscan_options;
 
 /**
@@ -327,6 +348,36 @@ typedef struct simjoin_dbscan_report {
    */
   const char *backend;
 } simjoin_dbscan_report;
+
+/**
+ * How far a call has come (`simjoin_control_progress`, and the progress callback).
+ */
+typedef struct simjoin_progress {
+  /**
+   * What the call is doing: "plan", "index", "join", "knn", "output" (a static string).
+   */
+  const char *stage;
+  /**
+   * Fraction of the stage's work done, 0 to 1 (in units of work, not of time).
+   */
+  double fraction;
+  /**
+   * Pairs (or kNN rows) found so far by the current join.
+   */
+  uint64_t pairs;
+  /**
+   * Seconds since the control was made.
+   */
+  double elapsed;
+} simjoin_progress;
+
+/**
+ * Called with the progress at most once per interval, from one of the engine's threads
+ * (never two at once). It must not call back into simjoin with the same control, and
+ * should return quickly. Returning non-zero stops the call, as `simjoin_control_cancel`
+ * does.
+ */
+typedef int32_t (*simjoin_progress_fn)(void *user, const struct simjoin_progress *progress);
 
 #define SIMJOIN_DTYPE_F32 0
 
@@ -687,6 +738,47 @@ simjoin_status simjoin_dbscan(const struct simjoin_engine *engine,
                               int64_t *labels,
                               uint8_t *core,
                               struct simjoin_dbscan_report *report);
+
+/**
+ * A new control, not cancelled, without a callback. `*out` holds it on success.
+ */
+simjoin_status simjoin_control_new(struct simjoin_control **out);
+
+/**
+ * A new control that calls `callback(user, progress)` at most once per `interval_ms`
+ * milliseconds (0: 100) while a call naming it runs. `user` is passed through untouched
+ * and must stay valid while such a call runs.
+ */
+simjoin_status simjoin_control_new_with_progress(simjoin_progress_fn callback,
+                                                 void *user,
+                                                 uint32_t interval_ms,
+                                                 struct simjoin_control **out);
+
+/**
+ * Asks every call naming `control` to stop: each returns SIMJOIN_CANCELLED soon after
+ * (within milliseconds on the CPU, after the batches in flight on a GPU). Permanent: a
+ * call started later with it is cancelled at once. Thread-safe and async-signal-safe
+ * (one atomic store): it may be called from a signal handler. NULL is ignored.
+ */
+void simjoin_control_cancel(const struct simjoin_control *control);
+
+/**
+ * Non-zero once the control was cancelled (or its callback asked to stop); 0 for NULL.
+ */
+int32_t simjoin_control_is_cancelled(const struct simjoin_control *control);
+
+/**
+ * The progress of the call naming `control` (the last one, once it has returned).
+ * Thread-safe: meant to be polled by the caller's own thread while another runs the call.
+ */
+simjoin_status simjoin_control_progress(const struct simjoin_control *control,
+                                        struct simjoin_progress *out);
+
+/**
+ * Frees a control (NULL is fine). A call still running with it keeps its own reference
+ * and can no longer be cancelled through this handle.
+ */
+void simjoin_control_free(struct simjoin_control *control);
 
 #ifdef __cplusplus
 }  // extern "C"

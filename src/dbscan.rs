@@ -69,6 +69,8 @@ pub struct DbscanOptions {
     /// The join's algorithm (`JoinOptions::algorithm`): the answer is the same whichever
     /// runs; `Auto` lets the engine choose.
     pub algorithm: Algorithm,
+    /// Stops and watches every pass (see [`crate::control`]; the default is inert).
+    pub control: crate::control::Control,
 }
 
 impl DbscanOptions {
@@ -81,6 +83,7 @@ impl DbscanOptions {
             metric: Metric::default(),
             backend: Backend::default(),
             algorithm: Algorithm::default(),
+            control: crate::control::Control::default(),
         }
     }
 
@@ -660,6 +663,7 @@ fn run<T: Points>(
     join.metric = opts.metric;
     join.backend = opts.backend;
     join.algorithm = opts.algorithm;
+    join.control = opts.control.clone();
     join.validate()?;
     let mut report = JoinReport::default();
     let mut phases = Vec::new();

@@ -182,6 +182,8 @@ impl Engine {
     ) -> Result<KnnResult> {
         let start = Instant::now();
         let job = KnnJob::new(data, query, k, opts)?;
+        opts.control.begin();
+        opts.control.check()?;
         let mut result = match opts.backend {
             Backend::Cpu => self.cpu.knn(&job)?,
             Backend::Gpu => match self.gpu() {
@@ -207,6 +209,8 @@ impl Engine {
                 _ => self.cpu.knn(&job)?,
             },
         };
+        // A backend's workers that saw the stop left rows undone.
+        opts.control.check()?;
         result.report.seconds = start.elapsed().as_secs_f64();
         Ok(result)
     }
@@ -235,6 +239,7 @@ impl Engine {
             && csr_rows()
         {
             check_join(a, b, opts)?;
+            opts.control.begin();
             let job = Job {
                 a: *a,
                 b: b.copied(),
@@ -286,6 +291,7 @@ impl Engine {
             assembled(&mut report, t);
             (report, output)
         };
+        opts.control.check()?;
         report.seconds = start.elapsed().as_secs_f64();
         let distances = if made_distances.is_some() {
             made_distances
@@ -478,6 +484,8 @@ impl Engine {
     ) -> Result<JoinReport> {
         let start = Instant::now();
         check_join(a, b, opts)?;
+        opts.control.begin();
+        opts.control.check()?;
         let job = Job {
             a: *a,
             b: b.copied(),
@@ -515,6 +523,8 @@ impl Engine {
                 report
             }
         };
+        // Workers that saw the stop left their work undone: what came out is not the answer.
+        opts.control.check()?;
         if let (false, Some(Ok(gpu)), "vulkan") =
             (opened_before, self.gpu.get(), report.backend.as_str())
         {

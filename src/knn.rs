@@ -25,6 +25,8 @@ pub struct KnnOptions {
     pub algorithm: Algorithm,
     /// LSS: number of shifted Z-order lists (None = automatic).
     pub lss_lists: Option<usize>,
+    /// Stops and watches the join (see [`crate::control`]; the default is inert).
+    pub control: crate::control::Control,
 }
 
 impl Default for KnnOptions {
@@ -34,6 +36,7 @@ impl Default for KnnOptions {
             backend: Backend::Auto,
             algorithm: Algorithm::Auto,
             lss_lists: None,
+            control: crate::control::Control::default(),
         }
     }
 }
@@ -152,7 +155,7 @@ pub(crate) fn finish_distances<T: Coord>(metric: Metric, acc: &mut [T]) {
 }
 
 /// Allocates a result array of `len` entries, or a clear out-of-memory error.
-pub(crate) fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>> {
+pub(crate) fn alloc<T: Clone + Send + Sync>(len: usize, fill: T, what: &str) -> Result<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| {
         Error::new(
@@ -161,6 +164,37 @@ pub(crate) fn alloc<T: Clone>(len: usize, fill: T, what: &str) -> Result<Vec<T>>
         )
     })?;
     crate::result::huge::advise(&mut v);
-    v.resize(len, fill);
+    // Filled by every engine thread: a kNN's arrays are hundreds of MB of first touches.
+    use rayon::prelude::*;
+    v.par_extend(rayon::iter::repeat_n(fill, len));
+    Ok(v)
+}
+
+/// [`alloc`] filled in pieces, `control` checked between them (a few GB of first
+/// touches take a second).
+pub(crate) fn alloc_stoppable<T: Clone + Send + Sync>(
+    len: usize,
+    fill: T,
+    what: &str,
+    control: &crate::control::Control,
+) -> Result<Vec<T>> {
+    const PIECE: usize = 1 << 22;
+    let mut v = alloc(len.min(PIECE), fill.clone(), what)?;
+    if len > PIECE {
+        v.try_reserve_exact(len - v.len()).map_err(|_| {
+            Error::new(
+                crate::error::ErrorKind::OutOfHostMemory,
+                format!("cannot allocate the kNN {what} ({len} entries)"),
+            )
+        })?;
+        crate::result::huge::advise(&mut v);
+        use rayon::prelude::*;
+        while v.len() < len {
+            control.check()?;
+            let piece = PIECE.min(len - v.len());
+            v.par_extend(rayon::iter::repeat_n(fill.clone(), piece));
+        }
+    }
+    control.check()?;
     Ok(v)
 }

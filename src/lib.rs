@@ -17,6 +17,7 @@
 
 pub mod auto;
 mod backend;
+pub mod control;
 pub mod dataset;
 pub mod dbscan;
 mod device;
@@ -56,6 +57,7 @@ pub mod grid_index_check {
     pub use crate::gpu::device_data::{index_arrays, IndexArrays};
 }
 
+pub use control::{Control, Progress};
 pub use dataset::{Coords, Dataset, Precision};
 pub use dbscan::{dbscan, dbscan_weighted, DbscanOptions, DbscanResult};
 pub use device::{devices, DeviceInfo};

@@ -103,6 +103,9 @@ pub struct JoinOptions {
     pub lss_lists: Option<usize>,
     /// GPU grid: where the index is built.
     pub index_build: IndexBuild,
+    /// Stops and watches the join (`Control::new()` to keep a handle; the default is
+    /// inert). Not part of what is computed: it takes no part in equality.
+    pub control: crate::control::Control,
 }
 
 impl JoinOptions {
@@ -121,6 +124,7 @@ impl JoinOptions {
             result_buffer_pairs: None,
             lss_lists: None,
             index_build: IndexBuild::Auto,
+            control: crate::control::Control::default(),
         }
     }
 

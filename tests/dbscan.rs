@@ -29,6 +29,7 @@ fn opts(eps: f64, min_samples: usize, metric: Metric, backend: Backend) -> Dbsca
         metric,
         backend,
         algorithm: Algorithm::Auto,
+        control: Default::default(),
     }
 }
 

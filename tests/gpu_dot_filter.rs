@@ -414,6 +414,7 @@ fn tiles_with_stops_everywhere() {
             metric: Metric::Euclidean,
             backend,
             algorithm: Algorithm::Auto,
+            control: Default::default(),
         };
         let gpu = simjoin::dbscan(engine(), a, &opts(Backend::Gpu)).unwrap();
         let cpu = simjoin::dbscan(engine(), a, &opts(Backend::Cpu)).unwrap();

@@ -335,6 +335,7 @@ fn knn_opts(metric: Metric, algorithm: Algorithm, lists: Option<usize>) -> KnnOp
         backend: Backend::Gpu,
         algorithm,
         lss_lists: lists,
+        ..Default::default()
     }
 }
 

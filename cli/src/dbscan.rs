@@ -92,6 +92,7 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
         metric: args.run.metric,
         backend: args.run.backend,
         algorithm: args.algorithm,
+        control: simjoin::Control::default(),
     };
     opts.validate()?;
     if let Some(path) = &args.output {

@@ -317,6 +317,7 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
         backend: args.run.backend,
         algorithm: args.algorithm,
         lss_lists: args.lss_lists,
+        ..Default::default()
     };
     anyhow::ensure!(args.k >= 1, "--k must be at least 1");
     if let Some(path) = &args.output {

@@ -3,6 +3,7 @@
 
 use super::emit::Collector;
 use super::store::{scan, MetricKind, Store};
+use crate::control::Control;
 use crate::metric::Coord;
 use rayon::prelude::*;
 
@@ -15,6 +16,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     dim: usize,
     thr: T,
     out: &Collector,
+    control: &Control,
 ) {
     let dims: Vec<usize> = (0..dim).collect();
     let na = a.len() / dim;
@@ -22,10 +24,13 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     let nb = other.len() / dim;
     let store = Store::gather(other, dim, (0..nb as u32).collect(), &dims);
     let early = dim > 4;
-    (0..na.div_ceil(BLOCK)).into_par_iter().for_each(|blk| {
+    let blocks = na.div_ceil(BLOCK);
+    control.stage("join", blocks as u64);
+    (0..blocks).into_par_iter().for_each(|blk| {
         let mut em = out.emitter();
+        let found = em.found();
         for i in blk * BLOCK..((blk + 1) * BLOCK).min(na) {
-            if em.stopped() {
+            if em.stopped() || control.check().is_err() {
                 return;
             }
             let q = &a[i * dim..(i + 1) * dim];
@@ -34,5 +39,6 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
                 em.push(i as u32, j as u32)
             });
         }
+        control.advance(1, em.found() - found);
     });
 }

@@ -27,6 +27,7 @@ use super::emit::{Collector, Emitter};
 use super::store::{
     avx2_available, confirm, reject_threshold, scan, scan_cols, MetricKind, Store, LANES,
 };
+use crate::control::Control;
 use crate::grid::GridGeometry;
 use crate::metric::reject_margin;
 use crate::metric::Coord;
@@ -226,6 +227,8 @@ struct Ctx<'a, T> {
     avx2: bool,
     filter: Option<Filter<'a, T>>,
     screen: ScreenStats,
+    /// Read at every recursion step: a stop is seen within one leaf.
+    control: &'a Control,
 }
 
 /// The dot-product filter's data for one join (dot_filter.rs).
@@ -314,7 +317,11 @@ impl<T: Coord> Ctx<'_, T> {
     /// Join of node `a` (of x) with node `b` (of y), halving the longer one.
     fn pair_rec<M: MetricKind>(&self, a: u32, b: u32, em: &mut Emitter, q: &mut Scratch<T>) {
         let (na, nb) = (&self.x.nodes[a as usize], &self.y.nodes[b as usize]);
-        if em.stopped() || !ego_joinable(self.x, na, self.y, nb) || self.boxes_apart::<M>(a, b) {
+        if em.stopped()
+            || self.control.is_cancelled()
+            || !ego_joinable(self.x, na, self.y, nb)
+            || self.boxes_apart::<M>(a, b)
+        {
             return;
         }
         let split_a = match (na.children, nb.children) {
@@ -691,6 +698,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     canon: Vec<usize>,
     out: &Collector,
     threads: usize,
+    control: &Control,
 ) -> Vec<String> {
     let dim = x.store.dim;
     let (nx, ny) = (x.store.n, y.store.n);
@@ -721,6 +729,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
         avx2: avx2_available(),
         filter: None,
         screen: ScreenStats::new(),
+        control,
     };
     let mut notes = Vec::new();
     if M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM {
@@ -742,6 +751,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
     } else {
         plan_pair::<T, M>(&ctx, 0, 0, grain, &mut tasks);
     }
+    control.stage("join", tasks.len() as u64);
     tasks.par_iter().with_max_len(1).for_each(|task| {
         let mut em = out.emitter();
         let mut q = Scratch::new(dim);
@@ -749,6 +759,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
             Task::SelfJoin(a) => ctx.self_rec::<M>(a, &mut em, &mut q),
             Task::Pair(a, b) => ctx.pair_rec::<M>(a, b, &mut em, &mut q),
         }
+        control.advance(1, em.found());
     });
     notes
 }

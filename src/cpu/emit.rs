@@ -134,6 +134,10 @@ pub(crate) trait Hits<T> {
     fn end_query(&mut self, qslot: usize);
     /// The output failed: the join stops early.
     fn stopped(&self) -> bool;
+    /// Pairs found so far by this worker (for progress; 0 where not counted).
+    fn found(&self) -> u64 {
+        0
+    }
 }
 
 impl<T> Hits<T> for Emitter<'_, '_> {
@@ -171,6 +175,10 @@ impl<T> Hits<T> for Emitter<'_, '_> {
     #[inline]
     fn stopped(&self) -> bool {
         self.collector.stopped()
+    }
+
+    fn found(&self) -> u64 {
+        self.count
     }
 }
 
@@ -299,6 +307,11 @@ impl Emitter<'_, '_> {
     #[inline]
     pub fn stopped(&self) -> bool {
         self.collector.stopped()
+    }
+
+    /// Pairs this worker found so far.
+    pub fn found(&self) -> u64 {
+        self.count
     }
 }
 

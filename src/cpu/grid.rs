@@ -10,6 +10,7 @@
 
 use super::emit::Hits;
 use super::store::{avx2_available, scan_blocks, BlockHits, MetricKind, Store, LANES};
+use crate::control::Control;
 use crate::error::Result;
 use crate::grid::GridGeometry;
 use crate::metric::Coord;
@@ -238,7 +239,9 @@ fn row_offsets(k: usize, self_join: bool) -> (Vec<i64>, usize) {
 /// Joins query points (grid `qidx`) with the indexed points (`idx`): a self-join's half
 /// stencil when `self_join` (then `qidx` is `idx`), else every adjacent cell. Hits go, as
 /// original ids, to the worker's output that `out` makes; each query point's hits are given
-/// together, by one worker, then `end_query`.
+/// together, by one worker, then `end_query`. `control` is read between items and told
+/// of each task's items and pairs.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
     geom: &GridGeometry,
     qidx: &GridIndex<T>,
@@ -247,6 +250,7 @@ pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
     thr: T,
     out: &(impl Fn() -> O + Sync),
     threads: usize,
+    control: &Control,
 ) -> Result<()> {
     let k = geom.k();
     let lead = k - 1;
@@ -267,6 +271,7 @@ pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
     let dim = idx.store.dim;
     let early = dim > 4;
     let per_task = (items.len() / (threads * 64)).max(1);
+    control.stage("join", items.len() as u64);
     let avx2 = avx2_available();
     // Buffers live per rayon job (not per chunk), so output buffers are reused.
     let scratch = || {
@@ -284,8 +289,10 @@ pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
         .for_each_init(scratch, |(em, q, cell, ranges, cursors), chunk| {
             let mut own_row_range = (0usize, 0usize);
             cursors.fill(0);
+            let found = em.found();
             for &(c, s0, s1) in chunk {
-                if em.stopped() {
+                // Items are at most ITEM_POINTS query points: a stop is seen promptly.
+                if em.stopped() || control.check().is_err() {
                     return;
                 }
                 decode(geom, qidx.cell_ids[c as usize], cell);
@@ -334,6 +341,7 @@ pub(crate) fn join<T: Coord, M: MetricKind, O: Hits<T>>(
                     qidx, idx, span, ranges, self_join, thr, early, em, q,
                 );
             }
+            control.advance(chunk.len() as u64, em.found() - found);
         });
     Ok(())
 }

@@ -14,7 +14,7 @@ use super::store::{Chebyshev, Euclid, Manhattan, MetricKind};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::grid::GridGeometry;
-use crate::knn::{alloc, finish_distances, key_less, KnnJob, KnnResult};
+use crate::knn::{alloc_stoppable, finish_distances, key_less, KnnJob, KnnResult};
 use crate::metric::{accumulate, reject_margin, Coord};
 use crate::options::{Algorithm, Metric};
 use crate::result::Distances;
@@ -153,8 +153,9 @@ fn knn<T: DistanceType, M: MetricKind>(
     let dim = job.data.dim();
     let k = job.k;
     let rows = job.rows();
-    let mut indices = alloc(rows * k, 0u32, "index array")?;
-    let mut acc = alloc(rows * k, T::ZERO, "distance array")?;
+    let control = &job.opts.control;
+    let mut indices = alloc_stoppable(rows * k, 0u32, "index array", control)?;
+    let mut acc = alloc_stoppable(rows * k, T::ZERO, "distance array", control)?;
     let mut phases = Vec::new();
     let mut notes = Vec::new();
     // The filtered search, or the tree search below it; the result is assembled once.
@@ -172,13 +173,22 @@ fn knn<T: DistanceType, M: MetricKind>(
                 k,
                 &mut indices,
                 &mut acc,
+                &job.opts.control,
             )?);
             phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
             break 'search;
         }
         if algorithm == Algorithm::KdTree && M::METRIC == Metric::Euclidean && dim >= FILTER_MIN_DIM
         {
-            if let Some(done) = filtered::search(data, query, dim, k, &mut indices, &mut acc)? {
+            if let Some(done) = filtered::search(
+                data,
+                query,
+                dim,
+                k,
+                &mut indices,
+                &mut acc,
+                &job.opts.control,
+            )? {
                 phases.push(("search".to_string(), t0.elapsed().as_secs_f64()));
                 notes.push(done);
                 break 'search;
@@ -208,8 +218,9 @@ fn knn<T: DistanceType, M: MetricKind>(
         let self_join = query.is_none();
         let (thr_margin, slack) = prune_margins::<T>(dim);
         // Results in query-order position, gathered into rows afterwards.
-        let mut pos_idx = alloc(rows * k, 0u32, "index array")?;
-        let mut pos_acc = alloc(rows * k, T::ZERO, "distance array")?;
+        let mut pos_idx = alloc_stoppable(rows * k, 0u32, "index array", control)?;
+        let mut pos_acc = alloc_stoppable(rows * k, T::ZERO, "distance array", control)?;
+        control.stage("knn", rows.div_ceil(CHUNK) as u64);
         pos_idx
             .par_chunks_mut(CHUNK * k)
             .zip(pos_acc.par_chunks_mut(CHUNK * k))
@@ -226,7 +237,12 @@ fn knn<T: DistanceType, M: MetricKind>(
                     _m: std::marker::PhantomData,
                 };
                 let first = c * CHUNK;
+                let n = out_i.len() / k;
                 for (r, (oi, oa)) in out_i.chunks_mut(k).zip(out_a.chunks_mut(k)).enumerate() {
+                    // A stop leaves the chunk's other rows unset: the caller discards them.
+                    if control.check().is_err() {
+                        return;
+                    }
                     let p = first + r;
                     s.q = &qpts[p * dim..(p + 1) * dim];
                     s.skip = if self_join { qids[p] } else { u32::MAX };
@@ -235,7 +251,9 @@ fn knn<T: DistanceType, M: MetricKind>(
                     s.search(0, 0.0);
                     s.heap.drain_sorted(oi, oa);
                 }
+                control.advance(1, n as u64);
             });
+        control.check()?;
         gather_rows(&qids, k, &pos_idx, &pos_acc, &mut indices, &mut acc);
         phases.push(("search".to_string(), t1.elapsed().as_secs_f64()));
     }

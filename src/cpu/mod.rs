@@ -202,6 +202,7 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
     )?
     .expect(16, threads);
     let writer = || rows.writer::<M>();
+    job.opts.control.check()?;
     // Every adjacent cell for every query point, a self-join's too: its rows need both
     // directions of each pair.
     grid::join::<T, M, _>(
@@ -212,7 +213,9 @@ fn csr_rows<T: knn::DistanceType + Default, M: MetricKind>(
         thr,
         &writer,
         threads,
+        &job.opts.control,
     )?;
+    job.opts.control.check()?;
     phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
     let t2 = Instant::now();
     let (csr, distances) = rows.finish(&qidx.as_ref().unwrap_or(&idx).store.ids)?;
@@ -251,7 +254,9 @@ fn run<T: Coord, M: MetricKind>(
     let dim = job.a.dim();
     let eps = job.opts.eps;
     let thr: T = threshold(M::METRIC, eps);
+    let control = &job.opts.control;
     let plan = plan::choose(&job.a, job.b.as_ref(), job.opts)?;
+    control.check()?;
     let out = Collector::new(sink, threads);
     let mut phases = Vec::new();
     let mut notes = plan.notes.clone();
@@ -259,38 +264,54 @@ fn run<T: Coord, M: MetricKind>(
     match plan.algorithm {
         Algorithm::Grid => {
             let geom = plan.geometry.as_ref().expect("grid plan has a geometry");
+            control.stage("index", 1);
             let (idx, qidx) = grid_indexes(geom, a, b, dim);
             phases.push(("index build".to_string(), t0.elapsed().as_secs_f64()));
             notes.push(format!("{} non-empty cells", idx.cell_ids.len()));
+            control.check()?;
             let t1 = Instant::now();
             let emitter = || out.emitter();
             match &qidx {
                 // The index holds B; queries are A's points, so pairs come out (A, B).
-                Some(q) => grid::join::<T, M, _>(geom, q, &idx, false, thr, &emitter, threads)?,
-                None => grid::join::<T, M, _>(geom, &idx, &idx, true, thr, &emitter, threads)?,
+                Some(q) => {
+                    grid::join::<T, M, _>(geom, q, &idx, false, thr, &emitter, threads, control)?
+                }
+                None => {
+                    grid::join::<T, M, _>(geom, &idx, &idx, true, thr, &emitter, threads, control)?
+                }
             }
             phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
         }
         Algorithm::Ego => {
             let geom = plan.geometry.as_ref().expect("ego plan has a geometry");
+            control.stage("index", 1);
             let y = ego::EgoIndex::build(b.unwrap_or(a), dim, geom);
             let x = b.map(|_| ego::EgoIndex::build(a, dim, geom));
             phases.push(("EGO sort".to_string(), t0.elapsed().as_secs_f64()));
+            control.check()?;
             let mut canon = vec![0usize; dim];
             for (c, &j) in geom.dims.iter().enumerate() {
                 canon[j] = c;
             }
             let t1 = Instant::now();
             notes.extend(match &x {
-                Some(x) => {
-                    ego::join::<T, M>(x, &y, (a, b.unwrap_or(a)), false, thr, canon, &out, threads)
-                }
-                None => ego::join::<T, M>(&y, &y, (a, a), true, thr, canon, &out, threads),
+                Some(x) => ego::join::<T, M>(
+                    x,
+                    &y,
+                    (a, b.unwrap_or(a)),
+                    false,
+                    thr,
+                    canon,
+                    &out,
+                    threads,
+                    control,
+                ),
+                None => ego::join::<T, M>(&y, &y, (a, a), true, thr, canon, &out, threads, control),
             });
             phases.push(("join".to_string(), t1.elapsed().as_secs_f64()));
         }
         Algorithm::Brute => {
-            brute::join::<T, M>(a, b, dim, thr, &out);
+            brute::join::<T, M>(a, b, dim, thr, &out, control);
             phases.push(("join".to_string(), t0.elapsed().as_secs_f64()));
         }
         other => {
@@ -300,6 +321,8 @@ fn run<T: Coord, M: MetricKind>(
         }
     }
     let pairs = out.finish()?;
+    // Workers that saw the stop left their work undone: the pairs are not the answer.
+    control.check()?;
     Ok(JoinReport {
         pairs,
         algorithm: plan.algorithm,

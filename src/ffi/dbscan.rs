@@ -1,6 +1,7 @@
 //! DBSCAN (`simjoin_dbscan`): labels into the caller's array, its options
 //! (`simjoin_dbscan_options`, size-prefixed) and its report (`simjoin_dbscan_report`).
 
+use super::control::{control_of, simjoin_control};
 use super::engine::simjoin_engine;
 use super::matrix::{read_matrix, simjoin_matrix};
 use super::options::{
@@ -31,6 +32,8 @@ pub struct simjoin_dbscan_options {
     /// field added: callers compiled against a header without it pass a smaller `size`
     /// and get NULL.
     pub sample_weight: *const f64,
+    /// NULL, or a control that can stop the call and reports its progress. Added in 0.3.
+    pub control: *const simjoin_control,
 }
 
 impl simjoin_dbscan_options {
@@ -42,6 +45,7 @@ impl simjoin_dbscan_options {
             backend: d.backend as u32,
             algorithm: d.algorithm as u32,
             sample_weight: std::ptr::null(),
+            control: std::ptr::null(),
         }
     }
 }
@@ -155,6 +159,8 @@ pub unsafe extern "C" fn simjoin_dbscan(
             metric: enum_value("metric", o.metric, &METRICS)?,
             backend: enum_value("backend", o.backend, &BACKENDS)?,
             algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
+            // SAFETY: NULL or a live control (header contract).
+            control: unsafe { control_of(o.control) },
         };
         let weights = if o.sample_weight.is_null() || data.is_empty() {
             None

@@ -1,6 +1,7 @@
 //! The k-nearest-neighbour join (`simjoin_knn`), its options (`simjoin_knn_options`) and
 //! its result (`simjoin_knn_result`: the (rows, k) index and distance arrays, the report).
 
+use super::control::{control_of, simjoin_control};
 use super::engine::simjoin_engine;
 use super::matrix::{
     read_matrix, simjoin_dtype, simjoin_matrix, SIMJOIN_DTYPE_F32, SIMJOIN_DTYPE_F64,
@@ -28,6 +29,8 @@ pub struct simjoin_knn_options {
     pub algorithm: simjoin_algorithm,
     /// LSS: number of shifted Z-order lists, 1 to 64 (0 = automatic).
     pub lss_lists: u64,
+    /// NULL, or a control that can stop the call and reports its progress. Added in 0.3.
+    pub control: *const simjoin_control,
 }
 
 impl simjoin_knn_options {
@@ -39,6 +42,7 @@ impl simjoin_knn_options {
             backend: d.backend as u32,
             algorithm: d.algorithm as u32,
             lss_lists: 0,
+            control: std::ptr::null(),
         }
     }
 }
@@ -138,6 +142,8 @@ pub unsafe extern "C" fn simjoin_knn(
             backend: enum_value("backend", o.backend, &BACKENDS)?,
             algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
             lss_lists: optional_count("lss_lists", o.lss_lists)?,
+            // SAFETY: NULL or a live control (header contract).
+            control: unsafe { control_of(o.control) },
         };
         let result = engine.engine.knn(&d, q.as_ref(), k, &options)?;
         let c = |s: &str| CString::new(s.replace('\0', " ")).unwrap_or_default();

@@ -38,9 +38,11 @@ mod matrix;
 mod options;
 mod result;
 // Last, so that the generated header lists its items after the older ones.
+mod control;
 mod dbscan;
 
 pub use arrow::*;
+pub use control::*;
 pub use dbscan::*;
 pub use engine::*;
 pub use join::*;

@@ -2,6 +2,7 @@
 //! structs that start with their own size so that they can grow, read field by field into
 //! the Rust options with unknown enum numbers refused.
 
+use super::control::{control_of, simjoin_control};
 use super::{guard, null_arg, simjoin_status};
 use crate::engine::EngineOptions;
 use crate::error::Error;
@@ -76,6 +77,9 @@ pub struct simjoin_options {
     /// Non-zero: also compute each pair's (or CSR entry's) distance
     /// (`simjoin_result_distances`). Added in 0.3.
     pub distances: u32,
+    /// NULL, or a control that can stop the call and reports its progress (see
+    /// `simjoin_control_new`); it must be live when the call starts. Added in 0.3.
+    pub control: *const simjoin_control,
 }
 
 impl simjoin_options {
@@ -95,6 +99,7 @@ impl simjoin_options {
             result_buffer_pairs: 0,
             lss_lists: 0,
             distances: 0,
+            control: std::ptr::null(),
         }
     }
 }
@@ -293,6 +298,8 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     j.result_buffer_pairs = optional_count("result_buffer_pairs", o.result_buffer_pairs)?;
     j.lss_lists = optional_count("lss_lists", o.lss_lists)?;
     j.distances = o.distances != 0;
+    // SAFETY: NULL or a live control (header contract).
+    j.control = unsafe { control_of(o.control) };
     j.validate()?;
     Ok(j)
 }

@@ -115,6 +115,8 @@ pub(super) struct Run<'a, T: Coord> {
     /// set per dispatch.
     pub params: JoinParams<T>,
     pub pace: Pace,
+    /// The job's stop flag, read before each dispatch, and its progress (batches done).
+    pub control: crate::control::Control,
 }
 
 /// The per-thread loop budget a paced hardware GPU's first dispatch gets.
@@ -126,13 +128,20 @@ const PACE_START: u32 = 1 << 16;
 /// (no display) a 16-D join paced at 50 ms took 67.9 s against 24.9 s unpaced, its
 /// batches of a million queries each resuming hundreds of times (2026-11-26); batches
 /// sized by time too are the missing half.
-pub(super) fn dispatch_target() -> Option<f64> {
+/// A software device (`software`: lavapipe, whose loop limit caps every dispatch anyway)
+/// is paced at `SOFTWARE_DISPATCH_SECONDS` unless asked otherwise: its long dispatches
+/// are what a stopped job waits for.
+pub(super) fn dispatch_target(software: bool) -> Option<f64> {
     std::env::var("SIMJOIN_GPU_DISPATCH_MS")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
         .filter(|ms| ms.is_finite() && *ms > 0.0)
         .map(|ms| ms / 1e3)
+        .or(software.then_some(SOFTWARE_DISPATCH_SECONDS))
 }
+
+/// The seconds a software device's search dispatch aims at (see [`dispatch_target`]).
+const SOFTWARE_DISPATCH_SECONDS: f64 = 0.025;
 
 /// The per-thread loop budget of the search dispatches: a software device's loop limit
 /// (lavapipe), none on a hardware GPU; or, paced ([`dispatch_target`]), adapted so that
@@ -378,6 +387,7 @@ where
     let n_samples = nq.div_ceil(stride);
     let mut fresh = true;
     loop {
+        run.control.check()?;
         let push = run.push(
             &(0..nq as u32),
             n_samples as u32,
@@ -435,7 +445,12 @@ where
     let mut queue: VecDeque<Range<u32>> = ranges.into();
     let mut busy: VecDeque<usize> = VecDeque::new();
     let bits = run.params.flags | if counting { flags::FLAG_COUNT } else { 0 };
+    run.control.stage("join", queue.len() as u64);
+    let mut reported = counts.pairs;
     loop {
+        // A stop submits nothing more; the batches in flight complete when the caller
+        // drops the slots (each stream waits for its work), before their buffers go.
+        run.control.check()?;
         for (s, slot) in slots.iter_mut().enumerate() {
             if matches!(slot.state, SlotState::Free) {
                 if let Some(queries) = queue.pop_front() {
@@ -549,6 +564,9 @@ where
                 }
             };
         times.busy += submitted.elapsed().as_secs_f64();
+        run.control
+            .advance(u64::from(!incomplete), counts.pairs - reported);
+        reported = counts.pairs;
         if incomplete {
             // Some queries stopped early: run the batch again; finished queries return at once.
             let push = run.push(&queries, queries.len() as u32, 1, bits);

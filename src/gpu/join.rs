@@ -335,7 +335,7 @@ where
     let pace = Pace::new(
         budget,
         u64::from(least).max(tiled).min(u64::from(u32::MAX / 8)) as u32,
-        super::batch::dispatch_target(),
+        super::batch::dispatch_target(budget != 0),
     );
     let t_setup = Instant::now();
     let kernel = join_kernel::<T>(
@@ -387,6 +387,7 @@ where
     };
     let run = Run {
         pace,
+        control: opts.control.clone(),
         kernel,
         timer,
         data: &prepared.data,

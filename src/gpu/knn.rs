@@ -198,6 +198,7 @@ where
     let self_knn = job.query.is_none();
     let words = (size_of::<T>() / 4) as u64;
     let mut lss = Lss::new(ctx, data.dim(), metric)?;
+    lss.control = job.opts.control.clone();
     for mode in [MODE_KNN_BOUND, MODE_SEARCH, MODE_COUNT] {
         lss.check_budget(mode, 0)?;
     }
@@ -233,7 +234,10 @@ where
     let block_len = blocks[0].1 - blocks[0].0;
     let arrays = BlockArrays::new(&lss, block_len)?;
     let limits = lss.buffer(block_len as u64 * words * 4, "kNN bounds")?;
+    job.opts.control.stage("knn", blocks.len() as u64);
     for &(start, end) in &blocks {
+        job.opts.control.check()?;
+        job.opts.control.advance(1, 0);
         let len = end - start;
         // Rows of this block's query positions.
         let row_of: Vec<u32> = if self_knn {
@@ -385,6 +389,7 @@ where
     let (data, k) = (job.data, job.k);
     let words = (size_of::<T>() / 4) as u64;
     let mut lss = Lss::new(ctx, data.dim(), job.opts.metric)?;
+    lss.control = job.opts.control.clone();
     let log_k = usize::BITS - k.leading_zeros() + 1;
     lss.check_budget(MODE_KNN_BRUTE, log_k)?;
     let t = Instant::now();
@@ -425,7 +430,10 @@ where
     };
     let heap_entries = buffer.size() / (8 * words);
     let per_chunk = ((heap_entries / k as u64) as usize).max(1);
+    job.opts.control.stage("knn", blocks.len() as u64);
     for &(start, end) in &blocks {
+        job.opts.control.check()?;
+        job.opts.control.advance(1, 0);
         let len = end - start;
         let b = Bindings {
             r_coords: Some(coords.all()),

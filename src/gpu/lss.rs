@@ -54,6 +54,8 @@ pub(super) const DEFAULT_RESULT_ENTRIES: u64 = 1 << 24;
 const MAX_BLOCK: usize = 1 << 22;
 /// Most dispatches recorded in one submission while queries keep stopping early.
 const MAX_REPEATS: usize = 16;
+/// The longest a submission of repeated dispatches should take (a stop waits for it).
+const SUBMISSION_SECONDS: f64 = 0.05;
 
 /// A run's device plumbing: the stream, the kernels' shared settings and the counters.
 pub(super) struct Lss<'c> {
@@ -70,6 +72,8 @@ pub(super) struct Lss<'c> {
     pub dummy: Arc<Buffer>,
     pub dispatches: usize,
     pub resumed: usize,
+    /// The job's stop flag, read before each submission.
+    pub control: crate::control::Control,
 }
 
 /// The buffers of one dispatch, bound at `interface::binding` numbers; `None` binds the
@@ -109,6 +113,7 @@ impl<'c> Lss<'c> {
             dummy,
             dispatches: 0,
             resumed: 0,
+            control: Default::default(),
         })
     }
 
@@ -116,13 +121,7 @@ impl<'c> Lss<'c> {
     /// `mode` must do to make progress.
     pub fn check_budget(&self, mode: u32, log_k: u32) -> Result<()> {
         let d = self.dim as u32;
-        let least = match mode {
-            MODE_SEARCH => 3 * d + 1,
-            // The query, one candidate, and kNN's tighter thresholds.
-            MODE_COUNT | MODE_FILL => 2 * d + 6,
-            MODE_KNN_BOUND => 4 * d + 1,
-            _ => 2 * d + 2 + log_k,
-        };
+        let least = self.least(mode, log_k);
         if self.budget != 0 && least > self.budget {
             return Err(Error::unsupported(format!(
                 "{} (a software device) cannot run LSS in {d} dimensions: one step exceeds its \
@@ -132,6 +131,18 @@ impl<'c> Lss<'c> {
             )));
         }
         Ok(())
+    }
+
+    /// The least loop budget a thread of `mode` needs to make progress.
+    fn least(&self, mode: u32, log_k: u32) -> u32 {
+        let d = self.dim as u32;
+        match mode {
+            MODE_SEARCH => 3 * d + 1,
+            // The query, one candidate, and kNN's tighter thresholds.
+            MODE_COUNT | MODE_FILL => 2 * d + 6,
+            MODE_KNN_BOUND => 4 * d + 1,
+            _ => 2 * d + 2 + log_k,
+        }
     }
 
     fn kernel<T: Coord>(&self, mode: u32) -> Result<Kernel> {
@@ -195,9 +206,16 @@ impl<'c> Lss<'c> {
         }
         let kernel = self.kernel::<T>(mode)?;
         let ranges = self.ranges(b);
-        let push = bytemuck::bytes_of(params);
+        // A software device's budget, halved while one dispatch takes longer than a
+        // submission should (threads out of budget resume: time is bounded, not results).
+        let least = self.least(mode, params.log_cells).min(self.budget);
+        let mut params = *params;
         let mut repeats = 1;
         loop {
+            // `finish` below waited for every dispatch: nothing is in flight here.
+            self.control.check()?;
+            let push = bytemuck::bytes_of(&params);
+            let t = std::time::Instant::now();
             for _ in 0..repeats {
                 self.stream.fill(&self.counters, 4, 4, 0)?;
                 self.stream.barrier()?;
@@ -211,7 +229,18 @@ impl<'c> Lss<'c> {
                 return Ok(());
             }
             self.resumed += 1;
-            repeats = (repeats * 2).min(MAX_REPEATS);
+            // Submissions of at most about SUBMISSION_SECONDS: a stop waits for no more.
+            let took = t.elapsed().as_secs_f64();
+            if took > SUBMISSION_SECONDS && repeats == 1 {
+                params.budget = (params.budget / 2).max(least);
+            }
+            repeats = if took < SUBMISSION_SECONDS / 2.0 {
+                (repeats * 2).min(MAX_REPEATS)
+            } else if took > SUBMISSION_SECONDS {
+                (repeats / 2).max(1)
+            } else {
+                repeats
+            };
         }
     }
 
@@ -694,6 +723,7 @@ where
     let dim = r.dim();
     let mut ph = Phases::default();
     let mut lss = Lss::new(ctx, dim, opts.metric)?;
+    lss.control = opts.control.clone();
     for mode in [MODE_SEARCH, MODE_COUNT] {
         lss.check_budget(mode, 0)?;
     }
@@ -738,7 +768,10 @@ where
         (0u64, 0u64, 0usize, 0usize);
     let blocks = blocks(ctx, queries.n);
     let arrays = BlockArrays::new(&lss, blocks[0].1 - blocks[0].0)?;
+    opts.control.stage("join", blocks.len() as u64);
     for &(start, end) in &blocks {
+        opts.control.check()?;
+        opts.control.advance(1, 0);
         let len = end - start;
         let mut b = Bindings {
             r_coords: Some(index.coords.all()),

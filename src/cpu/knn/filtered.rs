@@ -20,6 +20,7 @@
 //! exactly the canonical scalar sum of candidate l), and offered to their heap.
 
 use super::{key_less, Heap, Tree};
+use crate::control::Control;
 use crate::cpu::dot_filter::{self, Block, FilterBound, FilterPoints};
 use crate::cpu::store::Store;
 use crate::error::Result;
@@ -176,6 +177,7 @@ pub(super) fn search<T: Coord>(
     k: usize,
     indices: &mut [u32],
     acc: &mut [T],
+    control: &Control,
 ) -> Result<Option<String>> {
     search_with(
         dot_filter::Kernel::detect(),
@@ -185,10 +187,12 @@ pub(super) fn search<T: Coord>(
         k,
         indices,
         acc,
+        control,
     )
 }
 
 /// `search` with a given kernel (the tests run each the CPU has).
+#[allow(clippy::too_many_arguments)]
 fn search_with<T: Coord>(
     kernel: dot_filter::Kernel,
     data: &[T],
@@ -197,6 +201,7 @@ fn search_with<T: Coord>(
     k: usize,
     indices: &mut [u32],
     acc: &mut [T],
+    control: &Control,
 ) -> Result<Option<String>> {
     // One centre for both sides: the middle of the data's bounding box.
     let n = data.len() / dim;
@@ -232,6 +237,7 @@ fn search_with<T: Coord>(
     let nblocks = points.blocks.len();
 
     // Each query block's answers, in the queries' tree order, then gathered into rows.
+    control.stage("knn", queries.blocks.len() as u64);
     let per_block: Vec<Vec<(T, u32)>> = queries
         .blocks
         .par_iter()
@@ -279,6 +285,10 @@ fn search_with<T: Coord>(
             // The loosest k-th accumulator once every heap is full.
             let mut loosest: Option<f64> = None;
             for &(_, bound, b) in &order {
+                // A stop leaves the block's heaps short: the caller discards them.
+                if control.is_cancelled() {
+                    break;
+                }
                 if let Some(w) = loosest {
                     if bound > w * margin + slack {
                         continue;
@@ -358,9 +368,12 @@ fn search_with<T: Coord>(
             for h in &mut heaps {
                 out.extend(h.take_sorted());
             }
+            control.advance(1, qn as u64);
             out
         })
         .collect();
+    // Blocks cut short by a stop have short rows: they are never read.
+    control.check()?;
     // Scatter rows: query slot s of the tree order is the original row ids[s].
     let qids = &qtree.ids;
     let mut pos_of_row = vec![0u32; qids.len()];
@@ -455,8 +468,17 @@ mod tests {
             for &kernel in &kernels {
                 let mut idx = vec![0u32; rows * k];
                 let mut acc = vec![0.0f32; rows * k];
-                let done = search_with(kernel, &data, query.as_deref(), dim, k, &mut idx, &mut acc)
-                    .unwrap();
+                let done = search_with(
+                    kernel,
+                    &data,
+                    query.as_deref(),
+                    dim,
+                    k,
+                    &mut idx,
+                    &mut acc,
+                    &Control::default(),
+                )
+                .unwrap();
                 assert!(done.is_some());
                 let got: Vec<(f32, u32)> = acc.iter().copied().zip(idx.iter().copied()).collect();
                 for (r, (g, w)) in got.chunks(k).zip(want.chunks(k)).enumerate() {

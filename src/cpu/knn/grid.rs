@@ -12,12 +12,13 @@
 //! of `store.rs` and ordered by (accumulator, index), so the answer is `knn.rs`'s.
 
 use super::{gather_rows, prune_margins, Heap, CHUNK};
+use crate::control::Control;
 use crate::cpu::grid::GridIndex;
 use crate::cpu::store::{scan_acc, MetricKind};
 use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::grid::GridGeometry;
-use crate::knn::alloc;
+use crate::knn::alloc_stoppable;
 use crate::metric::Coord;
 use crate::options::Metric;
 use crate::stats::{bounds_and_variance, order_by_variance};
@@ -106,16 +107,19 @@ pub(super) fn search<T: Coord, M: MetricKind>(
     k: usize,
     indices: &mut [u32],
     acc: &mut [T],
+    control: &Control,
 ) -> Result<String> {
     let idx = GridIndex::build(data, dim, geom);
+    control.check()?;
     // Queries in cell order (close queries share cells): the index itself for a self-kNN.
     let qidx = query.map(|q| GridIndex::build(q, dim, geom));
     let queries = qidx.as_ref().unwrap_or(&idx);
     let rows = queries.store.n;
     let self_join = query.is_none();
     let (margin, slack) = prune_margins::<T>(dim);
-    let mut pos_idx = alloc(rows * k, 0u32, "index array")?;
-    let mut pos_acc = alloc(rows * k, T::ZERO, "distance array")?;
+    let mut pos_idx = alloc_stoppable(rows * k, 0u32, "index array", control)?;
+    let mut pos_acc = alloc_stoppable(rows * k, T::ZERO, "distance array", control)?;
+    control.stage("knn", rows.div_ceil(CHUNK) as u64);
     pos_idx
         .par_chunks_mut(CHUNK * k)
         .zip(pos_acc.par_chunks_mut(CHUNK * k))
@@ -136,7 +140,12 @@ pub(super) fn search<T: Coord, M: MetricKind>(
                 _m: std::marker::PhantomData,
             };
             let first = c * CHUNK;
+            let rows = out_i.len() / k;
             for (r, (oi, oa)) in out_i.chunks_mut(k).zip(out_a.chunks_mut(k)).enumerate() {
+                // A stop leaves the rest of the chunk's rows unset: the caller discards them.
+                if control.check().is_err() {
+                    return;
+                }
                 let slot = first + r;
                 queries.store.point(slot, &mut s.q);
                 s.skip = if self_join {
@@ -147,7 +156,9 @@ pub(super) fn search<T: Coord, M: MetricKind>(
                 s.run();
                 s.heap.drain_sorted(oi, oa);
             }
+            control.advance(1, rows as u64);
         });
+    control.check()?;
     gather_rows(
         &queries.store.ids[..rows],
         k,
