@@ -15,10 +15,14 @@ import threading
 
 import numpy as np
 
-from . import _native
+from . import _control, _native
+from ._control import Progress
 from ._native import lib
 
-__all__ = ["self_join", "join", "neighbour_counts", "knn", "dbscan", "DBSCAN", "Error", "InvalidArgumentError", "__version__"]
+__all__ = [
+    "self_join", "join", "neighbour_counts", "knn", "dbscan", "DBSCAN", "Error", "InvalidArgumentError",
+    "Progress", "__version__",
+]
 __version__ = lib.simjoin_version().decode()
 
 
@@ -34,14 +38,19 @@ class InvalidArgumentError(Error, ValueError):
     """Bad input: NaN/inf coordinates, eps <= 0, zero dimensions, mismatched shapes, ..."""
 
 
-def _check(status):
+def _check(status, message=None):
+    """Raises the error for a failed call's status (`message`: the engine's, when the call
+    ran on another thread; else this thread's last)."""
     if status != _native.OK:
-        size = lib.simjoin_last_error_message(None, 0)
-        buf = ctypes.create_string_buffer(size + 1)
-        lib.simjoin_last_error_message(buf, size + 1)
-        message = buf.value.decode(errors="replace")
+        if message is None:
+            message = _control.last_error()
         cls = InvalidArgumentError if status == _native.INVALID_ARGUMENT else Error
         raise cls(status, message)
+
+
+def _checked_run(call, opts, progress):
+    """Runs the engine call `call` stoppable and watched (see _control.run), raising its error."""
+    _check(*_control.run(call, opts, progress))
 
 
 def _as_points(X, name, dtype=None):
@@ -226,7 +235,7 @@ def _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threa
 
 
 def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-              sorted=True, return_distance=False, threads=None):
+              sorted=True, return_distance=False, threads=None, progress=None):
     """All pairs of rows of X within distance `eps` (dist <= eps).
 
     output="pairs": unique pairs (i < j) as an (m, 2) uint32 array (sorted unless
@@ -246,6 +255,11 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     Raises InvalidArgumentError (a ValueError) for NaN/inf coordinates, eps <= 0, and an eps
     the data's precision cannot compare exactly (Euclidean eps*eps overflowing or below the
     normal range: float64 eps outside about [1.5e-154, 1.3e154], float32 [1.1e-19, 1.8e19]).
+
+    Ctrl-C stops the join within milliseconds and raises KeyboardInterrupt. progress: a
+    callable given a `simjoin.Progress` (stage, fraction, pairs, elapsed) about every
+    0.1 s from the calling thread, or True for a progress bar on stderr; an exception it
+    raises stops the join and propagates.
     """
     points = _as_points(X, "X")
     if str(output).lower() in _ARROW_OUTPUTS:
@@ -253,41 +267,51 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     m = _matrix(points)
     result = ctypes.c_void_p()
-    _check(lib.simjoin_self_join(_Engine.get(threads), ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)))
+    engine = _Engine.get(threads)
+    _checked_run(
+        lambda: lib.simjoin_self_join(engine, ctypes.byref(m), ctypes.byref(opts), ctypes.byref(result)),
+        opts,
+        progress,
+    )
     return _collect(result, output.lower(), (points.shape[0], points.shape[0]), return_distance)
 
 
-def neighbour_counts(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", threads=None):
+def neighbour_counts(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", threads=None,
+                     progress=None):
     """Each row's number of rows of X within distance `eps`, the row itself included (the
     count behind DBSCAN's core samples; a density score for outlier detection), as a
     uint32 array of len(X). On a GPU the counts are made on the device (no pair leaves
     it); on the CPU they are counted from the join's streamed pairs, never collected.
-    metric, backend and algorithm as for self_join.
+    metric, backend, algorithm and progress as for self_join.
     """
     points = _as_points(X, "X")
     opts = _options(eps, metric, backend, algorithm, "count", False)
     m = _matrix(points)
     counts = np.empty(points.shape[0], dtype=np.uint32)
-    _check(
-        lib.simjoin_neighbour_counts(
-            _Engine.get(threads),
+    engine = _Engine.get(threads)
+    _checked_run(
+        lambda: lib.simjoin_neighbour_counts(
+            engine,
             ctypes.byref(m),
             ctypes.byref(opts),
             counts.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32)) if len(counts) else None,
             None,
-        )
+        ),
+        opts,
+        progress,
     )
     return counts
 
 
 def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-         sorted=True, return_distance=False, threads=None):
+         sorted=True, return_distance=False, threads=None, progress=None):
     """All pairs (i, j), row i of A and row j of B, within distance `eps`.
 
     output="pairs": an (m, 2) uint32 array of (i, j); output="csr": an (len(A), len(B))
     scipy.sparse.csr_matrix (boolean, or distances with return_distance=True, which also
     makes output="pairs" return `(pairs, distances)`); output="count": an int. A float32
-    array joined with a float64 one is joined in float64.
+    array joined with a float64 one is joined in float64. Ctrl-C and progress as for
+    self_join.
     """
     a, b = np.asarray(A), np.asarray(B)
     common = None
@@ -300,10 +324,11 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
     opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
     ma, mb = _matrix(a), _matrix(b)
     result = ctypes.c_void_p()
-    _check(
-        lib.simjoin_join(
-            _Engine.get(threads), ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)
-        )
+    engine = _Engine.get(threads)
+    _checked_run(
+        lambda: lib.simjoin_join(engine, ctypes.byref(ma), ctypes.byref(mb), ctypes.byref(opts), ctypes.byref(result)),
+        opts,
+        progress,
     )
     return _collect(result, output.lower(), (a.shape[0], b.shape[0]), return_distance)
 
@@ -328,7 +353,7 @@ def _view(owner, address, ctype, count, dtype, shape):
 
 
 def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto", output="arrays",
-        threads=None):
+        threads=None, progress=None):
     """The exact k nearest neighbours of every row of `query` among the rows of X, or, when
     `query` is None, of every row of X among the others (a point is not its own neighbour;
     an exact duplicate of it is, at distance 0).
@@ -341,6 +366,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
     "grid" (CPU), "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
     The arrays view the engine's memory (no copy); it is freed with the last of them.
+    Ctrl-C and progress as for self_join.
     """
     output = str(output).lower()
     if output not in ("arrays", "graph"):
@@ -367,15 +393,18 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     md = _matrix(data)
     mq = _matrix(q) if q is not None else None
     handle = ctypes.c_void_p()
-    _check(
-        lib.simjoin_knn(
-            _Engine.get(threads),
+    engine = _Engine.get(threads)
+    _checked_run(
+        lambda: lib.simjoin_knn(
+            engine,
             ctypes.byref(md),
             ctypes.byref(mq) if mq is not None else None,
             int(k),
             ctypes.byref(opts),
             ctypes.byref(handle),
-        )
+        ),
+        opts,
+        progress,
     )
     owner = _KnnOwner(handle)
     rows, kk = ctypes.c_size_t(), ctypes.c_size_t()

@@ -35,6 +35,7 @@ class _DbscanOptions(ctypes.Structure):
         ("backend", c_uint32),
         ("algorithm", c_uint32),
         ("sample_weight", POINTER(c_double)),
+        ("control", c_void_p),
     ]
 
 
@@ -70,9 +71,9 @@ def _invalid(message):
     return InvalidArgumentError(_native.INVALID_ARGUMENT, message)
 
 
-def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample_weight=None):
+def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample_weight=None, progress=None):
     """(X as the engine read it, labels int64, core mask bool, report dict)."""
-    from . import _Engine, _as_points, _check, _lookup, _matrix
+    from . import _Engine, _as_points, _checked_run, _lookup, _matrix, _check
 
     if isinstance(min_samples, bool) or not isinstance(min_samples, (int, np.integer)) or min_samples < 1:
         raise _invalid(f"min_samples must be an integer >= 1 (got {min_samples!r})")
@@ -105,9 +106,10 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
     core = np.empty(n, dtype=np.uint8)
     report = _DbscanReport()
     m = _matrix(data)
-    _check(
-        lib.simjoin_dbscan(
-            _Engine.get(threads),
+    engine = _Engine.get(threads)
+    _checked_run(
+        lambda: lib.simjoin_dbscan(
+            engine,
             ctypes.byref(m),
             float(eps),
             int(min_samples),
@@ -115,7 +117,9 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
             labels.ctypes.data_as(POINTER(c_int64)) if n else None,
             core.ctypes.data_as(POINTER(c_uint8)) if n else None,
             ctypes.byref(report),
-        )
+        ),
+        opts,
+        progress,
     )
     stats = {
         "clusters": int(report.clusters),
@@ -129,7 +133,7 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
 
 
 def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorithm="auto", threads=None,
-           sample_weight=None):
+           sample_weight=None, progress=None):
     """DBSCAN of the rows of X: an int64 array of labels, 0, 1, ... per cluster (numbered by
     their smallest row) and -1 for noise. A row with at least `min_samples` rows within
     `eps` (itself included, as scikit-learn counts) is a core sample; a non-core row with a
@@ -143,8 +147,9 @@ def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorit
     within eps, its own included, sum to at least min_samples (zero and negative weights
     allowed); summed exactly, so where NumPy's rounded float sum falls on the other side
     of min_samples the answer can differ from scikit-learn's (integer weights never do).
+    Ctrl-C and progress as for simjoin.self_join.
     """
-    return _run(X, eps, min_samples, metric, backend, threads, algorithm, sample_weight)[1]
+    return _run(X, eps, min_samples, metric, backend, threads, algorithm, sample_weight, progress)[1]
 
 
 _estimator = None

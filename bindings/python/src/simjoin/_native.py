@@ -32,6 +32,7 @@ class Options(ctypes.Structure):
         ("result_buffer_pairs", c_uint64),
         ("lss_lists", c_uint64),
         ("distances", c_uint32),
+        ("control", c_void_p),
     ]
 
 
@@ -51,6 +52,16 @@ class KnnOptions(ctypes.Structure):
         ("backend", c_uint32),
         ("algorithm", c_uint32),
         ("lss_lists", c_uint64),
+        ("control", c_void_p),
+    ]
+
+
+class Progress(ctypes.Structure):
+    _fields_ = [
+        ("stage", c_char_p),
+        ("fraction", c_double),
+        ("pairs", c_uint64),
+        ("elapsed", c_double),
     ]
 
 
@@ -151,6 +162,11 @@ def _declare(lib):
             ],
         ),
         "simjoin_knn_result_report": (status, [result_p, POINTER(Report)]),
+        "simjoin_control_new": (status, [POINTER(c_void_p)]),
+        "simjoin_control_cancel": (None, [c_void_p]),
+        "simjoin_control_is_cancelled": (ctypes.c_int32, [c_void_p]),
+        "simjoin_control_progress": (status, [c_void_p, POINTER(Progress)]),
+        "simjoin_control_free": (None, [c_void_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
