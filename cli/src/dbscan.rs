@@ -92,7 +92,7 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
         metric: args.run.metric,
         backend: args.run.backend,
         algorithm: args.algorithm,
-        control: simjoin::Control::default(),
+        control: crate::control().clone(),
     };
     opts.validate()?;
     if let Some(path) = &args.output {

@@ -10,11 +10,12 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use input::{read_points, Points, Precision};
 use simjoin::{
-    Algorithm, Backend, Dataset, Engine, EngineOptions, JoinOptions, JoinReport, Metric,
+    Algorithm, Backend, Control, Dataset, Engine, EngineOptions, JoinOptions, JoinReport, Metric,
     OutputForm, Pair,
 };
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
@@ -186,6 +187,11 @@ fn main() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    control();
+    // SAFETY: installs a handler that only does async-signal-safe work (see on_sigint).
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
     let outcome = match cli.command {
         Command::SelfJoin { input, join } => run_join(&[input], &join),
         Command::Join { a, b, join } => run_join(&[a, b], &join),
@@ -195,19 +201,60 @@ fn main() {
         Command::Demo(args) => run_demo(&args),
     };
     if let Err(e) = outcome {
+        if cancelled(&e) {
+            let p = control().progress();
+            eprintln!(
+                "simjoin: interrupted after {:.2} s ({} pairs found by then); stopped cleanly",
+                p.as_ref().map_or(0.0, |p| p.elapsed),
+                p.map_or(0, |p| p.pairs)
+            );
+            std::process::exit(130);
+        }
         // One line: the whole context chain, "outer: inner: cause".
         eprintln!("simjoin: error: {e:#}");
         std::process::exit(1);
     }
 }
 
-/// A spinner with elapsed time and pairs found, on stderr, only when it is a terminal.
-struct Progress(Option<indicatif::ProgressBar>);
+/// The process's stop flag: every job carries it, and SIGINT cancels it (the job then
+/// ends within milliseconds, its threads stopped, and the command exits with status 130).
+fn control() -> &'static Control {
+    static CONTROL: OnceLock<Control> = OnceLock::new();
+    CONTROL.get_or_init(Control::new)
+}
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    // Async-signal-safe: an atomic load (the control exists before the handler is set)
+    // and an atomic store; then a second Ctrl-C ends the process at once.
+    control().cancel();
+    // SAFETY: signal() is async-signal-safe; restores the default disposition.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
+    }
+}
+
+/// Whether `e` is a job stopped through the control (by SIGINT).
+fn cancelled(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<simjoin::Error>()
+            .is_some_and(|s| s.kind() == simjoin::ErrorKind::Cancelled)
+    }) && control().is_cancelled()
+}
+
+/// A line on stderr while a job runs, only when stderr is a terminal: the stage, how far
+/// it has come, pairs per second and an estimate of the time left.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    ticker: Option<(std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>)>,
+}
 
 impl Progress {
     fn start(what: &str) -> Self {
         if !std::io::stderr().is_terminal() {
-            return Progress(None);
+            return Progress {
+                bar: None,
+                ticker: None,
+            };
         }
         let bar = indicatif::ProgressBar::new_spinner();
         bar.set_style(
@@ -216,18 +263,55 @@ impl Progress {
         );
         bar.set_message(what.to_string());
         bar.enable_steady_tick(Duration::from_millis(120));
-        Progress(Some(bar))
-    }
-    fn pairs_so_far(&self, pairs: usize) {
-        if let Some(bar) = &self.0 {
-            bar.set_message(format!("joining: {pairs} pairs so far"));
+        let (stop, stopped) = std::sync::mpsc::channel();
+        let (shown, what) = (bar.clone(), what.to_string());
+        let ticker = std::thread::spawn(move || {
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(Duration::from_millis(200))
+            {
+                if let Some(p) = control().progress() {
+                    shown.set_message(progress_line(&what, &p));
+                }
+            }
+        });
+        Progress {
+            bar: Some(bar),
+            ticker: Some((stop, ticker)),
         }
     }
     fn finish(self) {
-        if let Some(bar) = self.0 {
+        if let Some((stop, ticker)) = self.ticker {
+            let _ = stop.send(());
+            let _ = ticker.join();
+        }
+        if let Some(bar) = self.bar {
             bar.finish_and_clear();
         }
     }
+}
+
+/// "joining: join 45%, 12345678 pairs (2.1M/s), ~3 s left".
+fn progress_line(what: &str, p: &simjoin::Progress) -> String {
+    let rate = if p.elapsed > 0.0 {
+        p.pairs as f64 / p.elapsed
+    } else {
+        0.0
+    };
+    let left = if p.fraction > 0.01 && p.fraction < 1.0 {
+        format!(
+            ", ~{:.0} s left",
+            p.elapsed * (1.0 - p.fraction) / p.fraction
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "{what}: {} {:.0}%, {} pairs ({:.3}M/s){left}",
+        p.stage,
+        100.0 * p.fraction,
+        p.pairs,
+        rate / 1e6
+    )
 }
 
 fn options(args: &JoinArgs) -> JoinOptions {
@@ -236,6 +320,7 @@ fn options(args: &JoinArgs) -> JoinOptions {
     opts.backend = args.run.backend;
     opts.algorithm = args.algorithm;
     opts.lss_lists = args.lss_lists;
+    opts.control = control().clone();
     opts
 }
 
@@ -292,8 +377,12 @@ fn join_once(
     let progress = Progress::start("joining");
     let (report, written) = match &args.output {
         Some(path) => {
-            let written = write_join(engine, a, b, opts, args, path, &progress);
+            let written = write_join(engine, a, b, opts, args, path);
             progress.finish();
+            if written.is_err() {
+                // An incomplete file is no answer: leave none behind.
+                let _ = std::fs::remove_file(path);
+            }
             let (report, written) = written?;
             (report, Some(written))
         }
@@ -317,7 +406,7 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
         backend: args.run.backend,
         algorithm: args.algorithm,
         lss_lists: args.lss_lists,
-        ..Default::default()
+        control: control().clone(),
     };
     anyhow::ensure!(args.k >= 1, "--k must be at least 1");
     if let Some(path) = &args.output {
@@ -443,11 +532,9 @@ fn write_join(
     opts: &JoinOptions,
     args: &JoinArgs,
     path: &std::path::Path,
-    progress: &Progress,
 ) -> Result<(JoinReport, Written)> {
     let mut writer = output::PairWriter::create(path, args.distances.then(|| a.precision()))?;
     let mut seconds = 0.0;
-    let mut found = 0usize;
     // Distances are computed per batch, in the order the pairs are written.
     let mut emit = |pairs: &[Pair]| -> Result<()> {
         let d = if args.distances {
@@ -469,8 +556,6 @@ fn write_join(
             opts,
             |_| Ok(false),
             |chunk| {
-                found += chunk.len();
-                progress.pairs_so_far(found);
                 let t = Instant::now();
                 emit(&chunk)?;
                 seconds += t.elapsed().as_secs_f64();
@@ -501,11 +586,6 @@ fn write_join(
         // sorted output took twice as long there).
         const LARGE_CHUNK: usize = 1 << 20;
         let lock = || sort.lock().unwrap_or_else(|p| p.into_inner());
-        let counted = std::sync::atomic::AtomicUsize::new(0);
-        let count = |n: usize| {
-            let total = counted.fetch_add(n, std::sync::atomic::Ordering::Relaxed) + n;
-            progress.pairs_so_far(total);
-        };
         let report = stream_join(
             engine,
             a,
@@ -514,15 +594,11 @@ fn write_join(
             |chunk| {
                 let large = chunk.len() >= LARGE_CHUNK;
                 if large {
-                    count(chunk.len());
                     lock().push(chunk)?;
                 }
                 Ok(large)
             },
-            |piece| {
-                count(piece.len());
-                lock().push(&piece)
-            },
+            |piece| lock().push(&piece),
         )?;
         let sort = sort.into_inner().unwrap_or_else(|p| p.into_inner());
         let t = Instant::now();
@@ -744,6 +820,7 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
     opts.backend = args.backend;
     opts.algorithm = args.algorithm;
     opts.sorted = true;
+    opts.control = control().clone();
     println!("Self-join with Euclidean eps = {} ...", args.eps);
     let progress = Progress::start("joining");
     let result = Engine::new().self_join(&data, &opts);

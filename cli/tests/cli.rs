@@ -808,3 +808,99 @@ fn distances_in_csv_and_parquet() {
         "--distances needs a .csv or .parquet output",
     );
 }
+
+/// SIGINT during a long join (32-D, no pair within eps, nearly every pair compared), a
+/// kNN and a DBSCAN: the command exits within 250 ms with status 130 and a one-line
+/// message, leaves no output file, and the same command run to the end on a smaller
+/// input still gives the oracle's answer.
+#[test]
+fn sigint_stops_the_command_cleanly() {
+    let dir = scratch("sigint");
+    let (n, d) = (200_000, 32);
+    let x: Vec<f32> = lcg_points(n, d, 11).iter().map(|&v| v as f32).collect();
+    write_npy(&dir.join("far.npy"), &x, &[n as u64, d as u64], false);
+    for args in [
+        &[
+            "self-join",
+            "far.npy",
+            "--eps",
+            "0.5",
+            "--backend",
+            "cpu",
+            "-o",
+            "pairs.npy",
+        ][..],
+        &[
+            "self-join",
+            "far.npy",
+            "--eps",
+            "0.5",
+            "--backend",
+            "cpu",
+            "--algorithm",
+            "brute",
+        ],
+        &[
+            "knn",
+            "far.npy",
+            "--k",
+            "10",
+            "--backend",
+            "cpu",
+            "--algorithm",
+            "brute",
+        ],
+        &[
+            "dbscan",
+            "far.npy",
+            "--eps",
+            "0.5",
+            "--min-samples",
+            "5",
+            "--backend",
+            "cpu",
+        ],
+    ] {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .current_dir(&dir)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Past reading the input: the join itself is running.
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{args:?} ended too soon"
+        );
+        let asked = std::time::Instant::now();
+        // SAFETY: kill() on our own child's pid.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        let out = child.wait_with_output().unwrap();
+        let took = asked.elapsed();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(130), "{args:?}: {stderr}");
+        assert!(stderr.contains("interrupted after"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(
+            took < std::time::Duration::from_millis(250),
+            "{args:?}: exited {took:?} after SIGINT"
+        );
+        assert!(
+            !dir.join("pairs.npy").exists(),
+            "an incomplete output was left"
+        );
+    }
+    // The same command to the end, on a part small enough to finish.
+    let small = &x[..2000 * d];
+    write_npy(&dir.join("small.npy"), small, &[2000, d as u64], false);
+    stdout_ok(&run(
+        &dir,
+        &["self-join", "small.npy", "--eps", "1.0", "-o", "pairs.npy"],
+    ));
+    let data = Dataset::from_f32(small, d).unwrap();
+    let want = oracle::self_join(&data, Metric::Euclidean, 1.0);
+    assert!(!want.is_empty());
+    assert_eq!(read_npy_pairs(&dir.join("pairs.npy")), want);
+}

@@ -497,18 +497,23 @@ where
         counts.dispatches,
         counts.resumed,
         counts.overflowed,
-        if budget != 0 && run.pace.target().is_none() {
-            format!(", software device: workgroup {workgroup}, loop budget {budget} per thread")
-        } else if let Some(target) = run.pace.target() {
-            format!(
-                ", the longest search dispatch {:.1} ms (each thread's loop budget adapted to \
+        match (budget != 0, run.pace.target()) {
+            (true, None) => {
+                format!(", software device: workgroup {workgroup}, loop budget {budget} per thread")
+            }
+            (software, Some(target)) => format!(
+                "{}, the longest search dispatch {:.1} ms (each thread's loop budget adapted to \
                  about {:.1} ms a dispatch, ended at {})",
+                if software {
+                    format!(", software device: workgroup {workgroup}, loop budget at most {budget} per thread")
+                } else {
+                    String::new()
+                },
                 1e3 * run.pace.longest(),
                 1e3 * target,
                 run.pace.budget()
-            )
-        } else {
-            String::new()
+            ),
+            (false, None) => String::new(),
         }
     ));
     if times.loop_wall > 0.0 {
