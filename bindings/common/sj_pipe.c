@@ -26,7 +26,6 @@ typedef struct sj_chunk {
 struct sj_pipe {
   pthread_mutex_t mu;
   pthread_cond_t cv; /* broadcast on every change of the fields below */
-  int refs;          /* the caller's hold and the join thread's */
   int stop;          /* the consumer wants no more pairs */
   int done;          /* the join call returned */
   int oom;           /* the callback could not allocate a chunk */
@@ -39,7 +38,8 @@ struct sj_pipe {
   double *a, *b;
   size_t na, nb, dim;
   simjoin_options opts;
-  simjoin_engine *engine; /* one of `engines`, never freed */
+  simjoin_control *control; /* this join's stop flag and progress */
+  int engine;               /* index into `engines`; its `users` counts this join */
   pthread_t thread;
   uint64_t callbacks; /* calls of on_pairs */
   struct timespec started;
@@ -53,36 +53,63 @@ static double seconds_since(const struct timespec *t0) {
 
 static pthread_mutex_t engine_mu = PTHREAD_MUTEX_INITIALIZER;
 /* One engine per CPU thread count asked for (0 = all cores): created on first use in each
- * process (never in a postmaster before fork), never freed. A simjoin engine owns its thread
- * pool, so the thread count is an engine option (C ABI 2). */
-enum { MAX_ENGINES = 8 };
+ * process (never in a postmaster before fork). A simjoin engine owns its thread pool, so the
+ * thread count is an engine option (C ABI 2). `users` counts the joins running on it; when
+ * all slots are taken, an idle engine is freed for a new thread count. */
+enum { SJ_MAX_ENGINES = 8 };
 static struct {
   uint64_t threads;
   simjoin_engine *engine;
-} engines[MAX_ENGINES];
+  int users;
+} engines[SJ_MAX_ENGINES];
 static int n_engines;
 
-/* The engine for `threads`, or NULL with `err` set. Call with engine_mu held. */
-static simjoin_engine *engine_for(uint64_t threads, char *err, size_t errlen) {
+/* The slot of the engine for `threads` with its user count raised, or -1 with `err` set.
+ * Call with engine_mu held. */
+static int engine_for(uint64_t threads, char *err, size_t errlen) {
   simjoin_engine_options eo;
-  int i;
+  simjoin_engine *e = NULL;
+  int i, slot = -1;
   for (i = 0; i < n_engines; i++)
-    if (engines[i].threads == threads) return engines[i].engine;
-  if (n_engines == MAX_ENGINES) {
-    snprintf(err, errlen, "simjoin: at most %d different thread counts per process", MAX_ENGINES);
-    return NULL;
+    if (engines[i].threads == threads) {
+      engines[i].users++;
+      return i;
+    }
+  if (n_engines < SJ_MAX_ENGINES) {
+    slot = n_engines;
+  } else {
+    for (i = 0; i < n_engines; i++)
+      if (engines[i].users == 0) {
+        slot = i;
+        break;
+      }
+    if (slot < 0) {
+      snprintf(err, errlen, "simjoin: %d joins with different thread counts already run in this process",
+               SJ_MAX_ENGINES);
+      return -1;
+    }
   }
   if (simjoin_engine_options_init(&eo) != SIMJOIN_OK) {
     simjoin_last_error_message(err, errlen);
-    return NULL;
+    return -1;
   }
   eo.threads = threads;
-  if (simjoin_engine_new_with(&eo, &engines[n_engines].engine) != SIMJOIN_OK) {
+  if (simjoin_engine_new_with(&eo, &e) != SIMJOIN_OK) {
     simjoin_last_error_message(err, errlen);
-    return NULL;
+    return -1;
   }
-  engines[n_engines].threads = threads;
-  return engines[n_engines++].engine;
+  if (slot < n_engines) simjoin_engine_free(engines[slot].engine); /* idle: no join uses it */
+  else n_engines++;
+  engines[slot].threads = threads;
+  engines[slot].engine = e;
+  engines[slot].users = 1;
+  return slot;
+}
+
+static void engine_done(int slot) {
+  pthread_mutex_lock(&engine_mu);
+  engines[slot].users--;
+  pthread_mutex_unlock(&engine_mu);
 }
 
 int sj_parse_metric(const char *name) {
@@ -113,6 +140,31 @@ double sj_distance(int metric, const double *x, const double *y, size_t dim) {
   return metric == SIMJOIN_METRIC_EUCLIDEAN ? sqrt(acc) : acc;
 }
 
+static int cmp_i64(const void *x, const void *y) {
+  int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+  return a < b ? -1 : a > b;
+}
+
+int sj_find_duplicate(const int64_t *ids, size_t n, int64_t *dup) {
+  int64_t *s;
+  size_t i;
+  for (i = 1; i < n; i++)
+    if (ids[i - 1] >= ids[i]) break;
+  if (i >= n) return 0;
+  s = malloc(n * sizeof *s);
+  if (!s) return -1;
+  memcpy(s, ids, n * sizeof *s);
+  qsort(s, n, sizeof *s, cmp_i64);
+  for (i = 1; i < n; i++)
+    if (s[i - 1] == s[i]) {
+      *dup = s[i];
+      free(s);
+      return 1;
+    }
+  free(s);
+  return 0;
+}
+
 static void destroy(sj_pipe *p) {
   sj_chunk *c = p->head;
   while (c) {
@@ -123,17 +175,10 @@ static void destroy(sj_pipe *p) {
   free(p->current);
   free(p->a);
   free(p->b);
+  simjoin_control_free(p->control);
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
   free(p);
-}
-
-static void release(sj_pipe *p) {
-  int last;
-  pthread_mutex_lock(&p->mu);
-  last = --p->refs == 0;
-  pthread_mutex_unlock(&p->mu);
-  if (last) destroy(p);
 }
 
 /* simjoin's callback, on one of its worker threads: queue a copy, never touch the database. */
@@ -173,13 +218,14 @@ static void *join_thread(void *arg) {
   sj_pipe *p = arg;
   simjoin_matrix a = {p->a, p->na, p->dim, SIMJOIN_DTYPE_F64};
   simjoin_matrix b = {p->b, p->nb, p->dim, SIMJOIN_DTYPE_F64};
+  simjoin_engine *engine = engines[p->engine].engine; /* kept while users > 0 */
   simjoin_status st;
   char message[sizeof p->message];
   message[0] = '\0';
   if (p->b)
-    st = simjoin_join_stream(p->engine, &a, &b, &p->opts, on_pairs, p, NULL);
+    st = simjoin_join_stream(engine, &a, &b, &p->opts, on_pairs, p, NULL);
   else
-    st = simjoin_self_join_stream(p->engine, &a, &p->opts, on_pairs, p, NULL);
+    st = simjoin_self_join_stream(engine, &a, &p->opts, on_pairs, p, NULL);
   if (st != SIMJOIN_OK) simjoin_last_error_message(message, sizeof message);
   pthread_mutex_lock(&p->mu);
   p->status = st;
@@ -191,7 +237,6 @@ static void *join_thread(void *arg) {
   p->done = 1;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
-  release(p);
   return NULL;
 }
 
@@ -199,39 +244,43 @@ int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, siz
                   double eps, int metric, int backend, uint64_t threads, char *err,
                   size_t errlen) {
   sj_pipe *p;
+  simjoin_control *control = NULL;
   sigset_t all, old;
   int rc;
 
-  simjoin_engine *engine;
+  int engine;
 
   pthread_mutex_lock(&engine_mu);
   engine = engine_for(threads, err, errlen);
   pthread_mutex_unlock(&engine_mu);
-  if (!engine) {
+  if (engine < 0) {
     free(a);
     free(b);
     return -1;
   }
 
   p = calloc(1, sizeof *p);
-  if (!p) {
+  if (!p || simjoin_control_new(&control) != SIMJOIN_OK) {
     snprintf(err, errlen, "out of memory");
+    free(p);
     free(a);
     free(b);
+    engine_done(engine);
     return -1;
   }
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
-  p->refs = 2;
   p->a = a;
   p->b = b;
   p->na = na;
   p->nb = nb;
   p->dim = dim;
+  p->control = control;
   simjoin_options_init(&p->opts);
   p->opts.eps = eps;
   p->opts.metric = (simjoin_metric)metric;
   p->opts.backend = (simjoin_backend)backend;
+  p->opts.control = control;
   p->engine = engine;
   clock_gettime(CLOCK_MONOTONIC, &p->started);
 
@@ -242,8 +291,8 @@ int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, siz
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) {
     snprintf(err, errlen, "cannot start the join thread: %s", strerror(rc));
-    p->refs = 1;
-    release(p);
+    destroy(p);
+    engine_done(engine);
     return -1;
   }
   *out = p;
@@ -293,31 +342,39 @@ int sj_pipe_next(sj_pipe *p, const uint32_t **pairs, size_t *count, int timeout_
 
 const char *sj_pipe_error(const sj_pipe *p) { return p->message; }
 
-int sj_pipe_close(sj_pipe *p, int wait_ms) {
-  struct timespec deadline, asked;
-  int finished, was_done;
+void sj_pipe_cancel(sj_pipe *p) {
+  if (p) simjoin_control_cancel(p->control);
+}
+
+int sj_pipe_close(sj_pipe *p) {
+  struct timespec asked;
+  simjoin_progress pr;
+  int was_done;
   if (!p) return 1;
-  deadline_in(&deadline, wait_ms);
   clock_gettime(CLOCK_MONOTONIC, &asked);
+  simjoin_control_cancel(p->control);
   pthread_mutex_lock(&p->mu);
   was_done = p->done;
   p->stop = 1;
   pthread_cond_broadcast(&p->cv);
-  while (!p->done)
-    if (pthread_cond_timedwait(&p->cv, &p->mu, &deadline) == ETIMEDOUT) break;
-  finished = p->done;
-  /* One line on stderr (the server log) when a join was left running; with
-   * SIMJOIN_PIPE_DEBUG=1, one per stopped join. */
-  if (!was_done && (!finished || getenv("SIMJOIN_PIPE_DEBUG")))
-    fprintf(stderr, "sj_pipe: stop asked %.3f s into the join, %s %.3f s later, %llu callbacks\n",
-            seconds_since(&p->started) - seconds_since(&asked),
-            finished ? "join ended" : "join still running, detached", seconds_since(&asked),
-            (unsigned long long)p->callbacks);
   pthread_mutex_unlock(&p->mu);
-  if (finished)
-    pthread_join(p->thread, NULL);
-  else
-    pthread_detach(p->thread);
-  release(p);
-  return finished;
+  if (!was_done && getenv("SIMJOIN_PIPE_DEBUG") &&
+      simjoin_control_progress(p->control, &pr) != SIMJOIN_OK) {
+    pr.stage = "?";
+    pr.fraction = 0.0;
+  }
+  /* No timeout: the engine stops a cancelled join within milliseconds on the CPU (one
+   * batch on a GPU), and a join left running would hold cores, memory and the engine. */
+  pthread_join(p->thread, NULL);
+  /* With SIMJOIN_PIPE_DEBUG=1, one line per stopped join on stderr (the server log). */
+  if (!was_done && getenv("SIMJOIN_PIPE_DEBUG"))
+    fprintf(stderr,
+            "sj_pipe: stop asked %.3f s into the join (stage %s, %.0f%%), join ended %.3f s later, "
+            "%llu callbacks, %s\n",
+            seconds_since(&p->started) - seconds_since(&asked), pr.stage ? pr.stage : "?",
+            pr.fraction * 100.0, seconds_since(&asked), (unsigned long long)p->callbacks,
+            p->status == SIMJOIN_CANCELLED ? "cancelled" : simjoin_status_str(p->status));
+  engine_done(p->engine);
+  destroy(p);
+  return was_done;
 }

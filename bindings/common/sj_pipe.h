@@ -12,7 +12,13 @@
  * signal handlers (cancel, statement_timeout) run on the caller's thread.
  *
  * Memory: the queue holds at most SJ_PIPE_MAX_CHUNKS chunks (the join waits when it is
- * full), so results are never held whole. */
+ * full), so results are never held whole.
+ *
+ * Stopping: each join has a simjoin_control. sj_pipe_cancel (async-signal-safe) asks the
+ * engine to stop wherever the join is (planning, index build, the join itself, even when
+ * it finds no pairs); sj_pipe_close cancels and then waits until the join call has
+ * returned and its thread has been joined, so a database call never returns while a join
+ * of its still runs. The engine stops a cancelled CPU join within milliseconds. */
 #ifndef SJ_PIPE_H
 #define SJ_PIPE_H
 
@@ -32,10 +38,16 @@ int sj_parse_backend(const char *name);
  * |d| (manhattan) or max |d| (chebyshev). */
 double sj_distance(int metric, const double *x, const double *y, size_t dim);
 
+/* Whether `ids` has a value twice: 1 with *dup set to it, 0 if all differ, -1 out of
+ * memory. O(n) when the ids ascend, else a sorted copy. */
+int sj_find_duplicate(const int64_t *ids, size_t n, int64_t *dup);
+
 /* Starts a join: a self-join of `a` when `b` is NULL, else a join b. `a` and `b` are
  * malloc'd row-major double arrays of `na`/`nb` rows of `dim` columns; the pipe takes
  * ownership of both in every case (they are freed when the pipe and the join are done).
- * `threads` = 0: all cores. Returns 0 and sets *out, or -1 with a message in err. */
+ * `threads` = 0: all cores. Engines (one per thread count, each with its thread pool) are
+ * kept per process; when SJ_MAX_ENGINES exist, an idle one is freed to make room.
+ * Returns 0 and sets *out, or -1 with a message in err. */
 int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, size_t dim,
                   double eps, int metric, int backend, uint64_t threads, char *err,
                   size_t errlen);
@@ -53,10 +65,16 @@ int sj_pipe_next(sj_pipe *p, const uint32_t **pairs, size_t *count, int timeout_
 /* The engine's message after SJ_ERROR. */
 const char *sj_pipe_error(const sj_pipe *p);
 
-/* Stops the join (the callback returns "stop" at its next call), waits up to wait_ms for it
- * to end, and releases the caller's hold. If the join has not ended by then, its thread is
- * detached and frees everything when it ends. NULL is fine. Returns 1 when the join had
- * ended, 0 when it was left to end in the background. */
-int sj_pipe_close(sj_pipe *p, int wait_ms);
+/* Asks the join to stop (simjoin_control_cancel: one atomic store). Async-signal-safe and
+ * callable from any thread; returns at once. NULL is fine. */
+void sj_pipe_cancel(sj_pipe *p);
+
+/* Stops the join (cancels its control, and the streaming callback answers "stop"), waits
+ * until the join call has returned and its thread is joined, and frees everything. Never
+ * detaches a running join. NULL is fine. Returns 1 when the join had already ended on its
+ * own, 0 when it was stopped. With SIMJOIN_PIPE_DEBUG set in the environment, one line per
+ * stopped join goes to stderr: "sj_pipe: stop asked S s into the join (stage X, F%),
+ * join ended T s later, N callbacks". */
+int sj_pipe_close(sj_pipe *p);
 
 #endif

@@ -1,14 +1,26 @@
-/* PostgreSQL extension: simjoin_self_join(points, eps, metric, backend) and
- * simjoin_join(points_a, points_b, eps, metric, backend), set-returning functions in
- * materialize mode (the rows go into a tuplestore that spills to disk beyond work_mem).
+/* PostgreSQL extension: the C functions behind simjoin_self_join(points, eps, metric,
+ * backend) and simjoin_join(points_a, points_b, eps, metric, backend) (see
+ * simjoin--0.2.0.sql). They are set-returning functions in value-per-call mode: each call
+ * hands the executor one pair as the join produces it, so rows stream in bounded memory and
+ * LIMIT, EXISTS or a cancel stop the join early. (The SQL functions users call are
+ * inlinable SQL wrappers that call these in a target list, where PostgreSQL runs
+ * value-per-call functions row by row; in FROM it would store the whole result first.)
  *
  * Every simjoin call is in ../common/sj_pipe.c: the join runs on threads of its own and
  * this file, on the backend's thread, only pops chunks of pairs from a bounded queue. So
  * no PostgreSQL function runs on a simjoin thread, and an ereport/longjmp (an error, a
- * cancel, statement_timeout) never crosses simjoin's frames: the PG_CATCH below stops the
- * join, and the error goes on. */
+ * cancel, statement_timeout) never crosses simjoin's frames.
+ *
+ * Stopping: while it waits for pairs the backend looks for interrupts every POLL_MS; a
+ * cancel or statement_timeout there stops the join (sj_pipe_close: cancel, then wait until
+ * every thread of the join has stopped) before the error goes on. Wherever else the
+ * statement ends (LIMIT satisfied, an error or cancel elsewhere in the plan, the end of the
+ * transaction), the join is closed the same way by a reset callback on the function's
+ * multi-call memory context, which PostgreSQL deletes at executor shutdown and at abort,
+ * before the backend reports it is ready for the next query. */
 #include "postgres.h"
 
+#include <limits.h>
 #include <math.h>
 
 #include "catalog/pg_type.h"
@@ -21,25 +33,40 @@
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
-#include "utils/tuplestore.h"
 
 #include "sj_pipe.h"
 
 PG_MODULE_MAGIC;
 
-/* simjoin.threads: CPU worker threads per join (0 = all cores). */
+/* simjoin.max_threads (superuser): CPU worker threads a join of one backend may use.
+ * simjoin.threads (any user): threads asked for, 0 = simjoin.max_threads; capped by it.
+ * simjoin.max_memory (superuser, kB): the most memory the input points of one call may
+ * take (their coordinates and ids, and the engine's copy of the coordinates). */
+static int sj_max_threads = 4;
 static int sj_threads = 0;
+static int sj_max_memory_kb = 1024 * 1024;
 
 void _PG_init(void);
 void _PG_init(void) {
-  DefineCustomIntVariable("simjoin.threads", "CPU worker threads of a simjoin join (0 = all cores).",
-                          NULL, &sj_threads, 0, 0, 1024, PGC_USERSET, 0, NULL, NULL, NULL);
+  DefineCustomIntVariable("simjoin.max_threads",
+                          "The most CPU worker threads a simjoin join of one backend may use.",
+                          "simjoin.threads is capped by it. Only superusers can change it.",
+                          &sj_max_threads, 4, 1, 1024, PGC_SUSET, 0, NULL, NULL, NULL);
+  DefineCustomIntVariable("simjoin.threads",
+                          "CPU worker threads of a simjoin join (0 = simjoin.max_threads).",
+                          "At most simjoin.max_threads are used.", &sj_threads, 0, 0, 1024,
+                          PGC_USERSET, 0, NULL, NULL, NULL);
+  DefineCustomIntVariable("simjoin.max_memory",
+                          "The most memory the input points of one simjoin call may take.",
+                          "Counts the coordinates (8 bytes each, twice: the call's copy and the "
+                          "engine's) and the ids. Only superusers can change it.",
+                          &sj_max_memory_kb, 1024 * 1024, 64, INT_MAX, PGC_SUSET, GUC_UNIT_KB,
+                          NULL, NULL, NULL);
+  MarkGUCPrefixReserved("simjoin");
 }
 
-/* How long a cancelled join may take to stop before it is left to end in the background. */
-#define STOP_WAIT_MS 2000
 /* How often the backend looks for interrupts while it waits for pairs. */
-#define POLL_MS 20
+#define POLL_MS 5
 
 /* One input point set, read from the user's query. `coords` is malloc'd (the join thread
  * owns it once the join starts); a memory context callback frees it if an error comes first. */
@@ -48,8 +75,29 @@ typedef struct points {
   int64 *ids;       /* palloc'd in the caller's context */
   double *coords;
   size_t n, cap, dim;
+  size_t max_rows;  /* simjoin.max_memory's bound, once dim is known */
+  size_t *charged;  /* bytes counted against simjoin.max_memory by the inputs read before */
   MemoryContextCallback free_cb;
 } points;
+
+/* Bytes one point of `dim` coordinates is counted for. */
+static size_t point_bytes(size_t dim) { return 2 * dim * sizeof(double) + sizeof(int64); }
+
+static void set_max_rows(points *p) {
+  size_t limit = (size_t)sj_max_memory_kb * 1024;
+  size_t left = limit > *p->charged ? limit - *p->charged : 0;
+  p->max_rows = left / point_bytes(p->dim);
+}
+
+static void over_memory(points *p) {
+  ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+                  errmsg("simjoin: the %s query returns more points than simjoin.max_memory allows", p->what),
+                  errdetail("%zu points of %zu dimensions would take more than %zu kB (%zu kB taken by the inputs before), "
+                            "and simjoin.max_memory is %d kB.",
+                            p->n + 1, p->dim, (size_t)((p->n + 1) * point_bytes(p->dim) / 1024),
+                            *p->charged / 1024, sj_max_memory_kb),
+                  errhint("A superuser can raise simjoin.max_memory.")));
+}
 
 static void free_coords(void *arg) {
   points *p = arg;
@@ -79,7 +127,9 @@ static void grow(points *p, size_t rows_needed, MemoryContext mcxt) {
   size_t cap = p->cap ? p->cap : 1024;
   double *c;
   if (rows_needed <= p->cap) return;
+  if (rows_needed > p->max_rows) over_memory(p);
   while (cap < rows_needed) cap *= 2;
+  if (cap > p->max_rows) cap = p->max_rows;
   c = realloc(p->coords, cap * p->dim * sizeof(double));
   if (!c) ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("simjoin: out of memory for %zu points", cap)));
   p->coords = c;
@@ -119,7 +169,7 @@ static void read_points(const char *query, points *p, MemoryContext mcxt) {
     uint64 r;
     TupleDesc td;
     CHECK_FOR_INTERRUPTS();
-    SPI_cursor_fetch(portal, true, 10000);
+    SPI_cursor_fetch(portal, true, 1000);
     if (SPI_processed == 0) break;
     td = SPI_tuptable->tupdesc;
     if (!types) {
@@ -149,6 +199,7 @@ static void read_points(const char *query, points *p, MemoryContext mcxt) {
                                    k + 1, NameStr(TupleDescAttr(td, k)->attname), p->what,
                                    format_type_be(types[k]))));
         p->dim = natts - 1;
+        set_max_rows(p);
       }
     }
     for (r = 0; r < SPI_processed; r++) {
@@ -183,6 +234,7 @@ static void read_points(const char *query, points *p, MemoryContext mcxt) {
             ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                             errmsg("simjoin: empty coordinate array for id " INT64_FORMAT " in the %s query", id, p->what)));
           p->dim = nelems;
+          set_max_rows(p);
         }
         if ((size_t)nelems != p->dim)
           ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -219,100 +271,191 @@ static void read_points(const char *query, points *p, MemoryContext mcxt) {
   if (p->n > UINT32_MAX)
     ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
                     errmsg("simjoin: the %s query returned more than 2^32 rows", p->what)));
+  *p->charged += p->n * point_bytes(p->dim);
 }
 
-static Datum run_join(FunctionCallInfo fcinfo, bool self) {
-  ReturnSetInfo *rsinfo = (ReturnSetInfo *)fcinfo->resultinfo;
-  MemoryContext mcxt = CurrentMemoryContext;
+/* Ids must be unique within an input: a pair names its points by id. */
+static void check_unique(const points *p) {
+  int64_t dup = 0;
+  int r = sj_find_duplicate((const int64_t *)p->ids, p->n, &dup);
+  if (r < 0) ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("simjoin: out of memory")));
+  if (r > 0)
+    ereport(ERROR, (errcode(ERRCODE_UNIQUE_VIOLATION),
+                    errmsg("simjoin: id " INT64_FORMAT " appears more than once in the %s query", (int64)dup, p->what),
+                    errhint("Each point needs its own id.")));
+}
+
+/* One call's state, in the multi-call memory context. */
+typedef struct join_state {
+  sj_pipe *pipe; /* NULL once closed */
+  points *pa, *pb;
+  bool self;
+  int metric;
+  size_t dim;
+  const double *ca, *cb;
+  const uint32_t *pairs; /* the current chunk */
+  size_t count, pos;
+  TupleDesc tupdesc;
+  MemoryContextCallback close_cb;
+} join_state;
+
+/* Stops the join (if it still runs) and waits until every thread of it has stopped. Runs on
+ * the end of the rows, on an error while waiting, and as the multi-call context's reset
+ * callback (executor shutdown after LIMIT, errors elsewhere, transaction abort). Never
+ * throws. */
+static void close_join(void *arg) {
+  join_state *st = arg;
+  sj_pipe *p = st->pipe;
+  st->pipe = NULL;
+  st->pairs = NULL;
+  st->count = st->pos = 0;
+  sj_pipe_close(p);
+}
+
+static const char *arg_text(FunctionCallInfo fcinfo, int i, const char *name) {
+  if (PG_ARGISNULL(i))
+    ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("simjoin: %s must not be NULL", name)));
+  return text_to_cstring(PG_GETARG_TEXT_PP(i));
+}
+
+/* First call: reads the points (SPI) and starts the join. */
+static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext mcxt) {
   int argi = self ? 1 : 2;
-  double eps = PG_GETARG_FLOAT8(argi);
-  char *metric_name = text_to_cstring(PG_GETARG_TEXT_PP(argi + 1));
-  char *backend_name = text_to_cstring(PG_GETARG_TEXT_PP(argi + 2));
+  const char *qa = arg_text(fcinfo, 0, self ? "points" : "points_a");
+  const char *qb = self ? NULL : arg_text(fcinfo, 1, "points_b");
+  const char *metric_name = arg_text(fcinfo, argi + 1, "metric");
+  const char *backend_name = arg_text(fcinfo, argi + 2, "backend");
+  double eps;
   int metric = sj_parse_metric(metric_name);
   int backend = sj_parse_backend(backend_name);
-  /* In mcxt, not on the stack: their reset callbacks run after this function returns. */
-  points *pa = MemoryContextAllocZero(mcxt, sizeof(points));
-  points *pb = MemoryContextAllocZero(mcxt, sizeof(points));
-  sj_pipe *volatile pipe = NULL;
+  join_state *st = palloc0(sizeof *st);
+  size_t *charged = palloc0(sizeof(size_t));
+  uint64_t threads;
   char err[1024];
-  const double *ca, *cb;
-  size_t dim;
+  TupleDesc td;
 
-  pa->what = self ? "points" : "points_a";
-  pb->what = "points_b";
+  if (PG_ARGISNULL(argi))
+    ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("simjoin: eps must not be NULL")));
+  eps = PG_GETARG_FLOAT8(argi);
   if (metric < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                     errmsg("simjoin: unknown metric \"%s\" (euclidean, manhattan or chebyshev)", metric_name)));
   if (backend < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                     errmsg("simjoin: unknown backend \"%s\" (auto, cpu or gpu)", backend_name)));
-
-  InitMaterializedSRF(fcinfo, 0);
+  if (get_call_result_type(fcinfo, NULL, &td) != TYPEFUNC_COMPOSITE)
+    elog(ERROR, "simjoin: the function must return a composite type");
+  st->tupdesc = BlessTupleDesc(td);
+  st->self = self;
+  st->metric = metric;
+  st->pa = palloc0(sizeof(points));
+  st->pb = palloc0(sizeof(points));
+  st->pa->what = self ? "points" : "points_a";
+  st->pb->what = "points_b";
+  st->pa->charged = st->pb->charged = charged;
 
   if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "simjoin: SPI_connect failed");
-  read_points(text_to_cstring(PG_GETARG_TEXT_PP(0)), pa, mcxt);
-  if (!self) read_points(text_to_cstring(PG_GETARG_TEXT_PP(1)), pb, mcxt);
+  read_points(qa, st->pa, mcxt);
+  if (!self) read_points(qb, st->pb, mcxt);
   SPI_finish();
+  check_unique(st->pa);
+  if (!self) check_unique(st->pb);
 
-  if (!self && pa->n > 0 && pb->n > 0 && pa->dim != pb->dim)
+  if (!self && st->pa->n > 0 && st->pb->n > 0 && st->pa->dim != st->pb->dim)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                    errmsg("simjoin: points_a has %zu dimensions and points_b has %zu", pa->dim, pb->dim)));
-  dim = pa->dim ? pa->dim : pb->dim;
-  if (dim == 0) dim = 1; /* an empty input: the join checks eps and returns nothing */
+                    errmsg("simjoin: points_a has %zu dimensions and points_b has %zu", st->pa->dim, st->pb->dim)));
+  st->dim = st->pa->dim ? st->pa->dim : st->pb->dim;
+  if (st->dim == 0) st->dim = 1; /* an empty input: the join checks eps and returns nothing */
 
-  if (!self && !pb->coords) { /* an empty points_b: still a join, not a self-join */
-    pb->coords = malloc(sizeof(double));
-    if (!pb->coords) ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("simjoin: out of memory")));
+  if (!self && !st->pb->coords) { /* an empty points_b: still a join, not a self-join */
+    st->pb->coords = malloc(sizeof(double));
+    if (!st->pb->coords) ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("simjoin: out of memory")));
   }
 
+  /* Registered before the join starts: from here on, whatever ends the statement closes it. */
+  st->close_cb.func = close_join;
+  st->close_cb.arg = st;
+  MemoryContextRegisterResetCallback(mcxt, &st->close_cb);
+
+  threads = (uint64_t)(sj_threads == 0 || sj_threads > sj_max_threads ? sj_max_threads : sj_threads);
   /* The pipe owns the coordinates from here on, whatever happens. */
-  if (sj_pipe_start((sj_pipe **)&pipe, pa->coords, pa->n, self ? NULL : pb->coords, pb->n, dim, eps, metric,
-                    backend, (uint64_t)sj_threads, err, sizeof err) != 0) {
-    pa->coords = pb->coords = NULL;
+  if (sj_pipe_start(&st->pipe, st->pa->coords, st->pa->n, self ? NULL : st->pb->coords, st->pb->n,
+                    st->dim, eps, metric, backend, threads, err, sizeof err) != 0) {
+    st->pa->coords = st->pb->coords = NULL;
     ereport(ERROR, (errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION), errmsg("simjoin: %s", err)));
   }
-  pa->coords = pb->coords = NULL;
-  ca = sj_pipe_a(pipe);
-  cb = sj_pipe_b(pipe);
+  st->pa->coords = st->pb->coords = NULL;
+  st->ca = sj_pipe_a(st->pipe);
+  st->cb = sj_pipe_b(st->pipe);
+  return st;
+}
 
+/* Waits for the next chunk of pairs: true with st->pairs set, false at the end. A cancel,
+ * statement_timeout or error while waiting stops the join first (every thread of it), then
+ * goes on. */
+static bool next_chunk(join_state *st) {
+  volatile bool more = false;
   PG_TRY();
   {
     for (;;) {
-      const uint32_t *pairs;
-      size_t count, k;
       int r;
       CHECK_FOR_INTERRUPTS();
-      r = sj_pipe_next(pipe, &pairs, &count, POLL_MS);
+      r = sj_pipe_next(st->pipe, &st->pairs, &st->count, POLL_MS);
       if (r == SJ_WAIT) continue;
-      if (r == SJ_END) break;
-      if (r == SJ_ERROR)
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("simjoin: %s", sj_pipe_error(pipe))));
-      for (k = 0; k < count; k++) {
-        uint32_t i = pairs[2 * k], j = pairs[2 * k + 1];
-        Datum values[3];
-        bool nulls[3] = {false, false, false};
-        int64 x = pa->ids[i], y = self ? pa->ids[j] : pb->ids[j];
-        if (self && x > y) {
-          int64 t = x;
-          x = y;
-          y = t;
-        }
-        values[0] = Int64GetDatum(x);
-        values[1] = Int64GetDatum(y);
-        values[2] = Float8GetDatum(sj_distance(metric, ca + (size_t)i * dim, cb + (size_t)j * dim, dim));
-        tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-        if ((k & 4095) == 4095) CHECK_FOR_INTERRUPTS();
+      if (r == SJ_CHUNK) {
+        if (st->count == 0) continue;
+        st->pos = 0;
+        more = true;
+        break;
       }
+      if (r == SJ_ERROR)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("simjoin: %s", sj_pipe_error(st->pipe))));
+      break; /* SJ_END */
     }
   }
-  PG_FINALLY();
+  PG_CATCH();
   {
-    /* Error, cancel or the end: stop the join and let go of it (no simjoin frame is on
-     * this thread, so the longjmp that brought us here crossed none). */
-    sj_pipe_close(pipe, STOP_WAIT_MS);
+    close_join(st);
+    PG_RE_THROW();
   }
   PG_END_TRY();
-  return (Datum)0;
+  if (!more) close_join(st);
+  return more;
+}
+
+static Datum run_join(FunctionCallInfo fcinfo, bool self) {
+  FuncCallContext *funcctx;
+  join_state *st;
+  uint32_t i, j;
+  int64 x, y;
+  Datum values[3];
+  bool nulls[3] = {false, false, false};
+
+  if (SRF_IS_FIRSTCALL()) {
+    MemoryContext old;
+    funcctx = SRF_FIRSTCALL_INIT();
+    old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+    funcctx->user_fctx = start_join(fcinfo, self, funcctx->multi_call_memory_ctx);
+    MemoryContextSwitchTo(old);
+  }
+  funcctx = SRF_PERCALL_SETUP();
+  st = funcctx->user_fctx;
+  if (st->pos >= st->count && (!st->pipe || !next_chunk(st))) SRF_RETURN_DONE(funcctx);
+  i = st->pairs[2 * st->pos];
+  j = st->pairs[2 * st->pos + 1];
+  st->pos++;
+  x = st->pa->ids[i];
+  y = self ? st->pa->ids[j] : st->pb->ids[j];
+  if (self && x > y) {
+    int64 t = x;
+    x = y;
+    y = t;
+  }
+  values[0] = Int64GetDatum(x);
+  values[1] = Int64GetDatum(y);
+  values[2] = Float8GetDatum(sj_distance(st->metric, st->ca + (size_t)i * st->dim,
+                                         st->cb + (size_t)j * st->dim, st->dim));
+  SRF_RETURN_NEXT(funcctx, HeapTupleGetDatum(heap_form_tuple(st->tupdesc, values, nulls)));
 }
 
 PG_FUNCTION_INFO_V1(simjoin_self_join_pg);

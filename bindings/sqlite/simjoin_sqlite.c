@@ -1,13 +1,23 @@
 /* SQLite loadable extension: the table-valued functions (eponymous virtual tables)
- *   simjoin_self_join(points, eps [, metric])           -> id_a, id_b, distance
- *   simjoin_join(points_a, points_b, eps [, metric])     -> id_a, id_b, distance
- * `points` is SQL text run on the same connection: first column an integer id, the others
- * numeric coordinates (one column per dimension). Self-join pairs come once, id_a < id_b.
+ *   simjoin_self_join(points, eps [, metric [, backend [, threads]]])       -> id_a, id_b, distance
+ *   simjoin_join(points_a, points_b, eps [, metric [, backend [, threads]]]) -> id_a, id_b, distance
+ * `points` is the SQL text of one read-only statement run on the same connection (a
+ * statement that would write is refused): first column an integer id, the others numeric
+ * coordinates (one column per dimension). Self-join pairs come once, id_a < id_b.
  * `distance` is recomputed in double (sqrt of the sum of squares, sum of |d|, max |d|).
+ * metric: euclidean (default), manhattan, chebyshev; backend: auto (default), cpu, gpu;
+ * threads: CPU worker threads, 0 (default) = all cores.
  *
  * Every simjoin call is in ../common/sj_pipe.c: the join runs on threads of its own and
  * xNext pops chunks of pairs from a bounded queue, so rows stream without the whole result
- * in memory, and no SQLite function runs on a simjoin thread. */
+ * in memory, and no SQLite function runs on a simjoin thread.
+ *
+ * Stopping: while xNext waits for pairs it steps a small probe statement on the connection
+ * every POLL_MS. SQLite checks sqlite3_interrupt's flag when a statement starts and calls
+ * the connection's progress handler every N virtual-machine steps, so the probe fails with
+ * SQLITE_INTERRUPT after sqlite3_interrupt or when the progress handler asks to stop; the
+ * join is then stopped (sj_pipe_close: every thread of it ended) and xNext returns
+ * SQLITE_INTERRUPT. A cursor closed early (LIMIT, an error) stops its join the same way. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +31,26 @@ SQLITE_EXTENSION_INIT1
 /* Columns: id_a, id_b, distance, then the hidden arguments. */
 enum { COL_ID_A, COL_ID_B, COL_DISTANCE, COL_ARG0 };
 
+/* How often (ms) xNext looks for an interrupt while it waits for pairs. */
+#define POLL_MS 5
+
+/* The probe: about 3,400 virtual-machine steps (some 20 us), so a progress handler set to
+ * be called every N <= 3400 steps is called at each poll (larger N: every N/3400 polls). */
+#define PROBE_SQL \
+  "WITH RECURSIVE c(x) AS (VALUES(0) UNION ALL SELECT x + 1 FROM c WHERE x < 200) SELECT count(*) FROM c"
+
 typedef struct sj_vtab {
   sqlite3_vtab base;
   sqlite3 *db;
-  int self;  /* simjoin_self_join: arguments points, eps, metric */
-  int nargs; /* 3 (self) or 4 */
+  int self;    /* simjoin_self_join: arguments points, eps, metric, backend, threads */
+  int nqueries; /* 1 (self) or 2 */
+  int nargs;    /* nqueries + 4 */
 } sj_vtab;
 
 typedef struct sj_cursor {
   sqlite3_vtab_cursor base;
   sj_pipe *pipe;
+  sqlite3_stmt *probe; /* PROBE_SQL, prepared at the first wait */
   int64_t *ids_a, *ids_b;
   const double *ca, *cb;
   size_t dim;
@@ -46,8 +66,10 @@ static int sj_connect(sqlite3 *db, void *aux, int argc, const char *const *argv,
   int self = aux != NULL;
   sj_vtab *v;
   int rc = sqlite3_declare_vtab(
-      db, self ? "CREATE TABLE x(id_a INTEGER, id_b INTEGER, distance REAL, points HIDDEN, eps HIDDEN, metric HIDDEN)"
-               : "CREATE TABLE x(id_a INTEGER, id_b INTEGER, distance REAL, points_a HIDDEN, points_b HIDDEN, eps HIDDEN, metric HIDDEN)");
+      db, self ? "CREATE TABLE x(id_a INTEGER, id_b INTEGER, distance REAL, points HIDDEN, eps HIDDEN, "
+                 "metric HIDDEN, backend HIDDEN, threads HIDDEN)"
+               : "CREATE TABLE x(id_a INTEGER, id_b INTEGER, distance REAL, points_a HIDDEN, points_b HIDDEN, "
+                 "eps HIDDEN, metric HIDDEN, backend HIDDEN, threads HIDDEN)");
   (void)argc;
   (void)argv;
   (void)err;
@@ -57,7 +79,8 @@ static int sj_connect(sqlite3 *db, void *aux, int argc, const char *const *argv,
   memset(v, 0, sizeof *v);
   v->db = db;
   v->self = self;
-  v->nargs = self ? 3 : 4;
+  v->nqueries = self ? 1 : 2;
+  v->nargs = v->nqueries + 4;
   *out = &v->base;
   return SQLITE_OK;
 }
@@ -72,7 +95,7 @@ static int sj_disconnect(sqlite3_vtab *vt) {
 static int sj_best_index(sqlite3_vtab *vt, sqlite3_index_info *info) {
   sj_vtab *v = (sj_vtab *)vt;
   int which[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
-  int k, n = 0, mask = 0, required = v->nargs - 1; /* all but metric */
+  int k, n = 0, mask = 0, required = v->nqueries + 1; /* the queries and eps */
   for (k = 0; k < info->nConstraint; k++) {
     const struct sqlite3_index_constraint *c = &info->aConstraint[k];
     int arg = c->iColumn - COL_ARG0;
@@ -104,7 +127,7 @@ static int sj_open(sqlite3_vtab *vt, sqlite3_vtab_cursor **out) {
 }
 
 static void reset(sj_cursor *c) {
-  sj_pipe_close(c->pipe, 2000);
+  sj_pipe_close(c->pipe); /* stops the join and waits for every thread of it */
   c->pipe = NULL;
   free(c->ids_a);
   free(c->ids_b);
@@ -116,6 +139,7 @@ static void reset(sj_cursor *c) {
 
 static int sj_close(sqlite3_vtab_cursor *cur) {
   reset((sj_cursor *)cur);
+  sqlite3_finalize(((sj_cursor *)cur)->probe);
   sqlite3_free(cur);
   return SQLITE_OK;
 }
@@ -135,11 +159,24 @@ static int read_points(sj_cursor *c, const char *what, const char *sql, int64_t 
   size_t cap = 0, cols;
   int rc, k;
   char num[64];
+  const char *tail = NULL;
   *ids = NULL;
   *coords = NULL;
   *n = 0;
-  if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+  if (sqlite3_prepare_v2(db, sql, -1, &st, &tail) != SQLITE_OK)
     return fail(c, "simjoin: cannot prepare the %s query: %s", what, sqlite3_errmsg(db));
+  if (!st) return fail(c, "simjoin: the %s query is empty%s", what, "");
+  if (!sqlite3_stmt_readonly(st)) {
+    sqlite3_finalize(st);
+    return fail(c, "simjoin: the %s query must be read-only (a SELECT); it would write to the database%s",
+                what, "");
+  }
+  while (tail && *tail && (*tail == ' ' || *tail == '\t' || *tail == '\n' || *tail == '\r' || *tail == ';'))
+    tail++;
+  if (tail && *tail) {
+    sqlite3_finalize(st);
+    return fail(c, "simjoin: the %s query must be one statement (text follows it: \"%.40s\")", what, tail);
+  }
   cols = (size_t)sqlite3_column_count(st);
   if (cols < 2) {
     sqlite3_finalize(st);
@@ -183,24 +220,44 @@ static int read_points(sj_cursor *c, const char *what, const char *sql, int64_t 
   if (rc != SQLITE_DONE) {
     fail(c, "simjoin: the %s query failed: %s", what, sqlite3_errmsg(db));
     sqlite3_finalize(st);
-    return SQLITE_ERROR;
+    return rc == SQLITE_INTERRUPT ? SQLITE_INTERRUPT : SQLITE_ERROR;
   }
   sqlite3_finalize(st);
   return SQLITE_OK;
+}
+
+/* SQLITE_INTERRUPT when sqlite3_interrupt was called on the connection or its progress
+ * handler asks to stop (see the top of the file); SQLITE_OK otherwise. */
+static int interrupted(sj_cursor *c) {
+  sqlite3 *db = ((sj_vtab *)c->base.pVtab)->db;
+  int rc;
+  if (!c->probe && sqlite3_prepare_v2(db, PROBE_SQL, -1, &c->probe, NULL) != SQLITE_OK) {
+    c->probe = NULL;
+    return SQLITE_OK;
+  }
+  rc = sqlite3_step(c->probe);
+  sqlite3_reset(c->probe);
+  return rc == SQLITE_INTERRUPT ? SQLITE_INTERRUPT : SQLITE_OK;
 }
 
 static int advance(sj_cursor *c) {
   for (;;) {
     int r;
     if (c->pairs && ++c->pos < c->count) return SQLITE_OK;
-    r = sj_pipe_next(c->pipe, &c->pairs, &c->count, 1000);
+    r = sj_pipe_next(c->pipe, &c->pairs, &c->count, POLL_MS);
     c->pos = 0;
     if (r == SJ_CHUNK) {
       c->pos = (size_t)-1; /* ++ above makes it 0 */
       continue;
     }
     c->pairs = NULL;
-    if (r == SJ_WAIT) continue;
+    if (r == SJ_WAIT) {
+      if (interrupted(c) == SQLITE_INTERRUPT) {
+        reset(c); /* the join stops; every thread of it has ended when this returns */
+        return SQLITE_INTERRUPT;
+      }
+      continue;
+    }
     if (r == SJ_END) {
       c->eof = 1;
       return SQLITE_OK;
@@ -216,7 +273,8 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
   const char *q[2] = {NULL, NULL};
   double eps = 0.0, *ca = NULL, *cb = NULL;
   size_t na = 0, nb = 0, dima = 0, dimb = 0;
-  int metric = 0, k, i = 0, rc;
+  int metric = 0, backend = 0, k, i = 0, rc;
+  uint64_t threads = 0;
   char err[1024];
   (void)idxStr;
   (void)argc;
@@ -224,29 +282,51 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
   c->self = v->self;
   for (k = 0; k < v->nargs; k++) {
     sqlite3_value *val;
+    int t;
     if (!(idxNum & (1 << k))) continue;
     val = argv[i++];
-    if (k < v->nargs - 2) { /* a query */
-      if (sqlite3_value_type(val) != SQLITE_TEXT)
+    t = sqlite3_value_type(val);
+    if (k < v->nqueries) { /* a query */
+      if (t != SQLITE_TEXT)
         return fail(c, "simjoin: the %s argument must be SQL text", k == 0 ? (v->self ? "points" : "points_a") : "points_b", "");
       q[k] = (const char *)sqlite3_value_text(val);
-    } else if (k == v->nargs - 2) {
-      int t = sqlite3_value_type(val);
+    } else if (k == v->nqueries) {
       if (t != SQLITE_INTEGER && t != SQLITE_FLOAT) return fail(c, "simjoin: eps must be a number%s%s", "", "");
       eps = sqlite3_value_double(val);
-    } else {
+    } else if (k == v->nqueries + 1) {
       const char *name = (const char *)sqlite3_value_text(val);
       metric = name ? sj_parse_metric(name) : -1;
       if (metric < 0)
         return fail(c, "simjoin: unknown metric \"%s\" (euclidean, manhattan or chebyshev)%s", name ? name : "NULL", "");
+    } else if (k == v->nqueries + 2) {
+      const char *name = (const char *)sqlite3_value_text(val);
+      backend = name ? sj_parse_backend(name) : -1;
+      if (backend < 0)
+        return fail(c, "simjoin: unknown backend \"%s\" (auto, cpu or gpu)%s", name ? name : "NULL", "");
+    } else {
+      sqlite3_int64 th = sqlite3_value_int64(val);
+      if (t != SQLITE_INTEGER || th < 0 || th > 1024)
+        return fail(c, "simjoin: threads must be an integer from 0 (all cores) to 1024%s%s", "", "");
+      threads = (uint64_t)th;
     }
   }
-  if (!q[0] || (!v->self && !q[1]) || !(idxNum & (1 << (v->nargs - 2))))
-    return fail(c, "simjoin: %s%s", v->self ? "usage: simjoin_self_join(points, eps [, metric])"
-                                            : "usage: simjoin_join(points_a, points_b, eps [, metric])", "");
+  if (!q[0] || (!v->self && !q[1]) || !(idxNum & (1 << v->nqueries)))
+    return fail(c, "simjoin: %s%s", v->self ? "usage: simjoin_self_join(points, eps [, metric [, backend [, threads]]])"
+                                            : "usage: simjoin_join(points_a, points_b, eps [, metric [, backend [, threads]]])", "");
   rc = read_points(c, v->self ? "points" : "points_a", q[0], &c->ids_a, &ca, &na, &dima);
   if (rc == SQLITE_OK && !v->self)
     rc = read_points(c, "points_b", q[1], &c->ids_b, &cb, &nb, &dimb);
+  for (k = 0; k < (v->self ? 1 : 2) && rc == SQLITE_OK; k++) {
+    int64_t dup = 0;
+    int r = sj_find_duplicate(k ? c->ids_b : c->ids_a, k ? nb : na, &dup);
+    if (r < 0) rc = SQLITE_NOMEM;
+    if (r > 0) {
+      char num[32];
+      snprintf(num, sizeof num, "%lld", (long long)dup);
+      rc = fail(c, "simjoin: id %s appears more than once in the %s query (each point needs its own id)", num,
+                k ? "points_b" : (v->self ? "points" : "points_a"));
+    }
+  }
   if (rc == SQLITE_OK && !v->self && dima != dimb) {
     char da[32], db[32];
     snprintf(da, sizeof da, "%zu", dima);
@@ -260,7 +340,7 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
     return rc;
   }
   /* The pipe owns ca and cb from here on. */
-  if (sj_pipe_start(&c->pipe, ca, na, cb, nb, dima, eps, metric, 0, 0, err, sizeof err) != 0)
+  if (sj_pipe_start(&c->pipe, ca, na, cb, nb, dima, eps, metric, backend, threads, err, sizeof err) != 0)
     return fail(c, "simjoin: %s%s", err, "");
   c->ca = sj_pipe_a(c->pipe);
   c->cb = sj_pipe_b(c->pipe);

@@ -2,16 +2,23 @@
 
 Every join's pair set must equal a NumPy brute-force oracle's exactly, and every distance
 must match the oracle's (same double formula, to 1e-12 relative). Also: SQL errors for bad
-input with the server still up, cancel and statement_timeout stopping a long join, a result
-far beyond work_mem (spilled to disk), the sqlite3 shell and Python's sqlite3 module.
+input (NULL arguments, duplicate ids, data-modifying points queries) with the server still
+up; statement_timeout, pg_cancel_backend, sqlite3_interrupt and SQLite's progress handler
+stopping a join that finds no pairs within 250 ms, with every thread of it stopped after
+(their CPU ticks stay still) and the next join at its usual speed; rows streamed (LIMIT 10
+on 20M+ pairs in at most 5% of the whole join's time, no temporary files for a result far
+beyond work_mem); the superuser-only thread and memory limits; the sqlite3 shell and
+Python's sqlite3 module.
 """
 import argparse
 import os
 import re
+import select
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -137,6 +144,80 @@ def q(s):
     return "'" + s.replace("'", "''") + "'"
 
 
+class PgSession:
+    """One psql session kept open: statements go in on stdin and each one's output (stderr
+    included) comes back followed by a marker line, read as soon as psql prints it (stdbuf
+    makes psql's stdout line-buffered). wait() returns the lines and when the marker came."""
+
+    def __init__(self):
+        cmd = ["stdbuf", "-oL", "-eL", "psql", "-X", "-q", "-At", "-h", ARGS.pg_host, "-p",
+               str(ARGS.pg_port), "-U", "postgres", "-d", "postgres"]
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
+        self.buf = b""
+        self.pid = int(self.run("SELECT pg_backend_pid()")[0])
+
+    def send(self, sql):
+        self.p.stdin.write((sql.strip().rstrip(";") + ";\n\\echo @@done\n").encode())
+        self.p.stdin.flush()
+
+    def wait(self, timeout=120):
+        lines, deadline = [], time.time() + timeout
+        while True:
+            while b"\n" not in self.buf:
+                left = deadline - time.time()
+                if left <= 0 or not select.select([self.p.stdout], [], [], left)[0]:
+                    raise RuntimeError(f"psql session: no answer in {timeout} s ({lines})")
+                chunk = os.read(self.p.stdout.fileno(), 65536)
+                if not chunk:
+                    raise RuntimeError(f"psql session ended ({lines})")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line == b"@@done":
+                return lines, time.time()
+            lines.append(line.decode(errors="replace"))
+
+    def run(self, sql):
+        self.send(sql)
+        return self.wait()[0]
+
+    def timed(self, sql):
+        t0 = time.time()
+        self.send(sql)
+        lines, t1 = self.wait()
+        return lines, t1 - t0
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=30)
+
+
+def thread_ticks(pid):
+    """{thread id: user + system CPU ticks} of every thread of process `pid`."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:
+            continue
+        out[int(t)] = int(fields[11]) + int(fields[12])
+    return out
+
+
+def threads_idle(pid, what, skip=()):
+    """After a stop: no thread of process `pid` uses the CPU for 0.5 s (the join's threads
+    ended and the engine's pool sleeps)."""
+    time.sleep(0.1)
+    before = thread_ticks(pid)
+    time.sleep(0.5)
+    after = thread_ticks(pid)
+    busy = {t: after[t] - before.get(t, 0) for t in after
+            if t not in skip and after[t] != before.get(t, 0)}
+    return check(not busy, f"{what}: threads still running after the stop "
+                           f"(CPU ticks in 0.5 s by thread: {busy}; {len(after)} threads)")
+
+
 def make_data(rng, n, dim, kind):
     if kind == "clustered":
         centres = rng.uniform(0, 10, size=(max(1, n // 50), dim))
@@ -217,6 +298,17 @@ PG_ERRORS = [
     ("SELECT * FROM simjoin_self_join('SELECT 1', 1)", "integer id and coordinates"),
     ("SELECT * FROM simjoin_self_join('SELEC 1', 1)", "syntax error"),
     ("SELECT * FROM simjoin_self_join('SELECT 1, ARRAY[[1.0]]', 1)", "not a vector"),
+    ("SELECT * FROM simjoin_self_join(NULL, 1)", "points must not be NULL"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', NULL)", "eps must not be NULL"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1, NULL)", "metric must not be NULL"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1, 'cpu', NULL)", "backend must not be NULL"),
+    ("SELECT * FROM simjoin_join('SELECT 1, 2.0', NULL, 1)", "points_b must not be NULL"),
+    ("SELECT * FROM simjoin_join(NULL, 'SELECT 1, 2.0', 1)", "points_a must not be NULL"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 0.0 UNION ALL SELECT 1, 0.5', 1)",
+     "id 1 appears more than once in the points query"),
+    ("SELECT * FROM simjoin_join('SELECT 1, 0.0', 'SELECT 2, 0.0 UNION ALL SELECT 3, 1.0 "
+     "UNION ALL SELECT 2, 1.0', 1)", "id 2 appears more than once in the points_b query"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0; SELECT 2, 2.0', 1)", "returns rows"),
 ]
 
 
@@ -233,6 +325,30 @@ def test_pg_errors():
     check("NULL coordinate" in r.stderr, "pg error inside a transaction")
     check(psql("SELECT 42").stdout.strip() == "42", "pg server answers after the errors")
     check(pid != "", "pg backend pid")
+    # The points query runs read-only: a data-modifying one is refused and changes nothing.
+    psql("DROP TABLE IF EXISTS victim; CREATE TABLE victim AS SELECT g AS id, g::float8 AS x "
+         "FROM generate_series(1, 5) g")
+    for sql in ["DELETE FROM victim WHERE id = 1 RETURNING id, x",
+                "WITH d AS (DELETE FROM victim RETURNING id, x) SELECT * FROM d",
+                "UPDATE victim SET x = 0 RETURNING id, x",
+                "INSERT INTO victim VALUES (9, 9) RETURNING id, x"]:
+        r = psql(f"SELECT * FROM simjoin_self_join({q(sql)}, 1)", check_rc=False)
+        check(r.returncode != 0 and "not allowed in a non-volatile function" in r.stderr,
+              f"pg refuses the points query {sql!r}: {r.stderr.strip()!r}")
+    check(psql("SELECT count(*), sum(x) FROM victim").stdout.strip() == "5|15",
+          "pg: the refused points queries changed nothing")
+    # The same id in points_a and points_b is fine (they are different sets).
+    check(pg_rows("SELECT * FROM simjoin_join('SELECT 1, 0.0', 'SELECT 1, 0.5', 1)")
+          == [(1, 1, 0.5)], "pg join: one id in both inputs")
+    # Labels: stable, parallel restricted, not strict; the user-facing SQL functions are
+    # inlined, so the plan streams through ProjectSet rather than storing a Function Scan.
+    labels = psql("SELECT string_agg(format('%s:%s%s%s', proname, provolatile, proparallel, proisstrict), ' ' "
+                  "ORDER BY proname) FROM pg_proc WHERE proname LIKE 'simjoin%'").stdout.strip()
+    check(labels == "simjoin_join:srf simjoin_join_rows:srf simjoin_self_join:srf "
+                    "simjoin_self_join_rows:srf", f"pg function labels: {labels}")
+    plan = psql("EXPLAIN SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1) LIMIT 10").stdout
+    check("ProjectSet" in plan and "Function Scan" not in plan and "rows=10000" in plan,
+          f"pg plan streams (ProjectSet) with a row estimate: {plan}")
 
 
 def server_log():
@@ -240,50 +356,142 @@ def server_log():
         return f.read()
 
 
+# A join that finds no pairs but compares almost every pair of 200k uniform points in
+# [0,1)^32 at eps 0.5: it runs for many seconds and never hands a pair over.
+PG_LONG = "SELECT count(*) FROM simjoin_self_join('SELECT id, v FROM u32', 0.5)"
+# A reference join (200k 2-D points, ~1.5M pairs): its time before and after each stop.
+PG_REF = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref2', 0.005)"
+
+
+def pg_stop_lines():
+    return re.findall(r"sj_pipe: stop asked .*", server_log())
+
+
+def pg_check_stopped(what, sess, before, ref_time):
+    """After a stop: the join logged as stopped (cancelled, in the join stage), no thread of
+    the backend runs, the session's next join at its usual speed."""
+    lines = pg_stop_lines()[before:]
+    print("   server log:", lines, flush=True)
+    check(len(lines) == 1 and "join ended" in lines[0] and "cancelled" in lines[0],
+          f"{what}: the join itself must have stopped (log: {lines})")
+    threads_idle(sess.pid, what)
+    n, t = sess.timed(PG_REF)
+    print(f"   next join in the session: {t * 1e3:.0f} ms (before: {ref_time * 1e3:.0f} ms)",
+          flush=True)
+    check(n == sess.ref_rows, f"{what}: the next join's result {n} (want {sess.ref_rows})")
+    check(t < 2 * ref_time + 0.05, f"{what}: the next join took {t:.3f} s, {ref_time:.3f} s before")
+
+
 def test_pg_cancel():
-    print("-- PostgreSQL: cancel and statement_timeout stop a long join", flush=True)
-    # 1M uniform 2-D points; eps 0.004 gives ~25M pairs: a join of many seconds.
-    psql("SELECT setseed(0.5); DROP TABLE IF EXISTS big; CREATE TABLE big AS SELECT g AS id, "
-         "random() AS x, random() AS y FROM generate_series(1, 1000000) g")
-    # Large enough to be still running 3 s in even on an idle machine (0.004 was not).
-    long_join = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM big', 0.008)"
-    cmd = ["psql", "-X", "-At", "-h", ARGS.pg_host, "-p", str(ARGS.pg_port), "-U", "postgres",
-           "-c", long_join]
-    for attempt in ("cancel", "timeout"):
-        before = server_log().count("sj_pipe: stop asked")
-        t0 = time.time()
-        if attempt == "cancel":
-            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            time.sleep(3.0)
-            r = psql("SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity "
-                     "WHERE query LIKE '%simjoin_self_join%FROM big%' AND pid <> pg_backend_pid()")
-            t_cancel = time.time()
-            check(r.stdout.strip() == "1", f"pg cancel: cancelled {r.stdout.strip()} backends")
-            out, err = p.communicate(timeout=60)
-            want = "canceling statement due to user request"
-        else:
-            t_cancel = t0 + 3.0
-            p = subprocess.Popen(cmd[:-2] + ["-c", "SET statement_timeout = '3s'", "-c", long_join],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            out, err = p.communicate(timeout=60)
+    print("-- PostgreSQL: statement_timeout and pg_cancel_backend stop a join", flush=True)
+    psql("SELECT setseed(0.25); DROP TABLE IF EXISTS u32; CREATE TABLE u32 AS SELECT g AS id, "
+         "ARRAY(SELECT random() FROM generate_series(1, 32) WHERE g > 0) AS v "
+         "FROM generate_series(1, 200000) g; DROP TABLE IF EXISTS ref2; CREATE TABLE ref2 AS "
+         "SELECT g AS id, random() AS x, random() AS y FROM generate_series(1, 200000) g")
+    # Hint bits set now, so reading the points takes its usual time (~0.1 s) and the stops
+    # below come while the join itself runs. (A stop during the index build waits for the
+    # rest of it: the engine does not look at the stop flag there.)
+    psql("VACUUM u32, ref2")
+    sess, ctl = PgSession(), PgSession()
+    sess.ref_rows = sess.run(PG_REF)
+    ref_time = min(sess.timed(PG_REF)[1] for _ in range(2))
+    for attempt in ("timeout", "cancel"):
+        before = len(pg_stop_lines())
+        if attempt == "timeout":
+            sess.run("SET statement_timeout = '300ms'")
+            t_req = time.time() + 0.3  # the server's clock starts a little later: lag <= measured
+            sess.send(PG_LONG)
             want = "canceling statement due to statement timeout"
-        t_end = time.time()
-        check(want in err, f"pg {attempt}: want {want!r}, got {out!r} {err!r}")
-        lag = t_end - t_cancel
-        print(f"   {attempt}: query ended {lag:.2f} s after the {attempt} "
-              f"({t_end - t0:.1f} s in all)", flush=True)
-        check(lag < 3.0, f"pg {attempt}: the query took {lag:.2f} s to stop")
-        time.sleep(0.3)
-        lines = re.findall(r"sj_pipe: stop asked .*", server_log())[before:]
-        print("   server log:", lines, flush=True)
-        check(len(lines) == 1 and "join ended" in lines[0],
-              f"pg {attempt}: the join itself must have stopped (log: {lines})")
-    # Uncancelled, the same join runs to its end (so the cancels above did interrupt it).
-    t0 = time.time()
-    n = int(psql(long_join.replace("0.008", "0.001")).stdout)
-    print(f"   the same join at eps 0.001: {n} pairs in {time.time() - t0:.1f} s", flush=True)
-    check(n > 1_000_000, "pg uncancelled join")
+        else:
+            sess.send(PG_LONG)
+            time.sleep(0.6)
+            t_req = time.time()
+            r = ctl.run(f"SELECT pg_cancel_backend({sess.pid})")
+            check(r == ["t"], f"pg cancel: {r}")
+            want = "canceling statement due to user request"
+        out, t_end = sess.wait()
+        lag = t_end - t_req
+        print(f"   {attempt}: the statement ended {lag * 1e3:.0f} ms after the request", flush=True)
+        check(any(want in line for line in out), f"pg {attempt}: want {want!r}, got {out}")
+        check(lag < 0.25, f"pg {attempt}: the statement took {lag * 1e3:.0f} ms to stop")
+        if attempt == "timeout":
+            sess.run("RESET statement_timeout")
+        pg_check_stopped(f"pg {attempt}", sess, before, ref_time)
+    ctl.close()
+    sess.close()
     check(psql("SELECT 1").stdout.strip() == "1", "pg server answers after the cancels")
+
+
+def test_pg_limit():
+    print("-- PostgreSQL: rows stream (LIMIT stops the join)", flush=True)
+    # 50k uniform 2-D points at eps 0.08: ~23M pairs.
+    psql("SELECT setseed(0.75); DROP TABLE IF EXISTS dense; CREATE TABLE dense AS SELECT g AS id, "
+         "random() AS x, random() AS y FROM generate_series(1, 50000) g")
+    join = "simjoin_self_join('SELECT id, x, y FROM dense', 0.08)"
+    sess = PgSession()
+    sess.run(f"SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM dense', 0.001)")  # warm up
+    (n,), full = sess.timed(f"SELECT count(*) FROM {join}")
+    n = int(n)
+    times = {}
+    for what, sql in [("LIMIT 10", f"SELECT * FROM {join} LIMIT 10"),
+                      ("EXISTS", f"SELECT EXISTS (SELECT 1 FROM {join} WHERE distance < 0.01)")]:
+        before = len(pg_stop_lines())
+        runs = [sess.timed(sql) for _ in range(3)]
+        rows, t = runs[0][0], sorted(r[1] for r in runs)[1]
+        times[what] = t
+        print(f"   {what}: {t * 1e3:.0f} ms against {full:.2f} s for all {n} pairs "
+              f"({100 * t / full:.1f}%)", flush=True)
+        check(n >= 20_000_000, f"pg LIMIT: {n} pairs, want at least 20M")
+        check(t <= 0.05 * full, f"pg {what}: {t:.3f} s, more than 5% of the whole join ({full:.2f} s)")
+        if what == "LIMIT 10":
+            pairs = [tuple(line.split("|")) for line in rows]
+            check(len(pairs) == 10 and all(float(d) <= 0.08 for _, _, d in pairs),
+                  f"pg LIMIT 10 rows: {rows}")
+        else:
+            check(rows == ["t"], f"pg EXISTS: {rows}")
+        lines = pg_stop_lines()[before:]
+        check(len(lines) == 3 and all("cancelled" in x for x in lines),
+              f"pg {what}: each early end stopped its join (log: {lines})")
+    threads_idle(sess.pid, "pg LIMIT")
+    sess.close()
+
+
+def test_pg_limits():
+    print("-- PostgreSQL: thread and memory limits", flush=True)
+    status = "SELECT substring(pg_read_file('/proc/self/status') from 'Threads:\\s*(\\d+)')"
+    join = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref2', 0.001, 'euclidean', 'cpu')"
+    # simjoin.threads is capped by simjoin.max_threads (default 4): a fresh backend has one
+    # thread, and its pool at most max_threads more.
+    out = psql(f"{status}; SET simjoin.threads = 64; {join}; {status}").stdout.split()
+    check(out[0] == "1" and int(out[-1]) <= 1 + 4, f"pg threads, default cap 4: {out}")
+    out = psql(f"SET simjoin.max_threads = 2; SET simjoin.threads = 64; {join}; {status}").stdout.split()
+    check(int(out[-1]) <= 1 + 2, f"pg threads, cap 2: {out}")
+    # Only a superuser changes the limits.
+    psql("DROP ROLE IF EXISTS sj_user; CREATE ROLE sj_user; GRANT SELECT ON ref2 TO sj_user")
+    for setting in ["simjoin.max_threads", "simjoin.max_memory"]:
+        value = "8" if setting == "simjoin.max_threads" else "'10GB'"
+        # Once the module is loaded: refused.
+        r = psql(f"SET {setting} = {value}", settings=["SET ROLE sj_user", join], check_rc=False)
+        check(r.returncode != 0 and "permission denied to set parameter" in r.stderr,
+              f"pg: a plain user sets {setting}: {r.stderr.strip()!r}")
+        # Set before the module is loaded: PostgreSQL ignores it when the module loads.
+        r = psql(f"SHOW {setting}", settings=["SET ROLE sj_user", f"SET {setting} = {value}", join])
+        check("permission denied to set parameter" in r.stderr
+              and r.stdout.split()[-1] in ("4", "1GB"),
+              f"pg: a plain user sets {setting} early: {r.stdout.split()[-1:]} {r.stderr.strip()!r}")
+    r = psql(f"SET ROLE sj_user; SET simjoin.threads = 2; {join}", check_rc=False)
+    check(r.returncode == 0 and int(r.stdout.split()[-1]) > 0, f"pg: a plain user joins: {r.stderr}")
+    # Input beyond simjoin.max_memory: a clear error, the server up.
+    r = psql(f"SET simjoin.max_memory = '2MB'; {join}", check_rc=False)
+    check(r.returncode != 0 and "more points than simjoin.max_memory allows" in r.stderr,
+          f"pg max_memory: {r.stderr.strip()!r}")
+    r = psql("SET simjoin.max_memory = '2MB'; SELECT count(*) FROM simjoin_join("
+             "'SELECT id, x, y FROM ref2 WHERE id <= 40000', 'SELECT id, x, y FROM ref2 WHERE id <= 40000', 0.001)",
+             check_rc=False)
+    check(r.returncode != 0 and "taken by the inputs before" in r.stderr,
+          f"pg max_memory counts both inputs: {r.stderr.strip()!r}")
+    check(psql(f"SET simjoin.max_memory = '20MB'; {join}").stdout.split()[-1] != "0",
+          "pg max_memory: a join within the limit")
 
 
 def test_pg_work_mem(rng):
@@ -303,7 +511,7 @@ def test_pg_work_mem(rng):
           f"temp files {before} -> {after}", flush=True)
     check(len(want) > 100000, "work_mem test: enough pairs")
     compare(got, want, "pg work_mem=64kB")
-    check(after > before, "pg work_mem: the tuplestore spilled to a temporary file")
+    check(after == before, "pg work_mem: rows stream to the client (no temporary file)")
 
 
 # ---------------------------------------------------------------- SQLite
@@ -380,6 +588,19 @@ def test_sqlite(rng):
         ("SELECT * FROM simjoin_self_join('SELECT 1, 1')", "usage"),
         ("SELECT * FROM simjoin_self_join('SELEC 1', 1)", "syntax error"),
         ("SELECT * FROM simjoin_self_join('SELECT * FROM nosuchtable', 1)", "no such table"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 0 UNION ALL SELECT 1, 1', 1)",
+         "id 1 appears more than once in the points query"),
+        ("SELECT * FROM simjoin_join('SELECT 1, 0', 'SELECT 2, 0 UNION ALL SELECT 2, 1', 1)",
+         "id 2 appears more than once in the points_b query"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 1, 'euclidean', 'tpu')", "unknown backend"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 1, 'euclidean', 'cpu', -1)", "threads must be"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 1, 'euclidean', 'cpu', 1.5)", "threads must be"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1; SELECT 2, 2', 1)", "one statement"),
+        ("SELECT * FROM simjoin_self_join('DELETE FROM big WHERE id = (SELECT min(id) FROM big) "
+         "RETURNING id, c0, c1', 1)", "must be read-only"),
+        ("SELECT * FROM simjoin_self_join('INSERT INTO big SELECT * FROM big RETURNING id, c0, c1', 1)",
+         "must be read-only"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1; DELETE FROM big', 1)", "one statement"),
     ]
     for sql, want_msg in errors:
         try:
@@ -388,7 +609,83 @@ def test_sqlite(rng):
         except sqlite3.Error as e:
             check(want_msg in str(e), f"sqlite error for {sql!r}: want {want_msg!r}, got {e!r}")
     check(con.execute("SELECT count(*) FROM big").fetchone()[0] == 20000,
-          "sqlite connection works after the errors")
+          "sqlite connection works after the errors (and the refused DML deleted nothing)")
+    # A backend and a thread count.
+    for backend, threads in [("cpu", 1), ("auto", 2), ("cpu", 0)]:
+        got = con.execute("SELECT id_a, id_b, distance FROM simjoin_self_join("
+                          "'SELECT id, c0, c1 FROM big', ?, 'euclidean', ?, ?)",
+                          (eps, backend, threads)).fetchall()
+        compare(got, want, f"sqlite backend {backend}, {threads} threads")
+
+
+def sqlite_long_setup():
+    """A connection with u (200k uniform points in [0,1)^32, made by SQL) and ref (200k
+    uniform 2-D points)."""
+    con = sqlite_connect()
+    u = "(random() / 18446744073709551616.0 + 0.5)"
+    con.execute(f"CREATE TABLE u (id INTEGER PRIMARY KEY, {', '.join(f'c{k} REAL' for k in range(32))})")
+    con.execute(f"WITH RECURSIVE g(i) AS (VALUES(1) UNION ALL SELECT i + 1 FROM g WHERE i < 200000) "
+                f"INSERT INTO u SELECT i, {', '.join([u] * 32)} FROM g")
+    con.execute("CREATE TABLE ref (id INTEGER PRIMARY KEY, x REAL, y REAL)")
+    con.execute(f"WITH RECURSIVE g(i) AS (VALUES(1) UNION ALL SELECT i + 1 FROM g WHERE i < 200000) "
+                f"INSERT INTO ref SELECT i, {u}, {u} FROM g")
+    return con
+
+
+def test_sqlite_cancel():
+    print("-- SQLite: sqlite3_interrupt and the progress handler stop a join", flush=True)
+    con = sqlite_long_setup()
+    long_join = ("SELECT count(*) FROM simjoin_self_join('SELECT id, "
+                 + ", ".join(f"c{k}" for k in range(32)) + " FROM u', 0.5)")
+    ref_join = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref', 0.005)"
+
+    def timed(sql):
+        t0 = time.time()
+        n = con.execute(sql).fetchone()[0]
+        return n, time.time() - t0
+
+    ref_rows = timed(ref_join)[0]
+    ref_time = min(timed(ref_join)[1] for _ in range(2))
+    # The extension logs each stopped join on stderr (SIMJOIN_PIPE_DEBUG): catch fd 2.
+    os.environ["SIMJOIN_PIPE_DEBUG"] = "1"
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    for how in ("interrupt", "progress handler"):
+        t_req = time.time() + 0.7  # reading the points takes ~0.4 s: stop in the join itself
+        if how == "interrupt":
+            timer = threading.Timer(0.7, con.interrupt)
+            timer.start()
+        else:
+            con.set_progress_handler(lambda: int(time.time() >= t_req), 1000)
+        err = None
+        os.dup2(log.fileno(), 2)
+        try:
+            con.execute(long_join).fetchall()
+        except sqlite3.OperationalError as e:
+            err = str(e)
+        finally:
+            t_end = time.time()
+            os.dup2(saved, 2)
+        con.set_progress_handler(None, 0)
+        lag = t_end - t_req
+        print(f"   {how}: the statement ended {lag * 1e3:.0f} ms after the request", flush=True)
+        check(err == "interrupted", f"sqlite {how}: got {err!r}")
+        check(lag < 0.25, f"sqlite {how}: the statement took {lag * 1e3:.0f} ms to stop")
+        log.seek(0)
+        lines = re.findall(r"sj_pipe: stop asked .*", log.read().decode(errors="replace"))
+        log.seek(0)
+        log.truncate()
+        print("   log:", lines, flush=True)
+        check(len(lines) == 1 and "cancelled" in lines[0],
+              f"sqlite {how}: the join itself must have stopped (log: {lines})")
+        threads_idle(os.getpid(), f"sqlite {how}")
+        n, t = timed(ref_join)
+        print(f"   next join: {t * 1e3:.0f} ms (before: {ref_time * 1e3:.0f} ms)", flush=True)
+        check(n == ref_rows and t < 2 * ref_time + 0.05,
+              f"sqlite {how}: the next join: {n} rows in {t:.3f} s ({ref_rows} in {ref_time:.3f} s before)")
+    os.close(saved)
+    del os.environ["SIMJOIN_PIPE_DEBUG"]
+    con.close()
 
 
 def test_sqlite_shell():
@@ -426,11 +723,14 @@ def main():
         test_pg_errors()
         test_pg_work_mem(rng)
         test_pg_cancel()
+        test_pg_limit()
+        test_pg_limits()
         log = server_log()
         check("terminated by signal" not in log and "PANIC" not in log,
               "pg server log: no crashed backend")
     if ARGS.only != "pg":
         test_sqlite(rng)
+        test_sqlite_cancel()
         test_sqlite_shell()
     print(f"db tests: {len(FAILURES)} failures, {time.time() - t0:.0f} s", flush=True)
     sys.exit(1 if FAILURES else 0)
