@@ -49,3 +49,34 @@ AS $$
   SELECT (r).id_a, (r).id_b, (r).distance
   FROM (SELECT @extschema@.simjoin_join_rows(points_a, points_b, eps, metric, backend) AS r) s
 $$;
+
+-- Points from a table (or view) and column names instead of query text: `id` a unique
+-- integer column, `coords` the coordinate columns (one per dimension, or one array column).
+-- Every name is quoted, so no SQL is built from the caller's text.
+--   SELECT * FROM simjoin_self_join('shops', 'id', ARRAY['x', 'y'], 1.0);
+CREATE FUNCTION simjoin_points_query(tab regclass, id text, coords text[])
+RETURNS text
+AS 'MODULE_PATHNAME', 'simjoin_points_query_pg'
+LANGUAGE C STABLE CALLED ON NULL INPUT PARALLEL SAFE;
+
+CREATE FUNCTION simjoin_self_join(tab regclass, id text, coords text[], eps float8,
+                                  metric text DEFAULT 'euclidean', backend text DEFAULT 'auto')
+RETURNS TABLE(id_a bigint, id_b bigint, distance float8)
+LANGUAGE sql STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000
+AS $$
+  SELECT (r).id_a, (r).id_b, (r).distance
+  FROM (SELECT @extschema@.simjoin_self_join_rows(@extschema@.simjoin_points_query(tab, id, coords),
+                                                  eps, metric, backend) AS r) s
+$$;
+
+CREATE FUNCTION simjoin_join(tab_a regclass, id_a text, coords_a text[], tab_b regclass,
+                             id_b text, coords_b text[], eps float8,
+                             metric text DEFAULT 'euclidean', backend text DEFAULT 'auto')
+RETURNS TABLE(id_a bigint, id_b bigint, distance float8)
+LANGUAGE sql STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000
+AS $$
+  SELECT (r).id_a, (r).id_b, (r).distance
+  FROM (SELECT @extschema@.simjoin_join_rows(@extschema@.simjoin_points_query(tab_a, id_a, coords_a),
+                                             @extschema@.simjoin_points_query(tab_b, id_b, coords_b),
+                                             eps, metric, backend) AS r) s
+$$;

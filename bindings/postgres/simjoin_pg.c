@@ -23,6 +23,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "catalog/namespace.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -31,7 +32,9 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "lib/stringinfo.h"
 #include "utils/lsyscache.h"
+#include "utils/ruleutils.h"
 #include "utils/memutils.h"
 
 #include "sj_pipe.h"
@@ -463,3 +466,39 @@ Datum simjoin_self_join_pg(PG_FUNCTION_ARGS) { return run_join(fcinfo, true); }
 
 PG_FUNCTION_INFO_V1(simjoin_join_pg);
 Datum simjoin_join_pg(PG_FUNCTION_ARGS) { return run_join(fcinfo, false); }
+
+/* simjoin_points_query(tab regclass, id text, coords text[]): the text of the query
+ * "SELECT id, c1, c2, ... FROM schema.tab", every name quoted, for the functions that take
+ * a table and column names instead of query text (no SQL is built from the caller's text). */
+PG_FUNCTION_INFO_V1(simjoin_points_query_pg);
+Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
+  Oid relid;
+  char *rel, *nsp;
+  Datum *elems;
+  bool *elem_nulls;
+  int n, k;
+  StringInfoData buf;
+  static const char *const names[] = {"the table", "the id column", "coords"};
+  for (k = 0; k < 3; k++)
+    if (PG_ARGISNULL(k))
+      ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("simjoin: %s must not be NULL", names[k])));
+  relid = PG_GETARG_OID(0);
+  rel = get_rel_name(relid);
+  if (!rel)
+    ereport(ERROR, (errcode(ERRCODE_UNDEFINED_TABLE), errmsg("simjoin: no relation with OID %u", relid)));
+  nsp = get_namespace_name(get_rel_namespace(relid));
+  deconstruct_array(PG_GETARG_ARRAYTYPE_P(2), TEXTOID, -1, false, TYPALIGN_INT, &elems, &elem_nulls, &n);
+  if (n == 0)
+    ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                    errmsg("simjoin: coords must name at least one column")));
+  initStringInfo(&buf);
+  appendStringInfo(&buf, "SELECT %s", quote_identifier(text_to_cstring(PG_GETARG_TEXT_PP(1))));
+  for (k = 0; k < n; k++) {
+    if (elem_nulls[k])
+      ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+                      errmsg("simjoin: coords must not hold NULL (element %d)", k + 1)));
+    appendStringInfo(&buf, ", %s", quote_identifier(TextDatumGetCString(elems[k])));
+  }
+  appendStringInfo(&buf, " FROM %s", quote_qualified_identifier(nsp, rel));
+  PG_RETURN_TEXT_P(cstring_to_text(buf.data));
+}

@@ -20,6 +20,14 @@ prefix=$(cd "$prefix" && pwd)
 echo "-- building the extensions"
 bash bindings/postgres/install.sh "$prefix" >/dev/null
 sqlite_ext=$(bash bindings/sqlite/build.sh "$prefix" 2>/dev/null)
+# The installed module must not find libsimjoin through a path into the build tree.
+module=$(pg_config --pkglibdir)/simjoin.so
+if readelf -d "$module" | grep -E 'R(UN)?PATH' | grep -qF "$root" ||
+  ldd "$module" | grep -qE "not found|$root"; then
+  echo "FAIL: $module needs a path into $root:" >&2
+  readelf -d "$module" | grep -E 'NEEDED|R(UN)?PATH' >&2
+  exit 1
+fi
 
 # The oracle's Python: Debian's python3 (its sqlite3 module has enable_load_extension, which
 # pyenv builds often lack) in a virtual environment with NumPy.

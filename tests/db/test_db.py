@@ -253,6 +253,14 @@ def test_pg_correctness(rng):
                 got = pg_rows(f"SELECT * FROM simjoin_join({q(pg_query('ta', x, layout))}, "
                               f"{q(pg_query('tb', xb, layout))}, {eps!r}, {q(metric)}, 'cpu')")
                 compare(got, oracle(ids, x, eps, metric, ids_b, xb), what + " join")
+            # The same through a table and column names.
+            cols = ("ARRAY[" + ", ".join(f"'c{k}'" for k in range(dim)) + "]" if layout == "cols"
+                    else "ARRAY['v']")
+            got = pg_rows(f"SELECT * FROM simjoin_self_join('ta', 'id', {cols}, {eps!r}, {q(metric)})")
+            compare(got, oracle(ids, x, eps, metric), what + " self, table and columns")
+            got = pg_rows(f"SELECT * FROM simjoin_join('ta', 'id', {cols}, 'tb', 'id', {cols}, {eps!r}, "
+                          f"{q(metric)})")
+            compare(got, oracle(ids, x, eps, metric, ids_b, xb), what + " join, table and columns")
     # float4[] coordinates: the oracle sees the same float32 values.
     ids, x = make_data(rng, 1000, 3, "clustered")
     x4 = x.astype(np.float32).astype(np.float64)
@@ -270,6 +278,16 @@ def test_pg_correctness(rng):
         compare(pg_rows(f"SELECT * FROM simjoin_self_join('SELECT id, a, b, c FROM lat', "
                         f"{eps!r}, {q(metric)})"), oracle(ids, x, eps, metric),
                 f"pg lattice {metric}")
+    # Table and column names are quoted: odd names work, and a name is never SQL.
+    psql('DROP TABLE IF EXISTS "Odd T"; CREATE TABLE "Odd T" ("My id" int, "x""q" float8, y float8); '
+         'INSERT INTO "Odd T" VALUES (1, 0, 0), (2, 0.5, 0), (3, 9, 9)')
+    check(pg_rows("""SELECT * FROM simjoin_self_join('"Odd T"', 'My id', ARRAY['x"q', 'y'], 1)""")
+          == [(1, 2, 0.5)], "pg table form: quoted names")
+    r = psql("SELECT * FROM simjoin_self_join('ta', 'id', ARRAY['v FROM ta; DROP TABLE ta; --'], 1)",
+             check_rc=False)
+    check(r.returncode != 0 and "does not exist" in r.stderr
+          and psql("SELECT count(*) > 0 FROM ta").stdout.strip() == "t",
+          f"pg table form: a column name is not SQL: {r.stderr.strip()!r}")
     # Empty inputs.
     compare(pg_rows("SELECT * FROM simjoin_self_join('SELECT 1, 2.0 WHERE false', 1)"), {},
             "pg empty self")
@@ -309,6 +327,10 @@ PG_ERRORS = [
     ("SELECT * FROM simjoin_join('SELECT 1, 0.0', 'SELECT 2, 0.0 UNION ALL SELECT 3, 1.0 "
      "UNION ALL SELECT 2, 1.0', 1)", "id 2 appears more than once in the points_b query"),
     ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0; SELECT 2, 2.0', 1)", "returns rows"),
+    ("SELECT * FROM simjoin_self_join('nosuchtable', 'id', ARRAY['x'], 1)", "does not exist"),
+    ("SELECT * FROM simjoin_self_join(NULL::regclass, 'id', ARRAY['x'], 1)", "the table must not be NULL"),
+    ("SELECT * FROM simjoin_self_join('pg_class', 'oid', ARRAY[]::text[], 1)", "at least one column"),
+    ("SELECT * FROM simjoin_self_join('pg_class', 'oid', ARRAY[NULL], 1)", "must not hold NULL"),
 ]
 
 
@@ -342,10 +364,10 @@ def test_pg_errors():
           == [(1, 1, 0.5)], "pg join: one id in both inputs")
     # Labels: stable, parallel restricted, not strict; the user-facing SQL functions are
     # inlined, so the plan streams through ProjectSet rather than storing a Function Scan.
-    labels = psql("SELECT string_agg(format('%s:%s%s%s', proname, provolatile, proparallel, proisstrict), ' ' "
-                  "ORDER BY proname) FROM pg_proc WHERE proname LIKE 'simjoin%'").stdout.strip()
-    check(labels == "simjoin_join:srf simjoin_join_rows:srf simjoin_self_join:srf "
-                    "simjoin_self_join_rows:srf", f"pg function labels: {labels}")
+    labels = psql("SELECT string_agg(DISTINCT format('%s:%s%s%s', proname, provolatile, proparallel, "
+                  "proisstrict), ' ') FROM pg_proc WHERE proname LIKE 'simjoin%'").stdout.strip()
+    check(labels == "simjoin_join:srf simjoin_join_rows:srf simjoin_points_query:ssf "
+                    "simjoin_self_join:srf simjoin_self_join_rows:srf", f"pg function labels: {labels}")
     plan = psql("EXPLAIN SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1) LIMIT 10").stdout
     check("ProjectSet" in plan and "Function Scan" not in plan and "rows=10000" in plan,
           f"pg plan streams (ProjectSet) with a row estimate: {plan}")
@@ -718,7 +740,14 @@ def main():
     rng = np.random.default_rng(14)
     t0 = time.time()
     if ARGS.only != "sqlite":
-        psql("DROP EXTENSION IF EXISTS simjoin; CREATE EXTENSION simjoin")
+        # An install of 0.1.0 updated to the current version works like a fresh one.
+        psql("DROP EXTENSION IF EXISTS simjoin; CREATE EXTENSION simjoin VERSION '0.1.0'")
+        psql("ALTER EXTENSION simjoin UPDATE")
+        check(psql("SELECT extversion FROM pg_extension WHERE extname = 'simjoin'").stdout.strip()
+              == "0.2.0", "pg: extension updated to 0.2.0")
+        check(pg_rows("SELECT * FROM simjoin_self_join('SELECT 1, 0.0 UNION ALL SELECT 2, 0.5', 1)")
+              == [(1, 2, 0.5)], "pg: a join after the update")
+        psql("DROP EXTENSION simjoin; CREATE EXTENSION simjoin")
         test_pg_correctness(rng)
         test_pg_errors()
         test_pg_work_mem(rng)
