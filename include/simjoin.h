@@ -193,7 +193,7 @@ typedef struct simjoin_options {
   uint32_t distances;
   /**
    * NULL, or a control that can stop the call and reports its progress (see
-   * `simjoin_control_new`); it must be live when the call starts. Added in 0.4.
+   * `simjoin_control_new`); it must be live when the call starts. Added in 0.3.
    */
   const struct simjoin_control *control;
 } simjoin_options;
@@ -256,7 +256,7 @@ typedef struct simjoin_knn_options {
    */
   uint64_t lss_lists;
   /**
-   * NULL, or a control that can stop the call and reports its progress. Added in 0.4.
+   * NULL, or a control that can stop the call and reports its progress. Added in 0.3.
    */
   const struct simjoin_control *control;
 } simjoin_knn_options;
@@ -292,6 +292,36 @@ typedef struct simjoin_report {
 } simjoin_report;
 
 /**
+ * How far a call has come (`simjoin_control_progress`, and the progress callback).
+ */
+typedef struct simjoin_progress {
+  /**
+   * What the call is doing: "plan", "index", "join", "knn", "output" (a static string).
+   */
+  const char *stage;
+  /**
+   * Fraction of the stage's work done, 0 to 1 (in units of work, not of time).
+   */
+  double fraction;
+  /**
+   * Pairs (or kNN rows) found so far by the current join.
+   */
+  uint64_t pairs;
+  /**
+   * Seconds since the control was made.
+   */
+  double elapsed;
+} simjoin_progress;
+
+/**
+ * Called with the progress at most once per interval, from one of the engine's threads
+ * (never two at once). It must not call back into simjoin with the same control, and
+ * should return quickly. Returning non-zero stops the call, as `simjoin_control_cancel`
+ * does.
+ */
+typedef int32_t (*simjoin_progress_fn)(void *user, const struct simjoin_progress *progress);
+
+/**
  * DBSCAN options beyond eps and min_samples. Call `simjoin_dbscan_options_init` first: it
  * sets `size` and every default.
  */
@@ -317,7 +347,7 @@ typedef struct simjoin_dbscan_options {
    */
   const double *sample_weight;
   /**
-   * NULL, or a control that can stop the call and reports its progress. Added in 0.4.
+   * NULL, or a control that can stop the call and reports its progress. Added in 0.3.
    */
   const struct simjoin_control *control;
 } simjoin_dbscan_options;
@@ -349,36 +379,6 @@ typedef struct simjoin_dbscan_report {
   const char *backend;
 } simjoin_dbscan_report;
 
-/**
- * How far a call has come (`simjoin_control_progress`, and the progress callback).
- */
-typedef struct simjoin_progress {
-  /**
-   * What the call is doing: "plan", "index", "join", "knn", "output" (a static string).
-   */
-  const char *stage;
-  /**
-   * Fraction of the stage's work done, 0 to 1 (in units of work, not of time).
-   */
-  double fraction;
-  /**
-   * Pairs (or kNN rows) found so far by the current join.
-   */
-  uint64_t pairs;
-  /**
-   * Seconds since the control was made.
-   */
-  double elapsed;
-} simjoin_progress;
-
-/**
- * Called with the progress at most once per interval, from one of the engine's threads
- * (never two at once). It must not call back into simjoin with the same control, and
- * should return quickly. Returning non-zero stops the call, as `simjoin_control_cancel`
- * does.
- */
-typedef int32_t (*simjoin_progress_fn)(void *user, const struct simjoin_progress *progress);
-
 #define SIMJOIN_DTYPE_F32 0
 
 #define SIMJOIN_DTYPE_F64 1
@@ -388,6 +388,12 @@ typedef int32_t (*simjoin_progress_fn)(void *user, const struct simjoin_progress
 #define SIMJOIN_METRIC_MANHATTAN 1
 
 #define SIMJOIN_METRIC_CHEBYSHEV 2
+
+/**
+ * Cosine distance, 1 - cos(a, b): eps-joins and DBSCAN (not kNN yet); zero vectors are
+ * SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
+ */
+#define SIMJOIN_METRIC_COSINE 3
 
 #define SIMJOIN_BACKEND_AUTO 0
 
@@ -705,41 +711,6 @@ simjoin_status simjoin_result_report(const struct simjoin_result *result,
                                      struct simjoin_report *report);
 
 /**
- * Fills the caller's `simjoin_dbscan_options` of `size` bytes with the defaults
- * (Euclidean, automatic backend and algorithm, no weights) and sets `opts->size = size`,
- * as `simjoin_options_init_sized` does. The header's `simjoin_dbscan_options_init(opts)`
- * macro calls this with `sizeof *(opts)`.
- */
-simjoin_status simjoin_dbscan_options_init_sized(struct simjoin_dbscan_options *opts, size_t size);
-
-/**
- * For programs compiled against simjoin 0.2: `simjoin_dbscan_options_init_sized` with
- * the 0.2 size of the struct.
- */
-simjoin_status simjoin_dbscan_options_init(struct simjoin_dbscan_options *opts);
-
-/**
- * DBSCAN of the rows of `points` on the eps-join, in memory proportional to the number
- * of rows whatever the number of pairs. A row with at least `min_samples` rows within
- * `eps` (itself included, as scikit-learn counts) is a core point; core points within eps
- * of each other share a cluster; a non-core row with a core row within eps joins the
- * cluster of its nearest one (equal distances: the smaller row); the rest is noise.
- * Clusters are numbered 0, 1, ... by their smallest row. `eps` must be finite and > 0,
- * `min_samples` >= 1. `opts` may be NULL (defaults). On success `labels[i]` (an array of
- * `points->rows` entries; may be NULL only when rows is 0) holds row i's cluster or -1
- * for noise; `core` (NULL when not wanted, else `points->rows` bytes) holds 1 for a core
- * row and 0 otherwise; `*report` (NULL when not wanted) the counts.
- */
-simjoin_status simjoin_dbscan(const struct simjoin_engine *engine,
-                              const struct simjoin_matrix *points,
-                              double eps,
-                              uint64_t min_samples,
-                              const struct simjoin_dbscan_options *opts,
-                              int64_t *labels,
-                              uint8_t *core,
-                              struct simjoin_dbscan_report *report);
-
-/**
  * A new control, not cancelled, without a callback. `*out` holds it on success.
  */
 simjoin_status simjoin_control_new(struct simjoin_control **out);
@@ -779,6 +750,41 @@ simjoin_status simjoin_control_progress(const struct simjoin_control *control,
  * and can no longer be cancelled through this handle.
  */
 void simjoin_control_free(struct simjoin_control *control);
+
+/**
+ * Fills the caller's `simjoin_dbscan_options` of `size` bytes with the defaults
+ * (Euclidean, automatic backend and algorithm, no weights) and sets `opts->size = size`,
+ * as `simjoin_options_init_sized` does. The header's `simjoin_dbscan_options_init(opts)`
+ * macro calls this with `sizeof *(opts)`.
+ */
+simjoin_status simjoin_dbscan_options_init_sized(struct simjoin_dbscan_options *opts, size_t size);
+
+/**
+ * For programs compiled against simjoin 0.2: `simjoin_dbscan_options_init_sized` with
+ * the 0.2 size of the struct.
+ */
+simjoin_status simjoin_dbscan_options_init(struct simjoin_dbscan_options *opts);
+
+/**
+ * DBSCAN of the rows of `points` on the eps-join, in memory proportional to the number
+ * of rows whatever the number of pairs. A row with at least `min_samples` rows within
+ * `eps` (itself included, as scikit-learn counts) is a core point; core points within eps
+ * of each other share a cluster; a non-core row with a core row within eps joins the
+ * cluster of its nearest one (equal distances: the smaller row); the rest is noise.
+ * Clusters are numbered 0, 1, ... by their smallest row. `eps` must be finite and > 0,
+ * `min_samples` >= 1. `opts` may be NULL (defaults). On success `labels[i]` (an array of
+ * `points->rows` entries; may be NULL only when rows is 0) holds row i's cluster or -1
+ * for noise; `core` (NULL when not wanted, else `points->rows` bytes) holds 1 for a core
+ * row and 0 otherwise; `*report` (NULL when not wanted) the counts.
+ */
+simjoin_status simjoin_dbscan(const struct simjoin_engine *engine,
+                              const struct simjoin_matrix *points,
+                              double eps,
+                              uint64_t min_samples,
+                              const struct simjoin_dbscan_options *opts,
+                              int64_t *labels,
+                              uint8_t *core,
+                              struct simjoin_dbscan_report *report);
 
 #ifdef __cplusplus
 }  // extern "C"

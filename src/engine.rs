@@ -234,6 +234,7 @@ impl Engine {
             .flatten();
         // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
         let rows_csr = if opts.output == OutputForm::Csr
+            && opts.metric != crate::options::Metric::Cosine
             && crate::cpu::csr_rows_may_apply(a.dim())
             && self.runs_on_cpu(a, b, opts)?
             && csr_rows()
@@ -403,6 +404,11 @@ impl Engine {
         f: impl FnOnce(&dyn JoinBackend) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
         opts.validate()?;
+        // Cosine joins confirm streamed candidates (cosine.rs): nothing counted or linked
+        // on the device.
+        if opts.metric == crate::options::Metric::Cosine {
+            return Ok(None);
+        }
         match opts.backend {
             Backend::Cpu => Ok(None),
             Backend::Gpu => match self.gpu() {
@@ -484,6 +490,12 @@ impl Engine {
     ) -> Result<JoinReport> {
         let start = Instant::now();
         check_join(a, b, opts)?;
+        if opts.metric == crate::options::Metric::Cosine {
+            // A Euclidean join of normalised copies, each candidate confirmed (cosine.rs).
+            let mut report = crate::cosine::run(self, a, b, opts, sink)?;
+            report.seconds = start.elapsed().as_secs_f64();
+            return Ok(report);
+        }
         opts.control.begin();
         opts.control.check()?;
         let job = Job {

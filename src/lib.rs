@@ -18,6 +18,7 @@
 pub mod auto;
 mod backend;
 pub mod control;
+mod cosine;
 pub mod dataset;
 pub mod dbscan;
 mod device;

@@ -14,6 +14,17 @@
 //! An implementation that visits dimensions in another order (REORDER) may only use that
 //! order to *reject* with a safety margin (`reject_margin`) and must confirm survivors with
 //! the canonical order.
+//!
+//! Cosine (distance 1 - cos(a, b)) is not a sum of per-dimension terms, and has its own
+//! rule ([`cosine_within`]): every coordinate widened exactly to f64, in the dataset's
+//! dimension order, one rounding per operation, no fused multiply-add,
+//! `na = sum a_i^2`, `nb = sum b_i^2`, `dot = sum a_i b_i`; the pair matches when
+//! `dot >= (1 - e) * (sqrt(na) * sqrt(nb))`, `e` being eps rounded to the input precision
+//! (then widened to f64); its distance is `1 - dot / (sqrt(na) * sqrt(nb))` rounded to
+//! the input precision. A vector whose `na` is not a normal f64 (zero, or too small or
+//! too large to square) is an error. The engine runs cosine joins as Euclidean joins of
+//! normalised copies at a widened eps and confirms every candidate by this rule
+//! (`src/cosine.rs`), so every backend returns this set.
 
 use crate::dataset::Precision;
 use crate::error::{Error, Result};
@@ -107,7 +118,7 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
     let e = T::from_f64(eps);
     match metric {
         Metric::Euclidean => e * e,
-        Metric::Manhattan | Metric::Chebyshev => e,
+        Metric::Manhattan | Metric::Chebyshev | Metric::Cosine => e,
     }
 }
 
@@ -118,6 +129,22 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
 /// squares to zero or a subnormal, which every tiny squared distance that underflowed
 /// with it would match too. Both would be wrong answers, so they are errors.
 pub fn check_eps(metric: Metric, eps: f64, precision: Precision) -> Result<()> {
+    if metric == Metric::Cosine {
+        // Compared in f64 (`cosine_within`): any positive eps is exact. eps rounded to an
+        // f32 zero would match only parallel vectors; refuse it as a misuse.
+        let e = threshold::<f64>(metric, eps);
+        let rounded = match precision {
+            Precision::F32 => f64::from(threshold::<f32>(metric, eps)),
+            Precision::F64 => e,
+        };
+        return if rounded > 0.0 && rounded.is_finite() {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "cosine eps = {eps:e} rounds to zero in the data's precision"
+            )))
+        };
+    }
     // Normality is tested in the data's own precision (an f32 subnormal is an f64 normal).
     let (thr, normal, name) = match precision {
         Precision::F32 => {
@@ -193,6 +220,8 @@ pub fn accumulate<T: Coord>(metric: Metric, acc: T, a: T, b: T) -> T {
         Metric::Euclidean => acc + d * d,
         Metric::Manhattan => acc + d.abs(),
         Metric::Chebyshev => acc.max(d.abs()),
+        // Not a per-dimension sum: `within` and `distance_acc` take cosine's own rule.
+        Metric::Cosine => unreachable!("cosine has no per-dimension accumulator"),
     }
 }
 
@@ -201,6 +230,9 @@ pub fn accumulate<T: Coord>(metric: Metric, acc: T, a: T, b: T) -> T {
 #[inline]
 pub fn within<T: Coord>(metric: Metric, a: &[T], b: &[T], thr: T) -> bool {
     debug_assert_eq!(a.len(), b.len());
+    if metric == Metric::Cosine {
+        return cosine_within(a, b, norm(a), norm(b), thr.to_f64());
+    }
     let mut acc = T::ZERO;
     // Check every 4 dimensions: cheap enough, and exact (partial sums are monotone).
     for (ca, cb) in a.chunks(4).zip(b.chunks(4)) {
@@ -217,6 +249,9 @@ pub fn within<T: Coord>(metric: Metric, a: &[T], b: &[T], thr: T) -> bool {
 /// The accumulated distance (squared for Euclidean), in canonical order, no early exit.
 #[inline]
 pub fn distance_acc<T: Coord>(metric: Metric, a: &[T], b: &[T]) -> T {
+    if metric == Metric::Cosine {
+        return T::from_f64(cosine_distance(a, b, norm(a), norm(b)));
+    }
     let mut acc = T::ZERO;
     for (&x, &y) in a.iter().zip(b) {
         acc = accumulate(metric, acc, x, y);
@@ -233,6 +268,58 @@ pub fn finish<T: Coord>(metric: Metric, acc: T) -> T {
     } else {
         acc
     }
+}
+
+/// A vector's norm under cosine's rule: `sqrt(sum a_i^2)`, in f64, canonical order. The
+/// sum must be a normal number for the vector to take part (see [`check_norm`]).
+#[inline]
+pub fn norm<T: Coord>(a: &[T]) -> f64 {
+    let mut n = 0.0f64;
+    for &x in a {
+        let x = x.to_f64();
+        n += x * x;
+    }
+    n.sqrt()
+}
+
+/// `Ok` when a vector of norm `norm` ([`norm`]) can take part in a cosine join: its
+/// squared norm was a normal f64 (not zero, not under- or overflowed).
+pub fn check_norm(norm: f64, row: usize) -> Result<()> {
+    if (norm * norm).is_normal() && norm.is_normal() {
+        return Ok(());
+    }
+    Err(Error::invalid(if norm == 0.0 {
+        format!("row {row} is a zero vector: its cosine distance to anything is undefined")
+    } else {
+        format!(
+            "row {row}'s squared norm is out of f64's normal range ({norm:e} squared): \
+             cosine distances could not be computed exactly; rescale the data"
+        )
+    }))
+}
+
+/// `dot(a, b)` under cosine's rule: f64, canonical order, no fused multiply-add.
+#[inline]
+pub fn cosine_dot<T: Coord>(a: &[T], b: &[T]) -> f64 {
+    let mut dot = 0.0f64;
+    for (&x, &y) in a.iter().zip(b) {
+        dot += x.to_f64() * y.to_f64();
+    }
+    dot
+}
+
+/// The cosine match test (the written rule above) for vectors of norms `na`, `nb` ([`norm`])
+/// at `e` (eps rounded to the input precision, widened to f64).
+#[inline]
+pub fn cosine_within<T: Coord>(a: &[T], b: &[T], na: f64, nb: f64, e: f64) -> bool {
+    cosine_dot(a, b) >= (1.0 - e) * (na * nb)
+}
+
+/// The cosine distance under the written rule, in f64 (reported rounded to the input
+/// precision).
+#[inline]
+pub fn cosine_distance<T: Coord>(a: &[T], b: &[T], na: f64, nb: f64) -> f64 {
+    1.0 - cosine_dot(a, b) / (na * nb)
 }
 
 /// Relative margin that makes a rejection by a sum in a *non-canonical* dimension order

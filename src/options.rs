@@ -14,6 +14,9 @@ pub enum Metric {
     Euclidean = 0,
     Manhattan = 1,
     Chebyshev = 2,
+    /// Cosine distance, 1 - cos(a, b) (SciPy's and scikit-learn's): eps-joins of
+    /// embeddings. See `metric.rs` for its arithmetic; zero vectors are an error.
+    Cosine = 3,
 }
 
 /// Where the join runs.
@@ -188,7 +191,7 @@ macro_rules! names {
     };
 }
 
-names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev" });
+names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev", Cosine = "cosine" });
 names!(Backend { Auto = "auto", Cpu = "cpu", Gpu = "gpu" });
 names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss", KdTree = "kdtree" });
 names!(IndexBuild { Auto = "auto", Host = "host", Device = "device" });

@@ -598,3 +598,49 @@ mod gpu {
         common::assert_no_validation_errors();
     }
 }
+
+/// Cosine DBSCAN (`Metric::Cosine`): clustered directions with random norms, duplicates
+/// and scalar multiples, 3-D to 64-D, f32 and f64, on the CPU and (with the `gpu` feature)
+/// the GPU: the reference's labels, its joins under cosine's rule.
+#[test]
+fn cosine_matches_the_reference() {
+    let mut rng = Rng(77);
+    for (dim, eps) in [(3usize, 0.002), (16, 0.02), (64, 0.05)] {
+        let centres: Vec<f64> = (0..5 * dim).map(|_| rng.normal()).collect();
+        let mut x = Vec::new();
+        for i in 0..400 {
+            if i % 9 == 8 {
+                // A multiple of an earlier vector: the same direction.
+                let j = (rng.next() as usize) % i;
+                let row: Vec<f64> = x[j * dim..(j + 1) * dim].to_vec();
+                x.extend(row.iter().map(|v| v * 4.0));
+                continue;
+            }
+            let c = (rng.next() as usize) % 5;
+            let spread = if i % 5 == 0 { 1.0 } else { 0.05 };
+            let norm = 0.5 + rng.unit() * 3.0;
+            x.extend((0..dim).map(|k| (centres[c * dim + k] + spread * rng.normal()) * norm));
+        }
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        for data in [
+            Dataset::from_f64(&x, dim).unwrap(),
+            Dataset::from_f32(&x32, dim).unwrap(),
+        ] {
+            let mut backends = vec![Backend::Cpu];
+            if cfg!(feature = "gpu") {
+                common::gpu_test_setup();
+                backends.push(Backend::Gpu);
+            }
+            for backend in backends {
+                let o = opts(eps, 4, Metric::Cosine, backend);
+                let r = check(&data, &o, &format!("cosine {dim}-D {backend}"));
+                assert!(
+                    r.clusters >= 2 && r.noise > 0,
+                    "{} clusters, {} noise",
+                    r.clusters,
+                    r.noise
+                );
+            }
+        }
+    }
+}

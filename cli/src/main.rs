@@ -60,7 +60,7 @@ enum Command {
 /// What every computing command shares: the metric, where it runs, how input is read.
 #[derive(Args)]
 pub(crate) struct RunArgs {
-    /// euclidean, manhattan or chebyshev.
+    /// euclidean, manhattan, chebyshev or cosine (1 - cos(a, b); joins and dbscan).
     #[arg(long, default_value = "euclidean")]
     pub metric: Metric,
     /// auto, gpu or cpu.

@@ -140,6 +140,7 @@ fn by_metric<T: DistanceType>(
         Metric::Euclidean => knn::<T, Euclid>(job, data, query, plan),
         Metric::Manhattan => knn::<T, Manhattan>(job, data, query, plan),
         Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, plan),
+        Metric::Cosine => Err(Error::unsupported("no cosine kNN")),
     }
 }
 
@@ -614,6 +615,7 @@ impl<T: Coord, M: MetricKind> Searcher<'_, T, M> {
             Metric::Euclidean => rd - old * old + diff * diff,
             Metric::Manhattan => rd - old.abs() + diff.abs(),
             Metric::Chebyshev => rd.max(diff.abs()),
+            Metric::Cosine => unreachable!("no cosine kNN in the k-d tree"),
         };
         if self.may_enter(far_rd) {
             self.off[sd] = diff;

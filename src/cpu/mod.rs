@@ -126,6 +126,7 @@ fn by_metric<T: Coord>(
         Metric::Euclidean => run::<T, store::Euclid>(job, a, b, sink, threads),
         Metric::Manhattan => run::<T, store::Manhattan>(job, a, b, sink, threads),
         Metric::Chebyshev => run::<T, store::Chebyshev>(job, a, b, sink, threads),
+        Metric::Cosine => Err(cosine_reached()),
     }
 }
 
@@ -139,7 +140,17 @@ fn csr_by_metric<T: knn::DistanceType + Default>(
         Metric::Euclidean => csr_rows::<T, store::Euclid>(job, a, b, threads),
         Metric::Manhattan => csr_rows::<T, store::Manhattan>(job, a, b, threads),
         Metric::Chebyshev => csr_rows::<T, store::Chebyshev>(job, a, b, threads),
+        Metric::Cosine => Err(cosine_reached()),
     }
+}
+
+/// The engine runs cosine joins as Euclidean joins of normalised copies (`src/cosine.rs`):
+/// a cosine job reaching a backend is a bug.
+fn cosine_reached() -> Error {
+    Error::new(
+        crate::error::ErrorKind::Internal,
+        "a cosine job reached the CPU backend (cosine joins run as Euclidean)",
+    )
 }
 
 /// The grid index of B (A for a self-join) and, for A ⋈ B, of A's query points.

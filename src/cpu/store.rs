@@ -304,6 +304,7 @@ mod avx2 {
                         Metric::Euclidean => $add(*a, $mul(d, d)),
                         Metric::Manhattan => $add(*a, $andnot(sign, d)),
                         Metric::Chebyshev => $max(*a, $andnot(sign, d)),
+                        Metric::Cosine => unreachable!("cosine joins run as Euclidean"),
                     };
                 }
             }

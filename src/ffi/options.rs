@@ -20,6 +20,9 @@ pub type simjoin_metric = u32;
 pub const SIMJOIN_METRIC_EUCLIDEAN: simjoin_metric = 0;
 pub const SIMJOIN_METRIC_MANHATTAN: simjoin_metric = 1;
 pub const SIMJOIN_METRIC_CHEBYSHEV: simjoin_metric = 2;
+/// Cosine distance, 1 - cos(a, b): eps-joins and DBSCAN (not kNN yet); zero vectors are
+/// SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
+pub const SIMJOIN_METRIC_COSINE: simjoin_metric = 3;
 
 /// Where the join runs: one of `SIMJOIN_BACKEND_*`.
 pub type simjoin_backend = u32;
@@ -138,10 +141,11 @@ impl simjoin_engine_options {
     }
 }
 
-pub(crate) const METRICS: [(u32, Metric); 3] = [
+pub(crate) const METRICS: [(u32, Metric); 4] = [
     (SIMJOIN_METRIC_EUCLIDEAN, Metric::Euclidean),
     (SIMJOIN_METRIC_MANHATTAN, Metric::Manhattan),
     (SIMJOIN_METRIC_CHEBYSHEV, Metric::Chebyshev),
+    (SIMJOIN_METRIC_COSINE, Metric::Cosine),
 ];
 pub(crate) const BACKENDS: [(u32, Backend); 3] = [
     (SIMJOIN_BACKEND_AUTO, Backend::Auto),

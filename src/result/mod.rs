@@ -492,6 +492,7 @@ fn distances_of(
             Euclidean => with!(Euclidean),
             Manhattan => with!(Manhattan),
             Chebyshev => with!(Chebyshev),
+            Cosine => with!(Cosine),
         }
     }
     let dim = a.dim();

@@ -56,7 +56,9 @@ port=$((20000 + RANDOM % 20000))
 (cd "$tmp" && "${run_pg[@]}" "$bindir/initdb" -D "$tmp/data" -A trust -U postgres >/dev/null)
 # SIMJOIN_PIPE_DEBUG makes the extension log one line per stopped join (the cancel tests
 # read it from the server log).
-(cd "$tmp" && "${run_pg[@]}" env SIMJOIN_PIPE_DEBUG=1 "$bindir/pg_ctl" -D "$tmp/data" \
+# VK_DRIVER_FILES: the GPU backend runs on lavapipe, as in the other tests.
+(cd "$tmp" && "${run_pg[@]}" env SIMJOIN_PIPE_DEBUG=1 \
+  VK_DRIVER_FILES="${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64.json}" "$bindir/pg_ctl" -D "$tmp/data" \
   -l "$tmp/server.log" -w -o "-k $tmp -p $port -c listen_addresses='' -c fsync=off" start >/dev/null)
 
 "$venv/bin/python" tests/db/test_db.py --pg-host "$tmp" --pg-port "$port" \

@@ -439,6 +439,26 @@ def test_pg_cancel():
         if attempt == "timeout":
             sess.run("RESET statement_timeout")
         pg_check_stopped(f"pg {attempt}", sess, before, ref_time)
+    # The same on the GPU backend (lavapipe in CI): the device opened by a first small join,
+    # then statement_timeout stops a GPU join (in its planning, which on lavapipe takes
+    # seconds for these points).
+    gpu_small = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref2 WHERE id <= 1000', 0.01, 'euclidean', 'gpu')"
+    out = sess.run(gpu_small)
+    if not (len(out) == 1 and out[0].isdigit()):
+        print(f"   no GPU backend here, skipping the GPU stop: {out}", flush=True)
+    else:
+        before = len(pg_stop_lines())
+        sess.run("SET statement_timeout = '1s'")
+        t_req = time.time() + 1.0
+        sess.send("SELECT count(*) FROM simjoin_self_join('SELECT id, v FROM u32 WHERE id <= 50000', 0.5, "
+                  "'euclidean', 'gpu')")
+        out, t_end = sess.wait()
+        lag = t_end - t_req
+        print(f"   GPU timeout: the statement ended {lag * 1e3:.0f} ms after the request", flush=True)
+        check(any("statement timeout" in line for line in out), f"pg GPU timeout: {out}")
+        check(lag < 0.25, f"pg GPU timeout: the statement took {lag * 1e3:.0f} ms to stop")
+        sess.run("RESET statement_timeout")
+        pg_check_stopped("pg GPU timeout", sess, before, ref_time)
     ctl.close()
     sess.close()
     check(psql("SELECT 1").stdout.strip() == "1", "pg server answers after the cancels")

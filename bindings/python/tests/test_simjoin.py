@@ -264,3 +264,41 @@ def test_distances_of_duplicates_are_explicit_zeros():
     assert g.nnz == 6
     assert g[0, 1] == 0.0 and g.has_canonical_format
     np.testing.assert_array_equal(g.data[g.indptr[0]:g.indptr[1]], [0.0, 0.5])
+
+
+def test_cosine_agrees_with_scikit_learn_and_refuses_zero_rows():
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.default_rng(11)
+    centres = rng.normal(size=(8, 64))
+    X = centres[rng.integers(0, 8, 1500)] + 0.3 * rng.normal(size=(1500, 64))
+    X *= rng.uniform(0.1, 10.0, size=(1500, 1))  # cosine ignores norms
+    eps = 0.05
+    graph = NearestNeighbors(radius=eps, metric="cosine", algorithm="brute").fit(X).radius_neighbors_graph(X)
+    graph.setdiag(0)
+    graph.eliminate_zeros()
+    want = np.array(sorted((i, j) for i, j in zip(*graph.nonzero()) if i < j)).reshape(-1, 2)
+    assert len(want) > 1000
+    for backend in ("cpu", "auto"):
+        got, dist = simjoin.self_join(X, eps, metric="cosine", backend=backend, return_distance=True)
+        np.testing.assert_array_equal(got.astype(np.int64), want)
+        expect = 1.0 - np.einsum("ij,ij->i", X[got[:, 0]], X[got[:, 1]]) / (
+            np.linalg.norm(X[got[:, 0]], axis=1) * np.linalg.norm(X[got[:, 1]], axis=1)
+        )
+        np.testing.assert_allclose(dist, expect, atol=1e-12)
+    X32 = X.astype(np.float32)
+    assert simjoin.self_join(X32, eps, metric="cosine", output="count") == len(
+        simjoin.self_join(X32, eps, metric="cosine")
+    )
+    labels = simjoin.dbscan(X, eps, 5, metric="cosine")
+    from sklearn.cluster import DBSCAN
+
+    ref = DBSCAN(eps=eps, min_samples=5, metric="cosine").fit(X)
+    core = np.zeros(len(X), dtype=bool)
+    core[ref.core_sample_indices_] = True
+    np.testing.assert_array_equal(labels < 0, ref.labels_ < 0)
+    # The same clusters of core samples (numbered differently: ours by first row).
+    assert len(set(zip(labels[core], ref.labels_[core]))) == len(set(ref.labels_[core])) > 1
+    X[3] = 0.0
+    with pytest.raises(simjoin.InvalidArgumentError, match="row 3 is a zero vector"):
+        simjoin.self_join(X, eps, metric="cosine")

@@ -361,6 +361,7 @@ fn term<M: MetricKind>(gap: f64) -> f64 {
     match M::METRIC {
         Metric::Euclidean => gap * gap,
         Metric::Manhattan | Metric::Chebyshev => gap,
+        Metric::Cosine => unreachable!("no cosine kNN on the grid"),
     }
 }
 
@@ -370,5 +371,6 @@ fn combine<M: MetricKind>(a: f64, b: f64) -> f64 {
     match M::METRIC {
         Metric::Chebyshev => a.max(b),
         Metric::Euclidean | Metric::Manhattan => a + b,
+        Metric::Cosine => unreachable!("no cosine kNN on the grid"),
     }
 }

@@ -244,9 +244,10 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     scipy.sparse.csr_matrix (both directions, no diagonal), boolean, or holding the
     distances with return_distance=True (like cKDTree.sparse_distance_matrix and
     radius_neighbors_graph(mode="distance"); duplicates are explicit zeros).
-    output="count": the number of pairs as an int. metric: "euclidean", "manhattan" or
-    "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid", "ego",
-    "brute" or "lss". Arrays view the engine's memory (no copy).
+    output="count": the number of pairs as an int. metric: "euclidean", "manhattan",
+    "chebyshev" or "cosine" (1 - cos(a, b), as SciPy defines it; a zero row raises
+    InvalidArgumentError); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid",
+    "ego", "brute" or "lss". Arrays view the engine's memory (no copy).
     output="arrow": a pyarrow.Table with columns i, j (uint32) and, with return_distance,
     distance; output="arrow_stream": a pyarrow.RecordBatchReader whose batches are made
     while the join runs (unsorted; for results larger than memory). DuckDB and Polars read

@@ -138,7 +138,7 @@ def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorit
     their smallest row) and -1 for noise. A row with at least `min_samples` rows within
     `eps` (itself included, as scikit-learn counts) is a core sample; a non-core row with a
     core sample within eps joins the cluster of its nearest one. metric: "euclidean",
-    "manhattan" or "chebyshev" (or scikit-learn's "l2", "l1", "cityblock", "infinity");
+    "manhattan", "chebyshev" or "cosine" (or scikit-learn's "l2", "l1", "cityblock", "infinity");
     backend: "auto", "cpu" or "gpu"; algorithm: the join's, "auto", "grid", "ego",
     "brute" or "lss" (GPU) -- the labels are the same whichever runs (scikit-learn's
     "kd_tree" and "ball_tree" mean "auto"). float32 inputs are clustered in float32 arithmetic,

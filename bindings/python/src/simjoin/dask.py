@@ -475,6 +475,10 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     if not (math.isfinite(eps) and eps > 0):
         raise _invalid("eps must be a finite number > 0")
     metric = str(metric).lower()
+    if metric == "cosine":
+        # The halos bound coordinates by eps, which cosine distance does not.
+        raise _invalid("simjoin.dask has no cosine metric yet: normalise the rows and join under "
+                       "euclidean at eps = sqrt(2 * cosine eps), then filter")
     if metric not in _native.METRICS:
         raise _invalid(f"unknown metric {metric!r} (expected one of: {', '.join(_native.METRICS)})")
     if partitions is not None and int(partitions) < 1:

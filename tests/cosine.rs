@@ -1,0 +1,269 @@
+//! Cosine joins (`Metric::Cosine`, the rule in `src/metric.rs`) against the brute-force
+//! oracle under that rule, exactly: clustered directions with random norms, exact
+//! duplicates and scalar multiples (cosine 1), orthogonal pairs at eps 1 and pairs a hair
+//! either side of it, opposite vectors, 2-D to 384-D, f32 and f64; every CPU algorithm and,
+//! with the `gpu` feature, the GPU on lavapipe (validation on); pairs, counts, CSR with
+//! distances, A ⋈ B, streams and neighbour counts; zero vectors refused; cosine kNN
+//! reported as not implemented.
+
+mod common;
+
+use common::Rng;
+use simjoin::{
+    oracle, Algorithm, Backend, Dataset, Engine, ErrorKind, JoinOptions, KnnOptions, Metric,
+    OutputForm,
+};
+
+fn engine() -> &'static Engine {
+    static E: std::sync::OnceLock<Engine> = std::sync::OnceLock::new();
+    E.get_or_init(Engine::new)
+}
+
+/// `n` vectors in `dim`-D around `centres` random directions (spread `spread`), each
+/// scaled by a random norm in [0.1, 10); every 7th an exact duplicate of an earlier one
+/// and every 11th a scalar multiple of one (cosine exactly 1 under the rule's arithmetic
+/// for power-of-two factors).
+fn directions(rng: &mut Rng, n: usize, dim: usize, centres: usize, spread: f64) -> Vec<f64> {
+    let cs: Vec<f64> = (0..centres * dim).map(|_| rng.normal()).collect();
+    let mut x = Vec::with_capacity(n * dim);
+    for i in 0..n {
+        if i > 0 && i % 7 == 0 {
+            let j = (rng.next() as usize) % i;
+            x.extend_from_within(j * dim..(j + 1) * dim);
+            continue;
+        }
+        if i > 0 && i % 11 == 0 {
+            let j = (rng.next() as usize) % i;
+            let f = [0.5, 2.0, 4.0][(rng.next() % 3) as usize];
+            for k in 0..dim {
+                let v = x[j * dim + k] * f;
+                x.push(v);
+            }
+            continue;
+        }
+        let c = (rng.next() as usize) % centres;
+        let norm = 0.1 + 9.9 * rng.unit();
+        let v: Vec<f64> = (0..dim)
+            .map(|k| cs[c * dim + k] + spread * rng.normal())
+            .collect();
+        let len = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        x.extend(v.iter().map(|a| a / len * norm));
+    }
+    x
+}
+
+fn as_f32(x: &[f64]) -> Vec<f32> {
+    x.iter().map(|&v| v as f32).collect()
+}
+
+fn cosine(eps: f64, backend: Backend, algorithm: Algorithm) -> JoinOptions {
+    let mut o = JoinOptions::new(eps);
+    o.metric = Metric::Cosine;
+    o.backend = backend;
+    o.algorithm = algorithm;
+    o.sorted = true;
+    o
+}
+
+/// Every output form of the self-join and of A ⋈ B equals the oracle's.
+fn check_all(data: &Dataset, other: &Dataset, eps: f64, backend: Backend, algorithm: Algorithm) {
+    let what = format!(
+        "{}-D {:?} eps {eps} {backend} {algorithm}",
+        data.dim(),
+        data.precision()
+    );
+    let want = oracle::self_join(data, Metric::Cosine, eps);
+    let mut o = cosine(eps, backend, algorithm);
+    let got = engine().self_join(data, &o).unwrap();
+    assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
+    assert_eq!(got.report.pairs, want.len() as u64, "{what}");
+    o.output = OutputForm::Count;
+    assert_eq!(
+        engine().self_join(data, &o).unwrap().count(),
+        want.len() as u64,
+        "{what}"
+    );
+    // The CSR with each entry's distance, 1 - cos under the rule, rounded to the input's type.
+    o.output = OutputForm::Csr;
+    o.distances = true;
+    let csr = engine().self_join(data, &o).unwrap();
+    let c = csr.csr().unwrap();
+    assert_eq!(c.neighbors.len(), 2 * want.len(), "{what}");
+    let d = csr.distances.as_ref().unwrap();
+    for r in 0..data.len() {
+        for e in c.offsets[r] as usize..c.offsets[r + 1] as usize {
+            let n = c.neighbors[e] as usize;
+            let (i, j) = (r.min(n) as u32, r.max(n) as u32);
+            assert!(
+                want.binary_search(&[i, j]).is_ok(),
+                "{what}: CSR entry {r} {n}"
+            );
+            let expect =
+                simjoin::metric::distance_acc(Metric::Cosine, &row(data, r), &row(data, n));
+            let expect = match data.precision() {
+                simjoin::Precision::F32 => expect as f32 as f64,
+                simjoin::Precision::F64 => expect,
+            };
+            assert_eq!(d.get(e), expect, "{what}: distance of {r} {n}");
+        }
+    }
+    // A ⋈ B.
+    let want_ab = oracle::join(data, other, Metric::Cosine, eps);
+    let o = cosine(eps, backend, algorithm);
+    assert_eq!(
+        engine().join(data, other, &o).unwrap().pairs().unwrap(),
+        &want_ab[..],
+        "{what} A⋈B"
+    );
+    // Streamed, unsorted.
+    let mut sink = simjoin::VecSink::default();
+    engine().self_join_stream(data, &o, &mut sink).unwrap();
+    let mut streamed = sink.pairs;
+    streamed.sort_unstable();
+    assert_eq!(streamed, want, "{what} stream");
+}
+
+fn row(data: &Dataset, i: usize) -> Vec<f64> {
+    let d = data.dim();
+    match data.coords() {
+        simjoin::Coords::F32(x) => x[i * d..(i + 1) * d].iter().map(|&v| v as f64).collect(),
+        simjoin::Coords::F64(x) => x[i * d..(i + 1) * d].to_vec(),
+    }
+}
+
+#[test]
+fn cpu_matches_the_rule_on_clustered_directions() {
+    let mut rng = Rng(40);
+    for (dim, n, spread, eps) in [
+        (2usize, 600usize, 0.05, 0.002),
+        (3, 600, 0.1, 0.01),
+        (8, 500, 0.2, 0.05),
+        (64, 400, 0.3, 0.05),
+        (384, 250, 0.5, 0.1),
+    ] {
+        let x = directions(&mut rng, n, dim, 6, spread);
+        let y = directions(&mut rng, n / 2, dim, 6, spread);
+        let (x32, y32) = (as_f32(&x), as_f32(&y));
+        for (a, b) in [
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&y, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&y32, dim).unwrap(),
+            ),
+        ] {
+            assert!(!oracle::self_join(&a, Metric::Cosine, eps).is_empty());
+            for algorithm in [
+                Algorithm::Auto,
+                Algorithm::Grid,
+                Algorithm::Ego,
+                Algorithm::Brute,
+            ] {
+                check_all(&a, &b, eps, Backend::Cpu, algorithm);
+            }
+        }
+    }
+}
+
+/// Orthogonal vectors at eps 1 (dot exactly 0, a match), a hair inside and outside, opposite
+/// vectors (distance 2), and eps past 2 (every pair).
+#[test]
+fn boundaries_are_exact() {
+    let x: Vec<f64> = vec![
+        1.0, 0.0, //
+        0.0, 1.0, // orthogonal to 0: cos 0
+        1.0, 1e-9, // cos with 1: > 0
+        1.0, -1e-9, // cos with 1: < 0
+        -3.0, 0.0, // opposite to 0
+        0.0, -2.0, // opposite to 1
+        5.0, 0.0, // parallel to 0: cos exactly 1
+    ];
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let x32 = as_f32(&x);
+    let data32 = Dataset::from_f32(&x32, 2).unwrap();
+    for eps in [1.0, 1e-12, 0.5, 2.0, 2.5] {
+        for d in [&data, &data32] {
+            let want = oracle::self_join(d, Metric::Cosine, eps);
+            for algorithm in [Algorithm::Grid, Algorithm::Brute, Algorithm::Ego] {
+                let o = cosine(eps, Backend::Cpu, algorithm);
+                assert_eq!(
+                    engine().self_join(d, &o).unwrap().pairs().unwrap(),
+                    &want[..],
+                    "eps {eps}"
+                );
+            }
+        }
+    }
+    // By hand: at eps 1, (0, 1) matches exactly and (1, 3) does not; (0, 6) at every eps.
+    let at1 = oracle::self_join(&data, Metric::Cosine, 1.0);
+    assert!(at1.contains(&[0, 1]) && at1.contains(&[1, 2]) && !at1.contains(&[1, 3]));
+    assert!(oracle::self_join(&data, Metric::Cosine, 1e-12).contains(&[0, 6]));
+    assert_eq!(oracle::self_join(&data, Metric::Cosine, 2.5).len(), 21);
+}
+
+#[test]
+fn zero_vectors_and_knn_are_refused_clearly() {
+    let x = [1.0f32, 0.0, 0.0, 0.0, 0.5, 0.5];
+    let data = Dataset::from_f32(&x, 2).unwrap();
+    let e = engine()
+        .self_join(&data, &cosine(0.1, Backend::Cpu, Algorithm::Auto))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("row 1 is a zero vector"), "{e}");
+    let tiny = [1e-170f64, 0.0, 1.0, 1.0];
+    let e = engine()
+        .self_join(
+            &Dataset::from_f64(&tiny, 2).unwrap(),
+            &cosine(0.1, Backend::Cpu, Algorithm::Auto),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("row 0"), "{e}");
+    let o = KnnOptions {
+        metric: Metric::Cosine,
+        ..Default::default()
+    };
+    let e = engine().knn(&data, None, 1, &o).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unsupported);
+}
+
+/// Neighbour counts (the point itself included) from the confirmed pairs.
+#[test]
+fn neighbour_counts_follow_the_rule() {
+    let mut rng = Rng(41);
+    let x = directions(&mut rng, 500, 16, 4, 0.3);
+    let data = Dataset::from_f64(&x, 16).unwrap();
+    let want = oracle::self_join(&data, Metric::Cosine, 0.05);
+    let mut counts = vec![1u32; 500];
+    for [i, j] in &want {
+        counts[*i as usize] += 1;
+        counts[*j as usize] += 1;
+    }
+    let (got, report) = engine()
+        .neighbour_counts(&data, &cosine(0.05, Backend::Cpu, Algorithm::Auto))
+        .unwrap();
+    assert_eq!(got, counts);
+    assert_eq!(report.pairs, want.len() as u64);
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_matches_the_rule() {
+    common::gpu_test_setup();
+    let mut rng = Rng(42);
+    for (dim, n, spread, eps) in [(3usize, 500usize, 0.1, 0.01), (64, 300, 0.3, 0.05)] {
+        let x = directions(&mut rng, n, dim, 5, spread);
+        let y = directions(&mut rng, n / 2, dim, 5, spread);
+        let (x32, y32) = (as_f32(&x), as_f32(&y));
+        let a = Dataset::from_f32(&x32, dim).unwrap();
+        let b = Dataset::from_f32(&y32, dim).unwrap();
+        for algorithm in [Algorithm::Grid, Algorithm::Brute, Algorithm::Lss] {
+            check_all(&a, &b, eps, Backend::Gpu, algorithm);
+        }
+        let a = Dataset::from_f64(&x, dim).unwrap();
+        let b = Dataset::from_f64(&y, dim).unwrap();
+        check_all(&a, &b, eps, Backend::Gpu, Algorithm::Grid);
+    }
+    common::assert_no_validation_errors();
+}
