@@ -15,17 +15,26 @@ CREATE TYPE simjoin_pair AS (id_a bigint, id_b bigint, distance float8);
 -- STABLE: they read the database through the points queries, which run read-only in the
 -- caller's snapshot (a data-modifying query is refused). PARALLEL RESTRICTED: the points
 -- queries may name temporary tables, and each join uses its own threads in the leader.
--- Not STRICT: a NULL argument is an error, not an empty result.
+-- Not STRICT: a NULL argument is an error, not an empty result. Row estimate: ROWS, or for
+-- points from a table (the table-and-columns form below) its row count from its
+-- statistics, about one pair per point (simjoin_rows_support).
+CREATE FUNCTION simjoin_rows_support(internal)
+RETURNS internal
+AS 'MODULE_PATHNAME', 'simjoin_rows_support'
+LANGUAGE C STRICT STABLE PARALLEL SAFE;
+
 CREATE FUNCTION simjoin_self_join_rows(points text, eps float8, metric text, backend text)
 RETURNS SETOF simjoin_pair
 AS 'MODULE_PATHNAME', 'simjoin_self_join_pg'
-LANGUAGE C STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000;
+LANGUAGE C STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000
+SUPPORT simjoin_rows_support;
 
 CREATE FUNCTION simjoin_join_rows(points_a text, points_b text, eps float8, metric text,
                                   backend text)
 RETURNS SETOF simjoin_pair
 AS 'MODULE_PATHNAME', 'simjoin_join_pg'
-LANGUAGE C STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000;
+LANGUAGE C STABLE CALLED ON NULL INPUT PARALLEL RESTRICTED ROWS 10000
+SUPPORT simjoin_rows_support;
 
 -- points: a read-only query whose first column is a unique integer id and whose other
 -- columns are the coordinates (one numeric column per dimension, or one float8[]/float4[]

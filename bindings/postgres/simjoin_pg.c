@@ -24,6 +24,7 @@
 #include <math.h>
 
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -33,6 +34,8 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "lib/stringinfo.h"
+#include "nodes/supportnodes.h"
+#include "utils/syscache.h"
 #include "utils/lsyscache.h"
 #include "utils/ruleutils.h"
 #include "utils/memutils.h"
@@ -501,4 +504,46 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
   }
   appendStringInfo(&buf, " FROM %s", quote_qualified_identifier(nsp, rel));
   PG_RETURN_TEXT_P(cstring_to_text(buf.data));
+}
+
+/* The planner's row estimate for simjoin_self_join_rows / simjoin_join_rows (their SUPPORT
+ * function). When the points come from a table (the table-and-columns form: the argument is
+ * simjoin_points_query(<constant table>, ...)), the estimate is the table's row count from
+ * its statistics (pg_class.reltuples), i.e. about one pair per point, the larger input's for
+ * a join of two; otherwise (query text, a table never analysed) the functions' ROWS. */
+static double input_rows(Node *arg) {
+  FuncExpr *f;
+  Const *c;
+  HeapTuple tp;
+  double rows;
+  const char *name;
+  if (!arg || !IsA(arg, FuncExpr)) return -1;
+  f = (FuncExpr *)arg;
+  name = get_func_name(f->funcid);
+  if (!name || strcmp(name, "simjoin_points_query") != 0 || list_length(f->args) != 3) return -1;
+  c = (Const *)linitial(f->args);
+  if (!IsA(c, Const) || c->constisnull || c->consttype != REGCLASSOID) return -1;
+  tp = SearchSysCache1(RELOID, c->constvalue);
+  if (!HeapTupleIsValid(tp)) return -1;
+  rows = ((Form_pg_class)GETSTRUCT(tp))->reltuples;
+  ReleaseSysCache(tp);
+  return rows;
+}
+
+PG_FUNCTION_INFO_V1(simjoin_rows_support);
+Datum simjoin_rows_support(PG_FUNCTION_ARGS) {
+  Node *raw = (Node *)PG_GETARG_POINTER(0);
+  if (IsA(raw, SupportRequestRows)) {
+    SupportRequestRows *req = (SupportRequestRows *)raw;
+    if (req->node && IsA(req->node, FuncExpr)) {
+      List *args = ((FuncExpr *)req->node)->args;
+      double na = input_rows(list_length(args) >= 1 ? (Node *)linitial(args) : NULL);
+      double nb = list_length(args) == 5 ? input_rows((Node *)lsecond(args)) : 0;
+      if (na >= 0 && nb >= 0) {
+        req->rows = Max(Max(na, nb), 1.0);
+        PG_RETURN_POINTER(req);
+      }
+    }
+  }
+  PG_RETURN_POINTER(NULL);
 }
