@@ -358,11 +358,10 @@ int sj_pipe_close(sj_pipe *p) {
   p->stop = 1;
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
+  memset(&pr, 0, sizeof pr);
   if (!was_done && getenv("SIMJOIN_PIPE_DEBUG") &&
-      simjoin_control_progress(p->control, &pr) != SIMJOIN_OK) {
-    pr.stage = "?";
-    pr.fraction = 0.0;
-  }
+      simjoin_control_progress(p->control, &pr) != SIMJOIN_OK)
+    memset(&pr, 0, sizeof pr);
   /* No timeout: the engine stops a cancelled join within milliseconds on the CPU (one
    * batch on a GPU), and a join left running would hold cores, memory and the engine. */
   pthread_join(p->thread, NULL);

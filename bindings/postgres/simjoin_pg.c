@@ -68,7 +68,9 @@ void _PG_init(void) {
                           "engine's) and the ids. Only superusers can change it.",
                           &sj_max_memory_kb, 1024 * 1024, 64, INT_MAX, PGC_SUSET, GUC_UNIT_KB,
                           NULL, NULL, NULL);
+#if PG_VERSION_NUM >= 150000
   MarkGUCPrefixReserved("simjoin");
+#endif
 }
 
 /* How often the backend looks for interrupts while it waits for pairs. */
