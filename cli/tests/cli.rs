@@ -406,10 +406,10 @@ fn bad_input_is_one_clear_line() {
     // Usage errors come from clap (exit 2), still without a panic.
     let out = run(
         &dir,
-        &["self-join", "ok.csv", "--eps", "1", "--metric", "cosine"],
+        &["self-join", "ok.csv", "--eps", "1", "--metric", "hamming"],
     );
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown Metric 'cosine'"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown Metric 'hamming'"));
 }
 
 #[test]
