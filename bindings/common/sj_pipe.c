@@ -116,6 +116,7 @@ int sj_parse_metric(const char *name) {
   if (!strcasecmp(name, "euclidean")) return SIMJOIN_METRIC_EUCLIDEAN;
   if (!strcasecmp(name, "manhattan")) return SIMJOIN_METRIC_MANHATTAN;
   if (!strcasecmp(name, "chebyshev")) return SIMJOIN_METRIC_CHEBYSHEV;
+  if (!strcasecmp(name, "cosine")) return SIMJOIN_METRIC_COSINE;
   return -1;
 }
 
@@ -129,6 +130,16 @@ int sj_parse_backend(const char *name) {
 double sj_distance(int metric, const double *x, const double *y, size_t dim) {
   double acc = 0.0;
   size_t k;
+  if (metric == SIMJOIN_METRIC_COSINE) {
+    /* src/metric.rs's rule: f64 sums in dimension order, 1 - dot / (|x| |y|). */
+    double nx = 0.0, ny = 0.0, dot = 0.0;
+    for (k = 0; k < dim; k++) {
+      nx += x[k] * x[k];
+      ny += y[k] * y[k];
+      dot += x[k] * y[k];
+    }
+    return 1.0 - dot / (sqrt(nx) * sqrt(ny));
+  }
   for (k = 0; k < dim; k++) {
     double d = x[k] - y[k];
     switch (metric) {

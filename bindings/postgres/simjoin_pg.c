@@ -347,7 +347,7 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
   eps = PG_GETARG_FLOAT8(argi);
   if (metric < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                    errmsg("simjoin: unknown metric \"%s\" (euclidean, manhattan or chebyshev)", metric_name)));
+                    errmsg("simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev or cosine)", metric_name)));
   if (backend < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                     errmsg("simjoin: unknown backend \"%s\" (auto, cpu or gpu)", backend_name)));

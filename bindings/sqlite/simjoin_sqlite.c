@@ -5,7 +5,7 @@
  * statement that would write is refused): first column an integer id, the others numeric
  * coordinates (one column per dimension). Self-join pairs come once, id_a < id_b.
  * `distance` is recomputed in double (sqrt of the sum of squares, sum of |d|, max |d|).
- * metric: euclidean (default), manhattan, chebyshev; backend: auto (default), cpu, gpu;
+ * metric: euclidean (default), manhattan, chebyshev, cosine; backend: auto (default), cpu, gpu;
  * threads: CPU worker threads, 0 (default) = all cores.
  *
  * Every simjoin call is in ../common/sj_pipe.c: the join runs on threads of its own and
@@ -297,7 +297,7 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
       const char *name = (const char *)sqlite3_value_text(val);
       metric = name ? sj_parse_metric(name) : -1;
       if (metric < 0)
-        return fail(c, "simjoin: unknown metric \"%s\" (euclidean, manhattan or chebyshev)%s", name ? name : "NULL", "");
+        return fail(c, "simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev or cosine)%s", name ? name : "NULL", "");
     } else if (k == v->nqueries + 2) {
       const char *name = (const char *)sqlite3_value_text(val);
       backend = name ? sj_parse_backend(name) : -1;

@@ -67,8 +67,14 @@ struct Node {
 
 impl<T: Coord> EgoIndex<T> {
     /// EGO-sorts `data` (row-major, `dim` wide) by the cells of `geom` (all dimensions,
-    /// variance order); the store keeps columns in `geom.dims` order.
-    pub fn build(data: &[T], dim: usize, geom: &GridGeometry) -> Self {
+    /// variance order); the store keeps columns in `geom.dims` order. `control` is read
+    /// between the build's passes (each a fraction of a second on 10^5-10^6 points).
+    pub fn build(
+        data: &[T],
+        dim: usize,
+        geom: &GridGeometry,
+        control: &Control,
+    ) -> crate::error::Result<Self> {
         let n = data.len() / dim;
         let k = geom.k();
         let mut raw = vec![0u32; n * k];
@@ -77,11 +83,13 @@ impl<T: Coord> EgoIndex<T> {
                 c[axis] = geom.coord(axis, data[i * dim + j].to_f64()) as u32;
             }
         });
+        control.check()?;
         let mut order: Vec<u32> = (0..n as u32).collect();
         order.par_sort_unstable_by(|&a, &b| {
             let (a, b) = (a as usize * k, b as usize * k);
             raw[a..a + k].cmp(&raw[b..b + k])
         });
+        control.check()?;
         let mut cells = vec![0u32; n * k];
         cells
             .par_chunks_mut(k)
@@ -90,6 +98,7 @@ impl<T: Coord> EgoIndex<T> {
                 dst.copy_from_slice(&raw[i as usize * k..(i as usize + 1) * k]);
             });
         let store = Store::gather(data, dim, order, &geom.dims);
+        control.check()?;
         let mut index = EgoIndex {
             store,
             cells,
@@ -101,7 +110,8 @@ impl<T: Coord> EgoIndex<T> {
         if n > 0 {
             index.build_node(0..n);
         }
-        index
+        control.check()?;
+        Ok(index)
     }
 
     /// Appends the subtree over `r` (same halving as the join's recursion); returns its id.

@@ -296,8 +296,11 @@ fn run<T: Coord, M: MetricKind>(
         Algorithm::Ego => {
             let geom = plan.geometry.as_ref().expect("ego plan has a geometry");
             control.stage("index", 1);
-            let y = ego::EgoIndex::build(b.unwrap_or(a), dim, geom);
-            let x = b.map(|_| ego::EgoIndex::build(a, dim, geom));
+            let y = ego::EgoIndex::build(b.unwrap_or(a), dim, geom, control)?;
+            let x = match b {
+                Some(_) => Some(ego::EgoIndex::build(a, dim, geom, control)?),
+                None => None,
+            };
             phases.push(("EGO sort".to_string(), t0.elapsed().as_secs_f64()));
             control.check()?;
             let mut canon = vec![0usize; dim];

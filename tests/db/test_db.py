@@ -25,7 +25,7 @@ import numpy as np
 
 ARGS = None
 FAILURES = []
-METRICS = ["euclidean", "manhattan", "chebyshev"]
+METRICS = ["euclidean", "manhattan", "chebyshev", "cosine"]
 
 
 def check(cond, what):
@@ -39,6 +39,11 @@ def check(cond, what):
 
 
 def dist_matrix(x, y, metric):
+    if metric == "cosine":
+        # 1 - cos(a, b): the extensions report simjoin's f64 rule (src/metric.rs); eps is
+        # picked in a gap between distances, so the summation order cannot matter.
+        nx, ny = np.linalg.norm(x, axis=1), np.linalg.norm(y, axis=1)
+        return 1.0 - (x @ y.T) / (nx[:, None] * ny[None, :])
     d = x[:, None, :] - y[None, :, :]
     if metric == "euclidean":
         return np.sqrt((d * d).sum(axis=2))
@@ -309,7 +314,9 @@ PG_ERRORS = [
     ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', -1)", "eps must be"),
     ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 'nan')", "eps must be"),
     ("SELECT * FROM simjoin_self_join('SELECT 1, ''nan''::float8', 1)", "not finite"),
-    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1, 'cosine')", "unknown metric"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1, 'hamming')", "unknown metric"),
+    ("SELECT * FROM simjoin_self_join('SELECT 1, 0.0 UNION ALL SELECT 2, 1.0', 1, 'cosine')",
+     "zero vector"),
     ("SELECT * FROM simjoin_self_join('SELECT 1, 2.0', 1, 'euclidean', 'tpu')", "unknown backend"),
     ("SELECT * FROM simjoin_self_join('SELECT 1.5, 2.0', 1)", "integer id"),
     ("SELECT * FROM simjoin_self_join('SELECT NULL::int, 2.0', 1)", "NULL id"),
@@ -634,7 +641,9 @@ def test_sqlite(rng):
         ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 0)", "eps must be"),
         ("SELECT * FROM simjoin_self_join('SELECT 1, 1', -2)", "eps must be"),
         ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 'x')", "eps must be a number"),
-        ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 1, 'cosine')", "unknown metric"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 1', 1, 'hamming')", "unknown metric"),
+        ("SELECT * FROM simjoin_self_join('SELECT 1, 0 UNION ALL SELECT 2, 1', 1, 'cosine')",
+         "zero vector"),
         ("SELECT * FROM simjoin_self_join('SELECT 1', 1)", "integer id and coordinates"),
         ("SELECT * FROM simjoin_self_join('SELECT 1, 1')", "usage"),
         ("SELECT * FROM simjoin_self_join('SELEC 1', 1)", "syntax error"),
