@@ -162,20 +162,42 @@ where
     let mut euclid = opts.clone();
     euclid.metric = Metric::Euclidean;
     euclid.eps = widened_eps::<T>(e, dim);
+    let rule = Rule {
+        a,
+        b: b.unwrap_or(a),
+        dim,
+        na: &na,
+        nb: nb.as_deref().unwrap_or(&na),
+        e,
+    };
+    let on_cpu = opts.backend == crate::options::Backend::Cpu
+        || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
+    let mut sink = sink;
+    if on_cpu && opts.algorithm == crate::options::Algorithm::Auto {
+        let t = std::time::Instant::now();
+        // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
+        // which covers the second rounding (module doc).
+        let eps32 = widened_eps::<f32>(e, dim);
+        if let Some(mut report) =
+            grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, sink.as_deref_mut())?
+        {
+            report.phases.insert(
+                0,
+                ("cosine: norms and normalised copies".into(), prepared),
+            );
+            report
+                .phases
+                .push(("join".into(), t.elapsed().as_secs_f64()));
+            return Ok(report);
+        }
+    }
     let da = Dataset::from_rows(&ca, dim)?;
     let db = match &cb {
         Some(cb) => Some(Dataset::from_rows(cb, dim)?),
         None => None,
     };
     let mut confirm = Confirm {
-        rule: Rule {
-            a,
-            b: b.unwrap_or(a),
-            dim,
-            na: &na,
-            nb: nb.as_deref().unwrap_or(&na),
-            e,
-        },
+        rule,
         inner: sink,
         candidates: 0,
         accepted: 0,
@@ -194,6 +216,70 @@ where
         euclid.eps, confirm.candidates, confirm.accepted
     ));
     Ok(report)
+}
+
+/// The CPU's grouped join of clustered vectors (`cpu/partition.rs`): candidates from the
+/// f32 copies, confirmed by the rule on every engine thread and passed to `sink`; None
+/// (nothing emitted) where the data show no clusters.
+fn grouped<'d, T: Coord>(
+    engine: &Engine,
+    rule: &Rule<T>,
+    ca: &[T],
+    cb: Option<&[T]>,
+    eps: f64,
+    opts: &JoinOptions,
+    sink: Option<&mut (dyn PairSink + 'd)>,
+) -> Result<Option<JoinReport>> {
+    let dim = rule.dim;
+    let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
+    let out = engine.install(|| {
+        let fa = f32s(ca);
+        let fb = cb.map(f32s);
+        let candidates = std::sync::atomic::AtomicU64::new(0);
+        let accepted = std::sync::atomic::AtomicU64::new(0);
+        let sink = std::sync::Mutex::new(sink);
+        let emit = |chunk: &[Pair]| -> anyhow::Result<()> {
+            let kept: Vec<Pair> = chunk.iter().copied().filter(|&p| rule.accepts(p)).collect();
+            candidates.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            accepted.fetch_add(kept.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            opts.control.advance(0, kept.len() as u64);
+            match sink.lock().unwrap_or_else(|p| p.into_inner()).as_deref_mut() {
+                Some(s) if !kept.is_empty() => s.push(&kept),
+                _ => Ok(()),
+            }
+        };
+        let note = crate::cpu::partition::candidates(
+            &fa,
+            fb.as_deref(),
+            dim,
+            eps,
+            &opts.control,
+            &emit,
+        );
+        (
+            note,
+            candidates.into_inner(),
+            accepted.into_inner(),
+            rayon::current_num_threads(),
+        )
+    })?;
+    let (note, candidates, accepted, threads) = out;
+    let Some(note) = note else { return Ok(None) };
+    let note = note?;
+    Ok(Some(JoinReport {
+        pairs: accepted,
+        backend: "cpu".into(),
+        device: format!("cpu ({threads} threads)"),
+        algorithm: crate::options::Algorithm::Auto,
+        batches: 1,
+        notes: vec![
+            note,
+            format!(
+                "cosine: {candidates} candidates from f32 dot products, {accepted} confirmed by the cosine rule"
+            ),
+        ],
+        ..Default::default()
+    }))
 }
 
 /// A dataset over rows of `T` (f32 or f64).

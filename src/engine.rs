@@ -107,7 +107,7 @@ impl Engine {
     }
 
     /// Whether `auto` should try the engine's device: a hardware GPU is present there.
-    fn auto_gpu(&self) -> bool {
+    pub(crate) fn auto_gpu(&self) -> bool {
         *self.auto_gpu.get_or_init(|| {
             #[cfg(feature = "gpu")]
             return crate::vk::hardware_gpu_present(self.options.device.as_deref());

@@ -11,6 +11,7 @@ mod ego;
 mod emit;
 mod grid;
 mod knn;
+pub(crate) mod partition;
 mod plan;
 mod rows;
 mod store;

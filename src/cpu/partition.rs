@@ -1,0 +1,264 @@
+//! Candidate pairs of a cosine join on clustered high-dimensional data (embeddings), far
+//! fewer than all pairs: the unit vectors are grouped around leaders, and two groups
+//! farther apart than their radii plus eps are never compared.
+//!
+//! In many dimensions eps-grids and boxes prune nothing, but embeddings lie in clusters.
+//! Leaders are picked from a sample (each sampled vector farther than `radius` from every
+//! leader so far becomes one); every vector joins its nearest leader, and each group keeps
+//! its largest distance from its leader. Groups `a`, `b` can hold a pair within eps only
+//! if `|L_a - L_b| <= r_a + r_b + eps` (triangle inequality); the surviving pairs of groups
+//! are compared in f32 dot products, and a pair goes on as a candidate unless its dot
+//! product proves it farther than eps (the bound covers f32's rounding and the copies'
+//! norms). The caller (`src/cosine.rs`) confirms every candidate by cosine's exact rule, so
+//! this only has to keep every pair within the (widened) eps, which the bounds guarantee.
+//! Where a sample finds no clusters at this radius (uniform data on the sphere), it declines
+//! and the caller runs the general join.
+
+use crate::control::Control;
+use crate::result::Pair;
+use rayon::prelude::*;
+
+/// Vectors sampled to choose leaders.
+const SAMPLE: usize = 4096;
+/// Leaders per sampled vector above which the data have no clusters at this radius.
+const MAX_LEADER_SHARE: f64 = 0.5;
+/// Fewest vectors for which grouping pays.
+const MIN_POINTS: usize = 4096;
+
+/// `sum a_i b_i` in f32 over eight lanes (vectorised; any order: only bounded below).
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = acc.iter().sum::<f32>();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// Exact-enough Euclidean distance in f64 between two f32 rows.
+fn dist64(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| {
+            let d = x as f64 - y as f64;
+            d * d
+        })
+        .sum::<f64>()
+        .sqrt()
+}
+
+/// Groups of vectors: `order` lists the vectors group by group (`start[g]..start[g + 1]`),
+/// `rows` holds them in that order, and `radius[g]` is the largest distance of group g's
+/// vectors from its leader (f64, rounded up).
+struct Groups {
+    order: Vec<u32>,
+    start: Vec<usize>,
+    rows: Vec<f32>,
+    radius: Vec<f64>,
+}
+
+/// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
+/// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
+fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
+    let n = x.len() / dim;
+    let step = (n / SAMPLE).max(1);
+    let cap = (SAMPLE as f64 * MAX_LEADER_SHARE) as usize;
+    let mut out: Vec<f32> = Vec::new();
+    // Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2
+    // (a rough choice: the bounds below use the exact distances).
+    let near = (1.0 - radius * radius / 2.0) as f32;
+    for i in (0..n).step_by(step) {
+        let p = &x[i * dim..(i + 1) * dim];
+        if !out.chunks_exact(dim).any(|l| dot(l, p) >= near) {
+            if out.len() / dim >= cap {
+                return None;
+            }
+            out.extend_from_slice(p);
+        }
+    }
+    Some(out)
+}
+
+fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Groups> {
+    let n = x.len() / dim;
+    let k = leaders.len() / dim;
+    // Each vector's nearest leader (largest dot product).
+    let nearest: Vec<u32> = x
+        .par_chunks_exact(dim)
+        .enumerate()
+        .map(|(i, p)| {
+            if i % 4096 == 0 && control.is_cancelled() {
+                return 0;
+            }
+            let mut best = (f32::NEG_INFINITY, 0u32);
+            for (g, l) in leaders.chunks_exact(dim).enumerate() {
+                let d = dot(l, p);
+                if d > best.0 {
+                    best = (d, g as u32);
+                }
+            }
+            best.1
+        })
+        .collect();
+    control.check().ok()?;
+    let mut start = vec![0usize; k + 1];
+    for &g in &nearest {
+        start[g as usize + 1] += 1;
+    }
+    for g in 0..k {
+        start[g + 1] += start[g];
+    }
+    let mut fill = start.clone();
+    let mut order = vec![0u32; n];
+    for (i, &g) in nearest.iter().enumerate() {
+        order[fill[g as usize]] = i as u32;
+        fill[g as usize] += 1;
+    }
+    let mut rows = Vec::with_capacity(x.len());
+    rows.extend(order.iter().flat_map(|&i| &x[i as usize * dim..(i as usize + 1) * dim]));
+    let radius: Vec<f64> = (0..k)
+        .into_par_iter()
+        .map(|g| {
+            let l = &leaders[g * dim..(g + 1) * dim];
+            let r = (start[g]..start[g + 1])
+                .map(|s| dist64(l, &rows[s * dim..(s + 1) * dim]))
+                .fold(0.0f64, f64::max);
+            // Rounded up past f64's error in a sum of `dim` terms.
+            r * (1.0 + 1e-9)
+        })
+        .collect();
+    Some(Groups {
+        order,
+        start,
+        rows,
+        radius,
+    })
+}
+
+/// Candidate pairs of the self-join (`b` None, pairs `[i, j]`, i < j) or A ⋈ B of the
+/// unit vectors `a`, `b` (f32 copies, `dim` wide) within Euclidean distance `eps`, handed
+/// to `emit` in chunks from the engine's threads; None where the data show no clusters
+/// (nothing was emitted then). `control` is read between pairs of groups.
+pub(crate) fn candidates(
+    a: &[f32],
+    b: Option<&[f32]>,
+    dim: usize,
+    eps: f64,
+    control: &Control,
+    emit: &(dyn Fn(&[Pair]) -> anyhow::Result<()> + Sync),
+) -> Option<crate::error::Result<String>> {
+    let na = a.len() / dim;
+    if na < MIN_POINTS || dim < 16 {
+        return None;
+    }
+    let lead = leaders(a, dim, eps)?;
+    let ga = group(a, dim, &lead, control)?;
+    let gb = match b {
+        Some(b) => Some(group(b, dim, &lead, control)?),
+        None => None,
+    };
+    let gb_ref = gb.as_ref().unwrap_or(&ga);
+    let k = lead.len() / dim;
+    // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2; the copies' squared norms
+    // are within (dim + 2) u_f32 of 1 (rounded unit vectors) and the f32 dot product
+    // within (dim + 2) u_f32 |a| |b| of the real one: `slack` covers both, twice.
+    let u = f32::EPSILON as f64 / 2.0;
+    let slack = 4.0 * (dim as f64 + 4.0) * u;
+    let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
+    let lead = &lead[..];
+    let ga = &ga;
+    let pairs_of_groups: Vec<(u32, u32)> = (0..k as u32)
+        .into_par_iter()
+        .flat_map_iter(|g| {
+            let lg = &lead[g as usize * dim..(g as usize + 1) * dim];
+            let first = if b.is_none() { g } else { 0 };
+            (first..k as u32).filter_map(move |h| {
+                let (sa, sb) = (
+                    ga.start[g as usize + 1] - ga.start[g as usize],
+                    gb_ref.start[h as usize + 1] - gb_ref.start[h as usize],
+                );
+                if sa == 0 || sb == 0 {
+                    return None;
+                }
+                let lh = &lead[h as usize * dim..(h as usize + 1) * dim];
+                let gap = if g == h { 0.0 } else { dist64(lg, lh) * (1.0 - 1e-9) };
+                (gap <= ga.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
+                    .then_some((g, h))
+            })
+        })
+        .collect();
+    let compared = std::sync::atomic::AtomicU64::new(0);
+    control.stage("join", pairs_of_groups.len() as u64);
+    let result: anyhow::Result<()> = pairs_of_groups.par_iter().try_for_each(|&(g, h)| {
+        if control.is_cancelled() {
+            return Ok(());
+        }
+        let (ra, rb) = (
+            ga.start[g as usize]..ga.start[g as usize + 1],
+            gb_ref.start[h as usize]..gb_ref.start[h as usize + 1],
+        );
+        let same = b.is_none() && g == h;
+        // A vector within eps of some vector of the other group is within that group's
+        // radius plus eps of its leader (triangle inequality): the rest are skipped.
+        let near = |rows: &[f32], range: std::ops::Range<usize>, other: u32, r: f64| {
+            let l = &lead[other as usize * dim..(other as usize + 1) * dim];
+            let reach = (r + eps) * (1.0 + 1e-9);
+            range
+                .filter(|&s| dist64(&rows[s * dim..(s + 1) * dim], l) <= reach)
+                .collect::<Vec<usize>>()
+        };
+        let (sa, sb) = if same {
+            (ra.clone().collect(), rb.clone().collect())
+        } else {
+            let sa = near(&ga.rows, ra.clone(), h, gb_ref.radius[h as usize]);
+            if sa.is_empty() {
+                control.advance(1, 0);
+                return Ok(());
+            }
+            (sa, near(&gb_ref.rows, rb.clone(), g, ga.radius[g as usize]))
+        };
+        let mut buf: Vec<Pair> = Vec::new();
+        for (x, &s) in sa.iter().enumerate() {
+            let p = &ga.rows[s * dim..(s + 1) * dim];
+            let i = ga.order[s];
+            let from = if same { x + 1 } else { 0 };
+            for &t in &sb[from.min(sb.len())..] {
+                let q = &gb_ref.rows[t * dim..(t + 1) * dim];
+                if dot(p, q) >= floor {
+                    let j = gb_ref.order[t];
+                    buf.push(if b.is_none() { [i.min(j), i.max(j)] } else { [i, j] });
+                }
+            }
+        }
+        compared.fetch_add(
+            (sa.len() * sb.len()) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        control.advance(1, 0);
+        if buf.is_empty() {
+            Ok(())
+        } else {
+            emit(&buf)
+        }
+    });
+    if let Err(e) = result {
+        return Some(Err(crate::result::sink_error(e)));
+    }
+    if let Err(e) = control.check() {
+        return Some(Err(e));
+    }
+    Some(Ok(format!(
+        "cosine: {k} groups around leaders (radius {eps:.4}); {} of {} pairs of groups compared, {} vector pairs",
+        pairs_of_groups.len(),
+        if b.is_none() { k * (k + 1) / 2 } else { k * k },
+        compared.into_inner()
+    )))
+}
