@@ -8,6 +8,7 @@ columns and a GiST-indexed geometry column; then, with the table warm,
 statement as psql's \\timing reports it; the best of `reps` runs. Pair counts must agree.
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def main():
         # The table form (no SQL built by the caller); every core allowed (a superuser
         # setting, default 4).
         coords = "ARRAY[" + ", ".join(f"'{c}'" for c in cols.split(", ")) + "]"
-        sj_sql = ["SET simjoin.max_threads = 1024",
+        sj_sql = [f"SET simjoin.max_threads = {os.cpu_count()}",
                   f"SELECT count(*) FROM simjoin_self_join('{t}', 'id', {coords}, {eps})"]
         pg_sql = (f"SELECT count(*) FROM {t} a JOIN {t} b ON a.id < b.id AND "
                   f"{within}(a.geom, b.geom, {eps})")

@@ -22,6 +22,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <unistd.h>
 
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
@@ -59,7 +60,7 @@ void _PG_init(void) {
                           "simjoin.threads is capped by it. Only superusers can change it.",
                           &sj_max_threads, 4, 1, 1024, PGC_SUSET, 0, NULL, NULL, NULL);
   DefineCustomIntVariable("simjoin.threads",
-                          "CPU worker threads of a simjoin join (0 = simjoin.max_threads).",
+                          "CPU worker threads of a simjoin join (0 = the cores, up to simjoin.max_threads).",
                           "At most simjoin.max_threads are used.", &sj_threads, 0, 0, 1024,
                           PGC_USERSET, 0, NULL, NULL, NULL);
   DefineCustomIntVariable("simjoin.max_memory",
@@ -385,7 +386,13 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
   st->close_cb.arg = st;
   MemoryContextRegisterResetCallback(mcxt, &st->close_cb);
 
-  threads = (uint64_t)(sj_threads == 0 || sj_threads > sj_max_threads ? sj_max_threads : sj_threads);
+  {
+    /* 0: the machine's cores, never more than simjoin.max_threads (a setting above the
+     * cores would only add threads that wait). */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = sj_threads == 0 ? (int)(cores > 0 ? cores : 1) : sj_threads;
+    threads = (uint64_t)(want > sj_max_threads ? sj_max_threads : want);
+  }
   /* The pipe owns the coordinates from here on, whatever happens. */
   if (sj_pipe_start(&st->pipe, st->pa->coords, st->pa->n, self ? NULL : st->pb->coords, st->pb->n,
                     st->dim, eps, metric, backend, threads, err, sizeof err) != 0) {

@@ -278,6 +278,12 @@ where
         times.upload += t.elapsed().as_secs_f64();
     }
     let index_build = t_start.elapsed().as_secs_f64() - times.upload;
+    // A stop during the index build and uploads: their copies complete before the buffers
+    // they write go (the caller drops them).
+    if opts.control.is_cancelled() {
+        prepared.ready.wait()?;
+        return Err(crate::control::cancelled());
+    }
 
     let (workgroup, budget) = workgroup_and_budget(ctx);
     // Bound on one binary search: over the cells, a mask, or the points of one cell
@@ -347,6 +353,11 @@ where
         &prepared,
         tiling,
     )?;
+    // Compiling the kernel can take a software device a good part of a second.
+    if opts.control.is_cancelled() {
+        prepared.ready.wait()?;
+        return Err(crate::control::cancelled());
+    }
 
     let counting = sink.is_none();
     let nq = prepared.nq;
