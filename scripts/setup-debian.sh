@@ -2,13 +2,13 @@
 # Installs the system packages simjoin needs on Debian/Ubuntu, only when some are missing:
 # the Vulkan loader, lavapipe (software GPU) and validation layers; shaderc's static
 # libraries (build.rs compiles the GLSL kernels); C/C++ toolchain and CMake for the C tests;
-# Python with venv for the bindings' tests; PostgreSQL 15 (server and PGXS headers) and SQLite
+# Python with venv for the bindings' tests; PostgreSQL 15 (server, PGXS headers, PostGIS) and SQLite
 # (shell and extension headers) for the database extensions' tests (tests/db/run.sh).
 # Rust (cargo) must already be installed.
 set -euo pipefail
 packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers vulkan-validationlayers
   libshaderc-dev python3 python3-pip python3-venv
-  postgresql-15 postgresql-server-dev-15 sqlite3 libsqlite3-dev)
+  postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 sqlite3 libsqlite3-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -482,6 +482,18 @@ Datum simjoin_join_pg(PG_FUNCTION_ARGS) { return run_join(fcinfo, false); }
 /* simjoin_points_query(tab regclass, id text, coords text[]): the text of the query
  * "SELECT id, c1, c2, ... FROM schema.tab", every name quoted, for the functions that take
  * a table and column names instead of query text (no SQL is built from the caller's text). */
+/* The PostGIS type `typ` is named `name` ("geometry", "geography"), in whatever schema:
+ * its schema's name in *nsp when so. */
+static bool postgis_type(Oid typ, const char *name, char **nsp) {
+  HeapTuple tp = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typ));
+  bool is;
+  if (!HeapTupleIsValid(tp)) return false;
+  is = strcmp(NameStr(((Form_pg_type)GETSTRUCT(tp))->typname), name) == 0;
+  if (is) *nsp = get_namespace_name(((Form_pg_type)GETSTRUCT(tp))->typnamespace);
+  ReleaseSysCache(tp);
+  return is;
+}
+
 PG_FUNCTION_INFO_V1(simjoin_points_query_pg);
 Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
   Oid relid;
@@ -509,7 +521,26 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
     if (elem_nulls[k])
       ereport(ERROR, (errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
                       errmsg("simjoin: coords must not hold NULL (element %d)", k + 1)));
-    appendStringInfo(&buf, ", %s", quote_identifier(TextDatumGetCString(elems[k])));
+    {
+      /* A PostGIS geometry column of points gives its x and y (ST_X, ST_Y: an error for
+       * anything but a point). A geography is longitude and latitude on the sphere, not
+       * plane coordinates: refused rather than joined as if it were. */
+      const char *col = TextDatumGetCString(elems[k]);
+      AttrNumber att = get_attnum(relid, col);
+      Oid typ = att == InvalidAttrNumber ? InvalidOid : get_atttype(relid, att);
+      char *gis = NULL;
+      if (OidIsValid(typ) && postgis_type(typ, "geometry", &gis)) {
+        const char *g = quote_identifier(gis), *c = quote_identifier(col);
+        appendStringInfo(&buf, ", %s.ST_X(%s), %s.ST_Y(%s)", g, c, g, c);
+      } else if (OidIsValid(typ) && postgis_type(typ, "geography", &gis)) {
+        ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                        errmsg("simjoin: column \"%s\" is a geography: distances on the sphere are "
+                               "not joined yet", col),
+                        errhint("Join a projected geometry column, or its coordinates.")));
+      } else {
+        appendStringInfo(&buf, ", %s", quote_identifier(col));
+      }
+    }
   }
   appendStringInfo(&buf, " FROM %s", quote_qualified_identifier(nsp, rel));
   PG_RETURN_TEXT_P(cstring_to_text(buf.data));

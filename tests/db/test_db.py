@@ -789,6 +789,40 @@ SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM p', 100, 'chebyshev
     check(r.returncode != 0 and "eps must be" in r.stderr, f"sqlite3 shell error: {r.stderr!r}")
 
 
+def test_pg_postgis(rng):
+    """PostGIS geometry columns of points through the table form, exact against the oracle
+    and against PostGIS's own ST_DWithin self-join (a GiST index) on the same rows."""
+    print("-- PostgreSQL: PostGIS geometry points", flush=True)
+    r = psql("CREATE EXTENSION IF NOT EXISTS postgis", check_rc=False)
+    if r.returncode != 0:
+        print("   skipped: PostGIS is not installed", flush=True)
+        return
+    ids, x = make_data(rng, 3000, 2, "clustered")
+    pg_load("gpts", ids, x, "cols")
+    psql("ALTER TABLE gpts ADD COLUMN geom geometry; UPDATE gpts SET geom = ST_MakePoint(c0, c1); "
+         "CREATE INDEX ON gpts USING gist (geom); ANALYZE gpts")
+    for metric in ["euclidean", "chebyshev"]:
+        eps = pick_eps(x, metric, 5, rng)
+        got = pg_rows(f"SELECT * FROM simjoin_self_join('gpts', 'id', ARRAY['geom'], {eps!r}, {q(metric)})")
+        compare(got, oracle(ids, x, eps, metric), f"pg geometry column {metric}")
+    eps = pick_eps(x, "euclidean", 5, rng)
+    ours = {(a, b) for a, b, _ in pg_rows(
+        f"SELECT * FROM simjoin_self_join('gpts', 'id', ARRAY['geom'], {eps!r})")}
+    theirs = {(a, b) for a, b, _ in pg_rows(
+        f"SELECT a.id, b.id, ST_Distance(a.geom, b.geom) FROM gpts a JOIN gpts b "
+        f"ON a.id < b.id AND ST_DWithin(a.geom, b.geom, {eps!r})")}
+    check(ours == theirs and len(ours) > 1000,
+          f"pg geometry: the pairs of PostGIS's ST_DWithin ({len(ours)} vs {len(theirs)})")
+    r = psql("DROP TABLE IF EXISTS ggeo; CREATE TABLE ggeo AS SELECT 1 AS id, "
+             "'POINT(1 2)'::geography AS g; "
+             "SELECT * FROM simjoin_self_join('ggeo', 'id', ARRAY['g'], 1)", check_rc=False)
+    check(r.returncode != 0 and "is a geography" in r.stderr, f"pg geography refused: {r.stderr.strip()!r}")
+    r = psql("DROP TABLE IF EXISTS gline; CREATE TABLE gline AS SELECT 1 AS id, "
+             "'LINESTRING(0 0, 1 1)'::geometry AS g; "
+             "SELECT * FROM simjoin_self_join('gline', 'id', ARRAY['g'], 1)", check_rc=False)
+    check(r.returncode != 0 and "POINT" in r.stderr, f"pg geometry non-point refused: {r.stderr.strip()!r}")
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -811,6 +845,7 @@ def main():
         psql("DROP EXTENSION simjoin; CREATE EXTENSION simjoin")
         test_pg_correctness(rng)
         test_pg_errors()
+        test_pg_postgis(rng)
         test_pg_work_mem(rng)
         test_pg_cancel()
         test_pg_limit()
