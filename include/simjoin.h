@@ -395,6 +395,13 @@ typedef struct simjoin_dbscan_report {
  */
 #define SIMJOIN_METRIC_COSINE 3
 
+/**
+ * Great-circle distance on a sphere of the mean Earth radius (6,371,008.8 m): points are
+ * 2 columns, (latitude, longitude) in degrees; eps and distances in metres. Latitudes
+ * outside [-90, 90] are SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
+ */
+#define SIMJOIN_METRIC_HAVERSINE 4
+
 #define SIMJOIN_BACKEND_AUTO 0
 
 #define SIMJOIN_BACKEND_CPU 1

@@ -180,6 +180,10 @@ impl Engine {
         k: usize,
         opts: &KnnOptions,
     ) -> Result<KnnResult> {
+        if opts.metric == crate::options::Metric::Haversine {
+            // The Euclidean kNN of the f64 unit vectors, distances in metres (geo.rs).
+            return crate::geo::knn(self, data, query, k, opts);
+        }
         let start = Instant::now();
         let job = KnnJob::new(data, query, k, opts)?;
         opts.control.begin();
@@ -234,7 +238,10 @@ impl Engine {
             .flatten();
         // The CSR straight from the CPU grid join's whole rows where it runs (`cpu/rows.rs`).
         let rows_csr = if opts.output == OutputForm::Csr
-            && opts.metric != crate::options::Metric::Cosine
+            && !matches!(
+                opts.metric,
+                crate::options::Metric::Cosine | crate::options::Metric::Haversine
+            )
             && crate::cpu::csr_rows_may_apply(a.dim())
             && self.runs_on_cpu(a, b, opts)?
             && csr_rows()
@@ -404,9 +411,12 @@ impl Engine {
         f: impl FnOnce(&dyn JoinBackend) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
         opts.validate()?;
-        // Cosine joins confirm streamed candidates (cosine.rs): nothing counted or linked
-        // on the device.
-        if opts.metric == crate::options::Metric::Cosine {
+        // Cosine and haversine joins confirm streamed candidates (cosine.rs, geo.rs):
+        // nothing counted or linked on the device.
+        if matches!(
+            opts.metric,
+            crate::options::Metric::Cosine | crate::options::Metric::Haversine
+        ) {
             return Ok(None);
         }
         match opts.backend {
@@ -493,6 +503,12 @@ impl Engine {
         if opts.metric == crate::options::Metric::Cosine {
             // A Euclidean join of normalised copies, each candidate confirmed (cosine.rs).
             let mut report = crate::cosine::run(self, a, b, opts, sink)?;
+            report.seconds = start.elapsed().as_secs_f64();
+            return Ok(report);
+        }
+        if opts.metric == crate::options::Metric::Haversine {
+            // A Euclidean join of the f64 unit vectors, each candidate confirmed (geo.rs).
+            let mut report = crate::geo::run(self, a, b, opts, sink)?;
             report.seconds = start.elapsed().as_secs_f64();
             return Ok(report);
         }

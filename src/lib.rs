@@ -25,6 +25,7 @@ mod device;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+mod geo;
 pub mod grid;
 pub mod knn;
 pub mod metric;

@@ -25,6 +25,38 @@
 //! too large to square) is an error. The engine runs cosine joins as Euclidean joins of
 //! normalised copies at a widened eps and confirms every candidate by this rule
 //! (`src/cosine.rs`), so every backend returns this set.
+//!
+//! Haversine (great-circle distance in metres between (latitude, longitude) points in
+//! degrees, on a sphere of radius `R` = [`EARTH_RADIUS_M`]) has its own rule too, all in
+//! f64 whatever the input precision (coordinates widened exactly):
+//! - each point becomes a unit vector ([`geo_unit_vector`]): the longitude is reduced
+//!   exactly to [-180, 180) (`lon % 360`, then +-360; 180 becomes -180, so -180 and 180 are
+//!   the same meridian bit for bit), a pole's longitude (latitude exactly +-90) is taken as
+//!   0; `p = lat.to_radians()`, `q = lon.to_radians()` (Rust's f64 `to_radians`, one
+//!   product), `v = (cos p * cos q, cos p * sin q, sin p)` with f64 `sin`/`cos`;
+//! - the pair's chord squared is `c = (d0 * d0 + d1 * d1) + d2 * d2`, `dk = u_k - v_k`, one
+//!   rounding per operation, no fused multiply-add ([`geo_chord2`]): exactly the Euclidean
+//!   accumulator of the two f64 vectors;
+//! - eps is rounded once to the input precision (as for every metric), widened to f64 as
+//!   `e`; the chord threshold is `C = h * h`, `h = 2 * sin((e / R) / 2)`
+//!   ([`geo_chord_threshold`]), or +infinity when `e >= pi * R` (half the circumference:
+//!   every pair); the pair matches when `c <= C`;
+//! - its distance is `2 R * asin(min(sqrt(c) / 2, 1))` in metres ([`geo_distance_m`]),
+//!   rounded to the input precision; kNN ranks by `c` (f64) and then by index.
+//!
+//! `sin`, `cos` and `asin` are the platform's libm (correctly rounded or within an ulp):
+//! the engine computes the vectors and `C` once on the host and every backend follows
+//! them, so all backends agree exactly. Relation to the plain haversine formula
+//! `d = 2 R asin(sqrt(sin^2(dp / 2) + cos p1 cos p2 sin^2(dq / 2)))` evaluated in f64:
+//! both are the same great-circle distance in exact arithmetic (`c = 4 hav`, the chord
+//! `2 sin(d / 2R)`), so they can disagree only on pairs whose distance is within rounding
+//! of eps: `tests/haversine.rs` places 24,000 pairs within a few 1e-14 of eps (eps 5 cm
+//! to 19,000 km), counts about one in ten disagreeing, and checks that every one is at a
+//! formula distance within `1e-14 eps + 5e-9 m` of eps (measured: at most 2.5e-9 m up to
+//! eps 20 km, where both formulas' rounding of coordinates near 1 radian, about 1e-16 R,
+//! dominates; about 1e-15 relative beyond). Near antipodes (eps within a few km of half
+//! the circumference) `asin` near 1 resolves distances only to about 0.2 m, in both.
+//! Latitudes outside [-90, 90] and non-finite coordinates are an error.
 
 use crate::dataset::Precision;
 use crate::error::{Error, Result};
@@ -118,7 +150,7 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
     let e = T::from_f64(eps);
     match metric {
         Metric::Euclidean => e * e,
-        Metric::Manhattan | Metric::Chebyshev | Metric::Cosine => e,
+        Metric::Manhattan | Metric::Chebyshev | Metric::Cosine | Metric::Haversine => e,
     }
 }
 
@@ -129,6 +161,22 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
 /// squares to zero or a subnormal, which every tiny squared distance that underflowed
 /// with it would match too. Both would be wrong answers, so they are errors.
 pub fn check_eps(metric: Metric, eps: f64, precision: Precision) -> Result<()> {
+    if metric == Metric::Haversine {
+        let e = match precision {
+            Precision::F32 => f64::from(threshold::<f32>(metric, eps)),
+            Precision::F64 => eps,
+        };
+        let c = geo_chord_threshold(e);
+        // The engine's Euclidean join of the vectors compares with a square near `c`.
+        return if e > 0.0 && (c.is_infinite() || c >= GEO_SMALLEST_CHORD2) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "haversine eps = {eps:e} m is too small: its chord on the unit sphere squared \
+                 ({c:e}) is below {GEO_SMALLEST_CHORD2:e}, out of f64's exact range"
+            )))
+        };
+    }
     if metric == Metric::Cosine {
         // Compared in f64 (`cosine_within`): any positive eps is exact. eps rounded to an
         // f32 zero would match only parallel vectors; refuse it as a misuse.
@@ -222,6 +270,7 @@ pub fn accumulate<T: Coord>(metric: Metric, acc: T, a: T, b: T) -> T {
         Metric::Chebyshev => acc.max(d.abs()),
         // Not a per-dimension sum: `within` and `distance_acc` take cosine's own rule.
         Metric::Cosine => unreachable!("cosine has no per-dimension accumulator"),
+        Metric::Haversine => unreachable!("haversine has no per-dimension accumulator"),
     }
 }
 
@@ -232,6 +281,9 @@ pub fn within<T: Coord>(metric: Metric, a: &[T], b: &[T], thr: T) -> bool {
     debug_assert_eq!(a.len(), b.len());
     if metric == Metric::Cosine {
         return cosine_within(a, b, norm(a), norm(b), thr.to_f64());
+    }
+    if metric == Metric::Haversine {
+        return geo_chord2(&geo_row(a), &geo_row(b)) <= geo_chord_threshold(thr.to_f64());
     }
     let mut acc = T::ZERO;
     // Check every 4 dimensions: cheap enough, and exact (partial sums are monotone).
@@ -252,6 +304,10 @@ pub fn distance_acc<T: Coord>(metric: Metric, a: &[T], b: &[T]) -> T {
     if metric == Metric::Cosine {
         return T::from_f64(cosine_distance(a, b, norm(a), norm(b)));
     }
+    if metric == Metric::Haversine {
+        // The chord squared (kNN's and DBSCAN's ranking key), rounded to T.
+        return T::from_f64(geo_chord2(&geo_row(a), &geo_row(b)));
+    }
     let mut acc = T::ZERO;
     for (&x, &y) in a.iter().zip(b) {
         acc = accumulate(metric, acc, x, y);
@@ -260,14 +316,105 @@ pub fn distance_acc<T: Coord>(metric: Metric, a: &[T], b: &[T]) -> T {
 }
 
 /// The reported distance of an accumulator: its square root for Euclidean (in the input
-/// precision), the accumulator itself otherwise.
+/// precision), metres for haversine (from the chord squared as `T` holds it: exact for
+/// f64; the engine reports f32 data's distances from the f64 chord), the accumulator
+/// itself otherwise.
 #[inline(always)]
 pub fn finish<T: Coord>(metric: Metric, acc: T) -> T {
-    if metric == Metric::Euclidean {
-        acc.sqrt()
-    } else {
-        acc
+    match metric {
+        Metric::Euclidean => acc.sqrt(),
+        Metric::Haversine => T::from_f64(geo_distance_m(acc.to_f64())),
+        _ => acc,
     }
+}
+
+/// The sphere's radius of `Metric::Haversine`, in metres: the mean Earth radius
+/// (IUGG, 2 a + b over 3 of WGS 84). A join on another sphere of radius `r`: pass eps
+/// `eps * EARTH_RADIUS_M / r` and scale the reported distances by `r / EARTH_RADIUS_M`.
+pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
+
+/// The smallest chord threshold squared a haversine join accepts (eps about 4e-118 m):
+/// far above f64's subnormals, so the engine's Euclidean join of the vectors compares it
+/// exactly.
+pub const GEO_SMALLEST_CHORD2: f64 = 1e-280;
+
+/// A (latitude, longitude) point in degrees as the rule's f64 unit vector (see the
+/// module's rule: longitude reduced exactly to [-180, 180), a pole's longitude taken as 0).
+/// The coordinates must have passed [`check_geo`].
+#[inline]
+pub fn geo_unit_vector(lat: f64, lon: f64) -> [f64; 3] {
+    let mut l = lon % 360.0;
+    // Exact (Sterbenz): |l| in (180, 360) and 360 are within a factor of two.
+    if l > 180.0 {
+        l -= 360.0;
+    } else if l < -180.0 {
+        l += 360.0;
+    }
+    if l == 180.0 {
+        l = -180.0;
+    }
+    if lat == 90.0 || lat == -90.0 {
+        l = 0.0;
+    }
+    let p = lat.to_radians();
+    let q = l.to_radians();
+    let (sp, cp) = (p.sin(), p.cos());
+    let (sq, cq) = (q.sin(), q.cos());
+    [cp * cq, cp * sq, sp]
+}
+
+/// A 2-column row (latitude, longitude) of the input as its unit vector.
+#[inline]
+pub fn geo_row<T: Coord>(row: &[T]) -> [f64; 3] {
+    geo_unit_vector(row[0].to_f64(), row[1].to_f64())
+}
+
+/// The chord squared between two unit vectors under the rule: f64, canonical order, one
+/// rounding per operation, no fused multiply-add (the Euclidean accumulator).
+#[inline(always)]
+pub fn geo_chord2(u: &[f64; 3], v: &[f64; 3]) -> f64 {
+    let mut c = 0.0f64;
+    for k in 0..3 {
+        let d = u[k] - v[k];
+        c += d * d;
+    }
+    c
+}
+
+/// The rule's chord threshold squared for `e` metres (eps rounded to the input precision,
+/// widened to f64): `(2 sin((e / R) / 2))^2`, +infinity at or past half the circumference.
+#[inline]
+pub fn geo_chord_threshold(e: f64) -> f64 {
+    if e >= std::f64::consts::PI * EARTH_RADIUS_M {
+        return f64::INFINITY;
+    }
+    let h = 2.0 * ((e / EARTH_RADIUS_M) / 2.0).sin();
+    h * h
+}
+
+/// The rule's distance in metres of a chord squared `c`: `2 R asin(min(sqrt(c) / 2, 1))`.
+#[inline]
+pub fn geo_distance_m(c: f64) -> f64 {
+    let h = (c.sqrt() / 2.0).min(1.0);
+    (2.0 * EARTH_RADIUS_M) * h.asin()
+}
+
+/// `Ok` when row `row`'s (latitude, longitude) can take part in a haversine join: both
+/// finite, the latitude within [-90, 90].
+pub fn check_geo(lat: f64, lon: f64, row: usize) -> Result<()> {
+    if !lat.is_finite() || !lon.is_finite() {
+        return Err(Error::invalid(format!(
+            "row {row}: haversine needs finite latitude and longitude in degrees (got {lat}, \
+             {lon})"
+        )));
+    }
+    if !(-90.0..=90.0).contains(&lat) {
+        return Err(Error::invalid(format!(
+            "row {row}: latitude {lat} is outside [-90, 90] degrees (haversine points are \
+             (latitude, longitude) in degrees, in that order)"
+        )));
+    }
+    Ok(())
 }
 
 /// A vector's norm under cosine's rule: `sqrt(sum a_i^2)`, in f64, canonical order. The

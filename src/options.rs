@@ -17,6 +17,11 @@ pub enum Metric {
     /// Cosine distance, 1 - cos(a, b) (SciPy's and scikit-learn's): eps-joins of
     /// embeddings. See `metric.rs` for its arithmetic; zero vectors are an error.
     Cosine = 3,
+    /// Great-circle distance on a sphere of radius [`crate::metric::EARTH_RADIUS_M`]:
+    /// points are (latitude, longitude) in degrees (2 columns), eps and distances in
+    /// metres. See `metric.rs` for its arithmetic (f64 unit vectors and the chord);
+    /// latitudes outside [-90, 90] and non-finite coordinates are an error.
+    Haversine = 4,
 }
 
 /// Where the join runs.
@@ -191,7 +196,7 @@ macro_rules! names {
     };
 }
 
-names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev", Cosine = "cosine" });
+names!(Metric { Euclidean = "euclidean", Manhattan = "manhattan", Chebyshev = "chebyshev", Cosine = "cosine", Haversine = "haversine" });
 names!(Backend { Auto = "auto", Cpu = "cpu", Gpu = "gpu" });
 names!(Algorithm { Auto = "auto", Grid = "grid", Ego = "ego", Brute = "brute", Lss = "lss", KdTree = "kdtree" });
 names!(IndexBuild { Auto = "auto", Host = "host", Device = "device" });

@@ -2,7 +2,7 @@
 //! per pair. Tests compare every backend's pair set with these, exactly.
 
 use crate::dataset::{Coords, Dataset};
-use crate::metric::{distance_acc, threshold, within, Coord};
+use crate::metric::{distance_acc, geo_chord2, geo_distance_m, geo_row, threshold, within, Coord};
 use crate::options::Metric;
 use crate::result::Pair;
 
@@ -71,21 +71,30 @@ pub fn knn(
         let qs = q.unwrap_or(x);
         let (mut idx, mut dist) = (Vec::new(), Vec::new());
         for (r, qp) in qs.chunks_exact(dim).enumerate() {
-            let mut all: Vec<(T, u32)> = x
+            // The ranking key widened to f64 (exact, so the order is the accumulator's);
+            // haversine ranks by its f64 chord squared whatever the input precision.
+            let key = |p: &[T]| {
+                if metric == Metric::Haversine {
+                    geo_chord2(&geo_row(qp), &geo_row(p))
+                } else {
+                    distance_acc(metric, qp, p).to_f64()
+                }
+            };
+            let mut all: Vec<(f64, u32)> = x
                 .chunks_exact(dim)
                 .enumerate()
                 .filter(|&(j, _)| q.is_some() || j != r)
-                .map(|(j, p)| (distance_acc(metric, qp, p), j as u32))
+                .map(|(j, p)| (key(p), j as u32))
                 .collect();
             all.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap().then(a.1.cmp(&b.1)));
             for &(a, j) in &all[..k] {
                 idx.push(j);
-                let a = a.to_f64();
-                // The reported distance: sqrt in the input precision for Euclidean.
-                let d = if metric == Metric::Euclidean {
-                    T::from_f64(a).to_f64().sqrt()
-                } else {
-                    a
+                // The reported distance: sqrt in the input precision for Euclidean, metres
+                // from the f64 chord squared for haversine.
+                let d = match metric {
+                    Metric::Euclidean => T::from_f64(a).to_f64().sqrt(),
+                    Metric::Haversine => geo_distance_m(a),
+                    _ => a,
                 };
                 dist.push(if std::mem::size_of::<T>() == 4 {
                     (d as f32) as f64

@@ -159,7 +159,9 @@ fn uniform_many_dims() {
                 Metric::Euclidean => eps,
                 Metric::Manhattan => eps * (d as f64).sqrt() * 0.8,
                 Metric::Chebyshev => 0.35,
-                Metric::Cosine => unreachable!("not a cosine test"),
+                Metric::Cosine | Metric::Haversine => {
+                    unreachable!("not a cosine or haversine test")
+                }
             };
             check_self(&uniform(n, d, 1.0, 100 + d as u64), d, e, m, &ALGOS);
         }

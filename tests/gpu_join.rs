@@ -65,7 +65,9 @@ fn eps_for(x: &[f64], d: usize, metric: Metric, frac: f64) -> f64 {
                 Metric::Euclidean => diff.map(|v| v * v).sum::<f64>().sqrt(),
                 Metric::Manhattan => diff.sum(),
                 Metric::Chebyshev => diff.fold(0.0, f64::max),
-                Metric::Cosine => unreachable!("not a cosine test"),
+                Metric::Cosine | Metric::Haversine => {
+                    unreachable!("not a cosine or haversine test")
+                }
             }
         })
         .collect();

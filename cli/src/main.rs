@@ -60,7 +60,9 @@ enum Command {
 /// What every computing command shares: the metric, where it runs, how input is read.
 #[derive(Args)]
 pub(crate) struct RunArgs {
-    /// euclidean, manhattan, chebyshev or cosine (1 - cos(a, b); joins and dbscan).
+    /// euclidean, manhattan, chebyshev, cosine (1 - cos(a, b); joins and dbscan) or
+    /// haversine (2 columns, latitude and longitude in degrees; eps and distances in metres,
+    /// great circle on a sphere of 6,371,008.8 m).
     #[arg(long, default_value = "euclidean")]
     pub metric: Metric,
     /// auto, gpu or cpu.

@@ -141,6 +141,7 @@ fn by_metric<T: DistanceType>(
         Metric::Manhattan => knn::<T, Manhattan>(job, data, query, plan),
         Metric::Chebyshev => knn::<T, Chebyshev>(job, data, query, plan),
         Metric::Cosine => Err(Error::unsupported("no cosine kNN")),
+        Metric::Haversine => unreachable!("haversine kNN runs as Euclidean (src/geo.rs)"),
     }
 }
 
@@ -616,6 +617,7 @@ impl<T: Coord, M: MetricKind> Searcher<'_, T, M> {
             Metric::Manhattan => rd - old.abs() + diff.abs(),
             Metric::Chebyshev => rd.max(diff.abs()),
             Metric::Cosine => unreachable!("no cosine kNN in the k-d tree"),
+            Metric::Haversine => unreachable!("haversine kNN runs as Euclidean (src/geo.rs)"),
         };
         if self.may_enter(far_rd) {
             self.off[sd] = diff;

@@ -128,6 +128,7 @@ fn by_metric<T: Coord>(
         Metric::Manhattan => run::<T, store::Manhattan>(job, a, b, sink, threads),
         Metric::Chebyshev => run::<T, store::Chebyshev>(job, a, b, sink, threads),
         Metric::Cosine => Err(cosine_reached()),
+        Metric::Haversine => unreachable!("haversine joins run as Euclidean (src/geo.rs)"),
     }
 }
 
@@ -142,6 +143,7 @@ fn csr_by_metric<T: knn::DistanceType + Default>(
         Metric::Manhattan => csr_rows::<T, store::Manhattan>(job, a, b, threads),
         Metric::Chebyshev => csr_rows::<T, store::Chebyshev>(job, a, b, threads),
         Metric::Cosine => Err(cosine_reached()),
+        Metric::Haversine => unreachable!("haversine joins run as Euclidean (src/geo.rs)"),
     }
 }
 

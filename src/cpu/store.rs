@@ -305,6 +305,7 @@ mod avx2 {
                         Metric::Manhattan => $add(*a, $andnot(sign, d)),
                         Metric::Chebyshev => $max(*a, $andnot(sign, d)),
                         Metric::Cosine => unreachable!("cosine joins run as Euclidean"),
+                        Metric::Haversine => unreachable!("haversine joins run as Euclidean"),
                     };
                 }
             }

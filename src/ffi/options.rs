@@ -23,6 +23,10 @@ pub const SIMJOIN_METRIC_CHEBYSHEV: simjoin_metric = 2;
 /// Cosine distance, 1 - cos(a, b): eps-joins and DBSCAN (not kNN yet); zero vectors are
 /// SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
 pub const SIMJOIN_METRIC_COSINE: simjoin_metric = 3;
+/// Great-circle distance on a sphere of the mean Earth radius (6,371,008.8 m): points are
+/// 2 columns, (latitude, longitude) in degrees; eps and distances in metres. Latitudes
+/// outside [-90, 90] are SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
+pub const SIMJOIN_METRIC_HAVERSINE: simjoin_metric = 4;
 
 /// Where the join runs: one of `SIMJOIN_BACKEND_*`.
 pub type simjoin_backend = u32;
@@ -141,11 +145,12 @@ impl simjoin_engine_options {
     }
 }
 
-pub(crate) const METRICS: [(u32, Metric); 4] = [
+pub(crate) const METRICS: [(u32, Metric); 5] = [
     (SIMJOIN_METRIC_EUCLIDEAN, Metric::Euclidean),
     (SIMJOIN_METRIC_MANHATTAN, Metric::Manhattan),
     (SIMJOIN_METRIC_CHEBYSHEV, Metric::Chebyshev),
     (SIMJOIN_METRIC_COSINE, Metric::Cosine),
+    (SIMJOIN_METRIC_HAVERSINE, Metric::Haversine),
 ];
 pub(crate) const BACKENDS: [(u32, Backend); 3] = [
     (SIMJOIN_BACKEND_AUTO, Backend::Auto),

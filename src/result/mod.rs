@@ -493,6 +493,11 @@ fn distances_of(
             Manhattan => with!(Manhattan),
             Chebyshev => with!(Chebyshev),
             Cosine => with!(Cosine),
+            // Metres from the f64 chord squared, rounded to T once.
+            Haversine => fill(a, b, dim, output, |p, q| {
+                use crate::metric::{geo_chord2, geo_distance_m, geo_row};
+                T::from_f64(geo_distance_m(geo_chord2(&geo_row(p), &geo_row(q))))
+            }),
         }
     }
     let dim = a.dim();

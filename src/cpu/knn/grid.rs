@@ -362,6 +362,7 @@ fn term<M: MetricKind>(gap: f64) -> f64 {
         Metric::Euclidean => gap * gap,
         Metric::Manhattan | Metric::Chebyshev => gap,
         Metric::Cosine => unreachable!("no cosine kNN on the grid"),
+        Metric::Haversine => unreachable!("haversine kNN runs as Euclidean (src/geo.rs)"),
     }
 }
 
@@ -372,5 +373,6 @@ fn combine<M: MetricKind>(a: f64, b: f64) -> f64 {
         Metric::Chebyshev => a.max(b),
         Metric::Euclidean | Metric::Manhattan => a + b,
         Metric::Cosine => unreachable!("no cosine kNN on the grid"),
+        Metric::Haversine => unreachable!("haversine kNN runs as Euclidean (src/geo.rs)"),
     }
 }

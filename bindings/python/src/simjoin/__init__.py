@@ -245,8 +245,10 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     distances with return_distance=True (like cKDTree.sparse_distance_matrix and
     radius_neighbors_graph(mode="distance"); duplicates are explicit zeros).
     output="count": the number of pairs as an int. metric: "euclidean", "manhattan",
-    "chebyshev" or "cosine" (1 - cos(a, b), as SciPy defines it; a zero row raises
-    InvalidArgumentError); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid",
+    "chebyshev", "cosine" (1 - cos(a, b), as SciPy defines it; a zero row raises
+    InvalidArgumentError) or "haversine" (X is 2 columns, latitude and longitude in
+    degrees; eps and distances in metres on a sphere of radius 6,371,008.8 m; a latitude
+    outside [-90, 90] raises InvalidArgumentError); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid",
     "ego", "brute" or "lss". Arrays view the engine's memory (no copy).
     output="arrow": a pyarrow.Table with columns i, j (uint32) and, with return_distance,
     distance; output="arrow_stream": a pyarrow.RecordBatchReader whose batches are made
@@ -363,8 +365,9 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     row r holds query r's neighbours nearest first, equal distances by smaller index.
     `indices` are uint32 row numbers of X; `distances` have X's float type (float32 or
     float64). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
-    like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan" or
-    "chebyshev"; backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
+    like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan",
+    "chebyshev" or "haversine" (latitude and longitude in degrees, distances in metres, as
+    for self_join); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
     "grid" (CPU), "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
     The arrays view the engine's memory (no copy); it is freed with the last of them.
     Ctrl-C and progress as for self_join.

@@ -83,6 +83,16 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
         raise _invalid("sparse inputs are not supported: pass a dense array")
     data = _as_points(X, "X")
     metric_name = _METRIC_ALIASES.get(str(metric).lower(), metric)
+    engine_data = data
+    if str(metric_name).lower() == "haversine":
+        # scikit-learn's convention: (latitude, longitude) in radians, eps in radians (on
+        # the unit sphere). The engine's: degrees and metres on the Earth's sphere.
+        if data.ndim != 2 or data.shape[1] != 2:
+            raise _invalid(f"haversine points are 2 columns, (latitude, longitude) in radians; "
+                           f"X has shape {data.shape}")
+        engine_data = np.ascontiguousarray(np.degrees(data.astype(np.float64)))
+        if isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool):
+            eps = float(eps) * _native.EARTH_RADIUS_M
     opts = _DbscanOptions()
     _check(lib.simjoin_dbscan_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     opts.metric = _lookup(_native.METRICS, "metric", metric_name)
@@ -105,7 +115,7 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
     labels = np.empty(n, dtype=np.int64)
     core = np.empty(n, dtype=np.uint8)
     report = _DbscanReport()
-    m = _matrix(data)
+    m = _matrix(engine_data)
     engine = _Engine.get(threads)
     _checked_run(
         lambda: lib.simjoin_dbscan(
@@ -138,7 +148,11 @@ def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorit
     their smallest row) and -1 for noise. A row with at least `min_samples` rows within
     `eps` (itself included, as scikit-learn counts) is a core sample; a non-core row with a
     core sample within eps joins the cluster of its nearest one. metric: "euclidean",
-    "manhattan", "chebyshev" or "cosine" (or scikit-learn's "l2", "l1", "cityblock", "infinity");
+    "manhattan", "chebyshev", "cosine" (or scikit-learn's "l2", "l1", "cityblock", "infinity")
+    or "haversine" in scikit-learn's convention: X is (latitude, longitude) in radians and
+    eps in radians (a great-circle angle), as sklearn.cluster.DBSCAN(metric="haversine")
+    takes them (the engine joins them as degrees and eps * 6371008.8 metres; pairs within
+    about 1e-14 of eps may differ from scikit-learn's, see src/metric.rs);
     backend: "auto", "cpu" or "gpu"; algorithm: the join's, "auto", "grid", "ego",
     "brute" or "lss" (GPU) -- the labels are the same whichever runs (scikit-learn's
     "kd_tree" and "ball_tree" mean "auto"). float32 inputs are clustered in float32 arithmetic,

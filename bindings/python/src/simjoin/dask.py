@@ -479,6 +479,10 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
         # The halos bound coordinates by eps, which cosine distance does not.
         raise _invalid("simjoin.dask has no cosine metric yet: normalise the rows and join under "
                        "euclidean at eps = sqrt(2 * cosine eps), then filter")
+    if metric == "haversine":
+        # The halos bound coordinates (degrees) by eps (metres), which they are not.
+        raise _invalid("simjoin.dask has no haversine metric yet: join the partitions' unit "
+                       "vectors under euclidean at the chord of eps, then filter")
     if metric not in _native.METRICS:
         raise _invalid(f"unknown metric {metric!r} (expected one of: {', '.join(_native.METRICS)})")
     if partitions is not None and int(partitions) < 1:
