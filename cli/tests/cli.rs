@@ -860,7 +860,22 @@ fn sigint_stops_the_command_cleanly() {
             "--backend",
             "cpu",
         ],
+        // The GPU path (lavapipe under tests/run.sh, validation on).
+        &[
+            "self-join",
+            "far.npy",
+            "--eps",
+            "0.5",
+            "--backend",
+            "gpu",
+            "-o",
+            "pairs.npy",
+        ],
     ] {
+        let gpu = args.contains(&"gpu");
+        if gpu && std::env::var_os("VK_DRIVER_FILES").is_none() {
+            continue; // no pinned Vulkan driver (tests/run.sh pins lavapipe)
+        }
         let mut child = Command::new(BIN)
             .args(args)
             .current_dir(&dir)
@@ -868,8 +883,14 @@ fn sigint_stops_the_command_cleanly() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        // Past reading the input: the join itself is running.
-        std::thread::sleep(std::time::Duration::from_millis(700));
+        // Past reading the input: the join itself is running (on the GPU, past compiling its
+        // kernel, which lavapipe with validation takes a few hundred ms to do and a stop
+        // waits for).
+        std::thread::sleep(std::time::Duration::from_millis(if gpu {
+            2000
+        } else {
+            700
+        }));
         assert!(
             child.try_wait().unwrap().is_none(),
             "{args:?} ended too soon"
