@@ -42,7 +42,9 @@
 //!   ([`geo_chord_threshold`]), or +infinity when `e >= pi * R` (half the circumference:
 //!   every pair); the pair matches when `c <= C`;
 //! - its distance is `2 R * asin(min(sqrt(c) / 2, 1))` in metres ([`geo_distance_m`]),
-//!   rounded to the input precision; kNN ranks by `c` (f64) and then by index.
+//!   rounded to the input precision; kNN ranks by `c` (f64) and then by index; DBSCAN
+//!   sends a border point to its nearest core point by `c` rounded to the input precision
+//!   ([`distance_acc`]), then by index.
 //!
 //! `sin`, `cos` and `asin` are the platform's libm (correctly rounded or within an ulp):
 //! the engine computes the vectors and `C` once on the host and every backend follows
