@@ -178,13 +178,18 @@ where
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
         let eps32 = widened_eps::<f32>(e, dim);
-        if let Some(mut report) =
-            grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, sink.as_deref_mut())?
-        {
-            report.phases.insert(
-                0,
-                ("cosine: norms and normalised copies".into(), prepared),
-            );
+        if let Some(mut report) = grouped(
+            engine,
+            &rule,
+            &ca,
+            cb.as_deref(),
+            eps32,
+            opts,
+            sink.as_deref_mut(),
+        )? {
+            report
+                .phases
+                .insert(0, ("cosine: norms and normalised copies".into(), prepared));
             report
                 .phases
                 .push(("join".into(), t.elapsed().as_secs_f64()));
@@ -243,19 +248,17 @@ fn grouped<'d, T: Coord>(
             candidates.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
             accepted.fetch_add(kept.len() as u64, std::sync::atomic::Ordering::Relaxed);
             opts.control.advance(0, kept.len() as u64);
-            match sink.lock().unwrap_or_else(|p| p.into_inner()).as_deref_mut() {
+            match sink
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_deref_mut()
+            {
                 Some(s) if !kept.is_empty() => s.push(&kept),
                 _ => Ok(()),
             }
         };
-        let note = crate::cpu::partition::candidates(
-            &fa,
-            fb.as_deref(),
-            dim,
-            eps,
-            &opts.control,
-            &emit,
-        );
+        let note =
+            crate::cpu::partition::candidates(&fa, fb.as_deref(), dim, eps, &opts.control, &emit);
         (
             note,
             candidates.into_inner(),

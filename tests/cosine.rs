@@ -283,8 +283,14 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
         let y = directions(&mut rng, 1500, dim, 40, spread);
         let (x32, y32) = (as_f32(&x), as_f32(&y));
         for (a, b) in [
-            (Dataset::from_f64(&x, dim).unwrap(), Dataset::from_f64(&y, dim).unwrap()),
-            (Dataset::from_f32(&x32, dim).unwrap(), Dataset::from_f32(&y32, dim).unwrap()),
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&y, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&y32, dim).unwrap(),
+            ),
         ] {
             let what = format!("{dim}-D {:?} eps {eps}", a.precision());
             let want = oracle::self_join(&a, Metric::Cosine, eps);
@@ -292,11 +298,18 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
             let o = cosine(eps, Backend::Cpu, Algorithm::Auto);
             let got = engine().self_join(&a, &o).unwrap();
             let notes = got.report.notes.join("; ");
-            assert_eq!(notes.contains("groups around leaders"), grouped, "{what}: {notes}");
+            assert_eq!(
+                notes.contains("groups around leaders"),
+                grouped,
+                "{what}: {notes}"
+            );
             assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
             let mut count = o.clone();
             count.output = OutputForm::Count;
-            assert_eq!(engine().self_join(&a, &count).unwrap().count(), want.len() as u64);
+            assert_eq!(
+                engine().self_join(&a, &count).unwrap().count(),
+                want.len() as u64
+            );
             let want_ab = oracle::join(&a, &b, Metric::Cosine, eps);
             let got_ab = engine().join(&a, &b, &o).unwrap();
             assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");

@@ -18,16 +18,74 @@ use crate::control::Control;
 use crate::result::Pair;
 use rayon::prelude::*;
 
-/// Vectors sampled to choose leaders.
-const SAMPLE: usize = 4096;
+/// Vectors sampled to choose leaders: an eighth of them, within these bounds (enough to
+/// meet every cluster of a few dozen vectors; the leaders' pass costs sample x leaders).
+const SAMPLE_MIN: usize = 4096;
+const SAMPLE_MAX: usize = 16384;
 /// Leaders per sampled vector above which the data have no clusters at this radius.
 const MAX_LEADER_SHARE: f64 = 0.5;
 /// Fewest vectors for which grouping pays.
 const MIN_POINTS: usize = 4096;
 
-/// `sum a_i b_i` in f32 over eight lanes (vectorised; any order: only bounded below).
+/// `sum a_i b_i` in f32, in any order (the bounds below hold for any): with AVX2 and FMA
+/// where the CPU has them, else over eight lanes.
 #[inline]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { dot_fma(a, b) };
+    }
+    dot_lanes(a, b)
+}
+
+/// Whether AVX2 and FMA are available (detected once).
+#[cfg(target_arch = "x86_64")]
+fn fma() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(super::dot_filter::fma_available)
+}
+
+/// [`dot`] with 256-bit fused multiply-adds, two accumulators.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        // SAFETY: i + 16 <= n, so both 8-float loads at i and i + 8 are in bounds.
+        unsafe {
+            s0 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                s0,
+            );
+            s1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                s1,
+            );
+        }
+        i += 16;
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: `lanes` holds 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1)) };
+    let mut s = lanes.iter().sum::<f32>();
+    for k in i..n {
+        s += a[k] * b[k];
+    }
+    s
+}
+
+/// [`dot`] over eight lanes (vectorised by the compiler).
+#[inline]
+fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());
@@ -63,14 +121,17 @@ struct Groups {
     start: Vec<usize>,
     rows: Vec<f32>,
     radius: Vec<f64>,
+    /// Each vector's distance from its leader (in `order`'s order), rounded up.
+    to_leader: Vec<f64>,
 }
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
 fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
     let n = x.len() / dim;
-    let step = (n / SAMPLE).max(1);
-    let cap = (SAMPLE as f64 * MAX_LEADER_SHARE) as usize;
+    let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
+    let step = (n / sample).max(1);
+    let cap = (sample as f64 * MAX_LEADER_SHARE) as usize;
     let mut out: Vec<f32> = Vec::new();
     // Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2
     // (a rough choice: the bounds below use the exact distances).
@@ -123,16 +184,28 @@ fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Gr
         fill[g as usize] += 1;
     }
     let mut rows = Vec::with_capacity(x.len());
-    rows.extend(order.iter().flat_map(|&i| &x[i as usize * dim..(i as usize + 1) * dim]));
-    let radius: Vec<f64> = (0..k)
+    rows.extend(
+        order
+            .iter()
+            .flat_map(|&i| &x[i as usize * dim..(i as usize + 1) * dim]),
+    );
+    // Rounded up past f64's error in a sum of `dim` terms.
+    let to_leader: Vec<f64> = (0..n)
         .into_par_iter()
+        .map(|s| {
+            let g = nearest[order[s] as usize] as usize;
+            dist64(
+                &leaders[g * dim..(g + 1) * dim],
+                &rows[s * dim..(s + 1) * dim],
+            ) * (1.0 + 1e-9)
+        })
+        .collect();
+    let radius: Vec<f64> = (0..k)
         .map(|g| {
-            let l = &leaders[g * dim..(g + 1) * dim];
-            let r = (start[g]..start[g + 1])
-                .map(|s| dist64(l, &rows[s * dim..(s + 1) * dim]))
-                .fold(0.0f64, f64::max);
-            // Rounded up past f64's error in a sum of `dim` terms.
-            r * (1.0 + 1e-9)
+            to_leader[start[g]..start[g + 1]]
+                .iter()
+                .copied()
+                .fold(0.0f64, f64::max)
         })
         .collect();
     Some(Groups {
@@ -140,6 +213,7 @@ fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Gr
         start,
         rows,
         radius,
+        to_leader,
     })
 }
 
@@ -175,7 +249,7 @@ pub(crate) fn candidates(
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
     let lead = &lead[..];
     let ga = &ga;
-    let pairs_of_groups: Vec<(u32, u32)> = (0..k as u32)
+    let pairs_of_groups: Vec<(u32, u32, f64)> = (0..k as u32)
         .into_par_iter()
         .flat_map_iter(|g| {
             let lg = &lead[g as usize * dim..(g as usize + 1) * dim];
@@ -189,15 +263,19 @@ pub(crate) fn candidates(
                     return None;
                 }
                 let lh = &lead[h as usize * dim..(h as usize + 1) * dim];
-                let gap = if g == h { 0.0 } else { dist64(lg, lh) * (1.0 - 1e-9) };
+                let gap = if g == h {
+                    0.0
+                } else {
+                    dist64(lg, lh) * (1.0 - 1e-9)
+                };
                 (gap <= ga.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
-                    .then_some((g, h))
+                    .then_some((g, h, gap))
             })
         })
         .collect();
     let compared = std::sync::atomic::AtomicU64::new(0);
     control.stage("join", pairs_of_groups.len() as u64);
-    let result: anyhow::Result<()> = pairs_of_groups.par_iter().try_for_each(|&(g, h)| {
+    let result: anyhow::Result<()> = pairs_of_groups.par_iter().try_for_each(|&(g, h, gap)| {
         if control.is_cancelled() {
             return Ok(());
         }
@@ -207,23 +285,28 @@ pub(crate) fn candidates(
         );
         let same = b.is_none() && g == h;
         // A vector within eps of some vector of the other group is within that group's
-        // radius plus eps of its leader (triangle inequality): the rest are skipped.
-        let near = |rows: &[f32], range: std::ops::Range<usize>, other: u32, r: f64| {
+        // radius plus eps of its leader (triangle inequality): the rest are skipped. The
+        // leaders' distance less the vector's own distance from its leader bounds that
+        // distance from below at no cost; the survivors are measured.
+        let near = |gr: &Groups, range: std::ops::Range<usize>, other: u32, r: f64| {
             let l = &lead[other as usize * dim..(other as usize + 1) * dim];
             let reach = (r + eps) * (1.0 + 1e-9);
             range
-                .filter(|&s| dist64(&rows[s * dim..(s + 1) * dim], l) <= reach)
+                .filter(|&s| {
+                    gap - gr.to_leader[s] <= reach
+                        && dist64(&gr.rows[s * dim..(s + 1) * dim], l) <= reach
+                })
                 .collect::<Vec<usize>>()
         };
         let (sa, sb) = if same {
             (ra.clone().collect(), rb.clone().collect())
         } else {
-            let sa = near(&ga.rows, ra.clone(), h, gb_ref.radius[h as usize]);
+            let sa = near(ga, ra.clone(), h, gb_ref.radius[h as usize]);
             if sa.is_empty() {
                 control.advance(1, 0);
                 return Ok(());
             }
-            (sa, near(&gb_ref.rows, rb.clone(), g, ga.radius[g as usize]))
+            (sa, near(gb_ref, rb.clone(), g, ga.radius[g as usize]))
         };
         let mut buf: Vec<Pair> = Vec::new();
         for (x, &s) in sa.iter().enumerate() {
@@ -234,7 +317,11 @@ pub(crate) fn candidates(
                 let q = &gb_ref.rows[t * dim..(t + 1) * dim];
                 if dot(p, q) >= floor {
                     let j = gb_ref.order[t];
-                    buf.push(if b.is_none() { [i.min(j), i.max(j)] } else { [i, j] });
+                    buf.push(if b.is_none() {
+                        [i.min(j), i.max(j)]
+                    } else {
+                        [i, j]
+                    });
                 }
             }
         }

@@ -1,0 +1,109 @@
+"""Cosine joins of embedding-like vectors (issue 40): simjoin against FAISS flat range
+search (IndexFlatIP, exact brute force) and scikit-learn's radius_neighbors with
+metric="cosine", same data, same threads, in one run; pairs as a NumPy array for every
+system (the path a user takes). Prints a Markdown table with ratios.
+
+Workloads (unit vectors; the structure is stated in each row's name):
+- clusters: C random centres on the sphere, each vector a centre plus Gaussian noise of
+  `spread` per coordinate, normalised (sizes and spreads vary per row);
+- sphere: uniform on the sphere (no structure: simjoin's fallback is a blocked brute force);
+- dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector).
+eps is a cosine distance (1 - cos); each row's gives a few neighbours per vector.
+
+    python3 bench/embed_bench.py [--quick] [--threads N]
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+import simjoin
+
+WORKLOADS = [
+    # name, n, dim, centres, spread, eps
+    ("clusters-128d", 50_000, 128, 1000, 0.03, 0.1),
+    ("clusters-384d", 30_000, 384, 600, 0.016, 0.1),
+    ("clusters-384d-wide", 30_000, 384, 300, 0.02, 0.15),
+    ("clusters-768d", 20_000, 768, 400, 0.011, 0.1),
+    ("dups-384d", 30_000, 384, 600, 0.03, 0.001),
+    ("sphere-384d", 20_000, 384, 0, 0.0, 0.1),
+]
+
+
+def make(name, n, dim, centres, spread, seed=0):
+    rng = np.random.default_rng(seed)
+    if centres == 0:
+        x = rng.normal(size=(n, dim))
+    else:
+        c = rng.normal(size=(centres, dim))
+        c /= np.linalg.norm(c, axis=1, keepdims=True)
+        x = c[rng.integers(0, centres, n)] + spread * rng.normal(size=(n, dim))
+    if name.startswith("dups"):
+        k = n // 100
+        src = rng.integers(0, n, k)
+        x[rng.integers(0, n, k)] = x[src] + 1e-3 * spread * rng.normal(size=(k, dim))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def timed(f):
+    t = time.perf_counter()
+    out = f()
+    return time.perf_counter() - t, out
+
+
+def faiss_pairs(x, eps, threads):
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    lims, _, ids = index.range_search(x, 1.0 - eps)
+    rows = np.repeat(np.arange(len(x)), np.diff(lims).astype(np.int64))
+    keep = rows < ids
+    return np.stack([rows[keep], ids[keep]], axis=1)
+
+
+def sklearn_pairs(x, eps, threads):
+    from sklearn.neighbors import NearestNeighbors
+
+    nn = NearestNeighbors(radius=eps, metric="cosine", algorithm="brute", n_jobs=threads).fit(x)
+    g = nn.radius_neighbors_graph(x)
+    r, c = g.nonzero()
+    keep = r < c
+    return np.stack([r[keep], c[keep]], axis=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="the first two workloads, no scikit-learn")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    rows = []
+    work = WORKLOADS[:2] if args.quick else WORKLOADS
+    for name, n, dim, centres, spread, eps in work:
+        x = make(name, n, dim, centres, spread)
+        sj_s, sj = timed(lambda: simjoin.self_join(x, eps, metric="cosine", threads=args.threads))
+        fa_s, fa = timed(lambda: faiss_pairs(x, eps, args.threads))
+        sk_s = None
+        if not args.quick and n <= 30_000:
+            sk_s, _ = timed(lambda: sklearn_pairs(x, eps, args.threads))
+        # FAISS compares f32 inner products: pairs within its rounding of eps may differ.
+        diff = abs(len(fa) - len(sj))
+        rows.append((name, n, dim, eps, len(sj), diff, sj_s, fa_s, sk_s))
+        print(f"{name}: simjoin {len(sj)} pairs {sj_s:.2f} s, FAISS {len(fa)} pairs {fa_s:.2f} s"
+              + (f", scikit-learn {sk_s:.2f} s" if sk_s else ""), file=sys.stderr, flush=True)
+    print(f"{args.threads} threads for every system; seconds of one run, pairs as NumPy arrays.\n")
+    print("| workload | n | dims | eps (1 - cos) | pairs | FAISS count differs by | simjoin s | FAISS IP s | scikit-learn s | FAISS / simjoin | scikit-learn / simjoin |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, n, dim, eps, pairs, diff, sj_s, fa_s, sk_s in rows:
+        sk = f"{sk_s:.2f}" if sk_s else "-"
+        skr = f"{sk_s / sj_s:.1f}x" if sk_s else "-"
+        print(f"| {name} | {n:,} | {dim} | {eps} | {pairs:,} | {diff} | {sj_s:.2f} | {fa_s:.2f} | {sk} | "
+              f"{fa_s / sj_s:.1f}x | {skr} |")
+
+
+if __name__ == "__main__":
+    main()
