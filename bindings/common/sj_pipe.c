@@ -117,6 +117,7 @@ int sj_parse_metric(const char *name) {
   if (!strcasecmp(name, "manhattan")) return SIMJOIN_METRIC_MANHATTAN;
   if (!strcasecmp(name, "chebyshev")) return SIMJOIN_METRIC_CHEBYSHEV;
   if (!strcasecmp(name, "cosine")) return SIMJOIN_METRIC_COSINE;
+  if (!strcasecmp(name, "haversine")) return SIMJOIN_METRIC_HAVERSINE;
   return -1;
 }
 
@@ -127,9 +128,32 @@ int sj_parse_backend(const char *name) {
   return -1;
 }
 
+/* src/metric.rs's geo_unit_vector: (latitude, longitude) in degrees on the unit sphere. */
+static void geo_unit_vector(double lat, double lon, double v[3]) {
+  double l = fmod(lon, 360.0), p, q;
+  if (l > 180.0) l -= 360.0;
+  else if (l < -180.0) l += 360.0;
+  if (l == 180.0) l = -180.0;
+  if (lat == 90.0 || lat == -90.0) l = 0.0;
+  p = lat * (M_PI / 180.0);
+  q = l * (M_PI / 180.0);
+  v[0] = cos(p) * cos(q);
+  v[1] = cos(p) * sin(q);
+  v[2] = sin(p);
+}
+
 double sj_distance(int metric, const double *x, const double *y, size_t dim) {
   double acc = 0.0;
   size_t k;
+  if (metric == SIMJOIN_METRIC_HAVERSINE && dim == 2) {
+    /* The rule's metres: 2 R asin(min(chord / 2, 1)), R = 6,371,008.8 m. */
+    double u[3], v[3], c = 0.0, h;
+    geo_unit_vector(x[0], x[1], u);
+    geo_unit_vector(y[0], y[1], v);
+    for (k = 0; k < 3; k++) c += (u[k] - v[k]) * (u[k] - v[k]);
+    h = sqrt(c) / 2.0;
+    return 2.0 * 6371008.8 * asin(h < 1.0 ? h : 1.0);
+  }
   if (metric == SIMJOIN_METRIC_COSINE) {
     /* src/metric.rs's rule: f64 sums in dimension order, 1 - dot / (|x| |y|). */
     double nx = 0.0, ny = 0.0, dot = 0.0;

@@ -29,13 +29,14 @@ typedef struct sj_pipe sj_pipe;
 
 enum { SJ_END = 0, SJ_CHUNK = 1, SJ_WAIT = 2, SJ_ERROR = -1 };
 
-/* Metric and backend names ("euclidean", "manhattan", "chebyshev", "cosine"; "auto", "cpu", "gpu"),
+/* Metric and backend names ("euclidean", "manhattan", "chebyshev", "cosine", "haversine"; "auto", "cpu", "gpu"),
  * case-insensitive. Return -1 for an unknown name. */
 int sj_parse_metric(const char *name);
 int sj_parse_backend(const char *name);
 
 /* The distance of the pair (x, y) in double: sqrt of the sum of squares (euclidean), sum of
- * |d| (manhattan), max |d| (chebyshev) or 1 - cos (cosine, src/metric.rs's rule). */
+ * |d| (manhattan), max |d| (chebyshev), 1 - cos (cosine) or metres on the Earth (haversine:
+ * (latitude, longitude) in degrees), by src/metric.rs's rules. */
 double sj_distance(int metric, const double *x, const double *y, size_t dim);
 
 /* Whether `ids` has a value twice: 1 with *dup set to it, 0 if all differ, -1 out of

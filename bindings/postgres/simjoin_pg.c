@@ -43,6 +43,9 @@
 
 #include "sj_pipe.h"
 
+/* Ends the points query of a geography column: only metric 'haversine' may join it. */
+#define SJ_GEOGRAPHY_MARK "/* simjoin: geography (latitude, longitude) */"
+
 PG_MODULE_MAGIC;
 
 /* simjoin.max_threads (superuser): CPU worker threads a join of one backend may use.
@@ -348,7 +351,13 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
   eps = PG_GETARG_FLOAT8(argi);
   if (metric < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                    errmsg("simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev or cosine)", metric_name)));
+                    errmsg("simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev, cosine or "
+                           "haversine)", metric_name)));
+  if (metric != sj_parse_metric("haversine") &&
+      (strstr(qa, SJ_GEOGRAPHY_MARK) || (qb && strstr(qb, SJ_GEOGRAPHY_MARK))))
+    ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                    errmsg("simjoin: geography points are joined on the sphere: use metric 'haversine' "
+                           "(eps in metres)")));
   if (backend < 0)
     ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
                     errmsg("simjoin: unknown backend \"%s\" (auto, cpu or gpu)", backend_name)));
@@ -502,6 +511,7 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
   bool *elem_nulls;
   int n, k;
   StringInfoData buf;
+  bool geography = false;
   static const char *const names[] = {"the table", "the id column", "coords"};
   for (k = 0; k < 3; k++)
     if (PG_ARGISNULL(k))
@@ -533,16 +543,19 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
         const char *g = quote_identifier(gis), *c = quote_identifier(col);
         appendStringInfo(&buf, ", %s.ST_X(%s), %s.ST_Y(%s)", g, c, g, c);
       } else if (OidIsValid(typ) && postgis_type(typ, "geography", &gis)) {
-        ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-                        errmsg("simjoin: column \"%s\" is a geography: distances on the sphere are "
-                               "not joined yet", col),
-                        errhint("Join a projected geometry column, or its coordinates.")));
+        /* Latitude and longitude in degrees, for metric 'haversine' (metres on the sphere,
+         * as ST_DWithin(geography, geography, eps, false)); the marker lets the join refuse
+         * any other metric. */
+        const char *g = quote_identifier(gis), *c = quote_identifier(col);
+        appendStringInfo(&buf, ", %s.ST_Y(%s::%s.geometry), %s.ST_X(%s::%s.geometry)", g, c, g, g, c, g);
+        geography = true;
       } else {
         appendStringInfo(&buf, ", %s", quote_identifier(col));
       }
     }
   }
   appendStringInfo(&buf, " FROM %s", quote_qualified_identifier(nsp, rel));
+  if (geography) appendStringInfoString(&buf, " " SJ_GEOGRAPHY_MARK);
   PG_RETURN_TEXT_P(cstring_to_text(buf.data));
 }
 

@@ -297,7 +297,7 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
       const char *name = (const char *)sqlite3_value_text(val);
       metric = name ? sj_parse_metric(name) : -1;
       if (metric < 0)
-        return fail(c, "simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev or cosine)%s", name ? name : "NULL", "");
+        return fail(c, "simjoin: unknown metric \"%s\" (euclidean, manhattan, chebyshev, cosine or haversine)%s", name ? name : "NULL", "");
     } else if (k == v->nqueries + 2) {
       const char *name = (const char *)sqlite3_value_text(val);
       backend = name ? sj_parse_backend(name) : -1;

@@ -813,10 +813,42 @@ def test_pg_postgis(rng):
         f"ON a.id < b.id AND ST_DWithin(a.geom, b.geom, {eps!r})")}
     check(ours == theirs and len(ours) > 1000,
           f"pg geometry: the pairs of PostGIS's ST_DWithin ({len(ours)} vs {len(theirs)})")
-    r = psql("DROP TABLE IF EXISTS ggeo; CREATE TABLE ggeo AS SELECT 1 AS id, "
-             "'POINT(1 2)'::geography AS g; "
-             "SELECT * FROM simjoin_self_join('ggeo', 'id', ARRAY['g'], 1)", check_rc=False)
-    check(r.returncode != 0 and "is a geography" in r.stderr, f"pg geography refused: {r.stderr.strip()!r}")
+    # geography: latitude and longitude on the sphere, metric 'haversine', eps in metres; the
+    # pairs of ST_DWithin(geography, geography, eps, false) (PostGIS's sphere: its radius
+    # differs from simjoin's R by 3e-8 relative, so eps is picked in a gap of 1e-6).
+    n = 3000
+    lat = np.concatenate([rng.uniform(48.80, 48.90, n - 200), rng.uniform(89.9, 90.0, 100),
+                          rng.uniform(-10, 10, 100)])
+    lon = np.concatenate([rng.uniform(2.25, 2.42, n - 200), rng.uniform(-180, 180, 100),
+                          rng.choice([-180.0, 179.9995, 180.0], 100)])
+    gids = np.arange(1, n + 1)
+    psql("DROP TABLE IF EXISTS ggeo; CREATE TABLE ggeo (id int, g geography)")
+    psql("\\copy ggeo FROM STDIN WITH (FORMAT csv)",
+         input="".join(f"{i},SRID=4326;POINT({float(lo)!r} {float(la)!r})\n" for i, la, lo in zip(gids, lat, lon)))
+    psql("CREATE INDEX ON ggeo USING gist (g); ANALYZE ggeo")
+    phi = np.radians(lat)
+    lam = np.radians(np.where(np.abs(lat) == 90, 0.0, lon))
+    v = np.stack([np.cos(phi) * np.cos(lam), np.cos(phi) * np.sin(lam), np.sin(phi)], axis=1)
+    chord = np.sqrt(((v[:, None, :] - v[None, :, :]) ** 2).sum(axis=2))
+    metres = 2 * 6371008.8 * np.arcsin(np.minimum(chord / 2, 1.0))
+    d = np.unique(metres[np.triu_indices(n, 1)])
+    k = int(np.searchsorted(d, 150.0))
+    while d[k + 1] - d[k] < 1e-6 * d[k + 1]:
+        k += 1
+    eps = float((d[k] + d[k + 1]) / 2)
+    ii, jj = np.nonzero(np.triu(metres <= eps, 1))
+    want = {(int(gids[i]), int(gids[j])) for i, j in zip(ii, jj)}
+    rows = pg_rows(f"SELECT * FROM simjoin_self_join('ggeo', 'id', ARRAY['g'], {eps!r}, 'haversine')")
+    ours = {(a, b) for a, b, _ in rows}
+    theirs = {(a, b) for a, b, _ in pg_rows(
+        f"SELECT a.id, b.id, 0.0 FROM ggeo a JOIN ggeo b ON a.id < b.id AND "
+        f"ST_DWithin(a.g, b.g, {eps!r}, false)")}
+    check(ours == want and len(want) > 1000, f"pg geography: the oracle's pairs ({len(ours)} vs {len(want)})")
+    check(ours == theirs, f"pg geography: ST_DWithin's pairs on the sphere ({len(ours)} vs {len(theirs)})")
+    bad = [(a, b) for a, b, m in rows if abs(m - metres[a - 1, b - 1]) > 1e-6]
+    check(not bad, f"pg geography: distances in metres differ at {bad[:3]}")
+    r = psql("SELECT * FROM simjoin_self_join('ggeo', 'id', ARRAY['g'], 1)", check_rc=False)
+    check(r.returncode != 0 and "haversine" in r.stderr, f"pg geography needs haversine: {r.stderr.strip()!r}")
     r = psql("DROP TABLE IF EXISTS gline; CREATE TABLE gline AS SELECT 1 AS id, "
              "'LINESTRING(0 0, 1 1)'::geometry AS g; "
              "SELECT * FROM simjoin_self_join('gline', 'id', ARRAY['g'], 1)", check_rc=False)
