@@ -189,7 +189,9 @@ macro_rules! names {
                 match s.to_ascii_lowercase().as_str() {
                     $($name => Ok(<$ty>::$variant),)*
                     _ => Err(Error::invalid(format!(
-                        concat!("unknown ", stringify!($ty), " '{}' (expected one of: ", $($name, " ",)* ")"), s))),
+                        concat!("unknown ", stringify!($ty), " '{}' (expected one of: {})"),
+                        s,
+                        [$($name),*].join(", ")))),
                 }
             }
         }

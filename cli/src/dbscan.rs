@@ -146,15 +146,19 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
             "write_seconds": write_seconds,
         });
         println!("{stats}");
-    } else if args.output.is_none() {
+    } else {
         println!(
-            "{} clusters, {} noise points, {} core points of {} in {:.3} s on {}",
+            "{} clusters, {} noise points, {} core points of {} in {:.3} s on {}{}",
             result.clusters,
             result.noise,
             result.core_points,
             data.len(),
             r.seconds,
-            r.backend
+            crate::on(&r.backend, &r.device),
+            args.output.as_ref().map_or(String::new(), |p| format!(
+                "; labels written to {}",
+                p.display()
+            ))
         );
     }
     Ok(())

@@ -218,6 +218,15 @@ fn main() {
     }
 }
 
+/// Where a job ran, said once: "cpu (2 threads)", or "NVIDIA H100 80GB HBM3 (vulkan)".
+fn on(backend: &str, device: &str) -> String {
+    if device.starts_with(backend) {
+        device.to_string()
+    } else {
+        format!("{device} ({backend})")
+    }
+}
+
 /// The process's stop flag: every job carries it, and SIGINT cancels it (the job then
 /// ends within milliseconds, its threads stopped, and the command exits with status 130).
 fn control() -> &'static Control {
@@ -362,7 +371,19 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
             stats["sort_seconds"] = w.sort_seconds.into();
         }
         println!("{stats}");
-    } else if args.output.is_none() {
+    } else if let (Some(path), Some(w)) = (&args.output, written) {
+        // One line saying what was done, as a command should.
+        println!(
+            "wrote {} pairs to {} ({:.1} MB) in {:.3} s: join {:.3} s on {}, writing {:.3} s",
+            report.pairs,
+            path.display(),
+            w.bytes as f64 / 1e6,
+            report.seconds + w.seconds,
+            report.seconds,
+            on(&report.backend, &report.device),
+            w.seconds
+        );
+    } else {
         println!("{}", report.pairs);
     }
     Ok(())
@@ -463,7 +484,7 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
             "write_seconds": write_seconds,
         });
         println!("{stats}");
-    } else if args.output.is_none() {
+    } else {
         let mean_kth = if result.rows > 0 {
             (0..result.rows)
                 .map(|row| result.distance(row, result.k - 1))
@@ -473,8 +494,15 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
             0.0
         };
         println!(
-            "{} query points x {} neighbours in {:.3} s on {} ({}), algorithm {}; mean distance to the k-th neighbour {mean_kth:.6}",
-            result.rows, result.k, r.seconds, r.backend, r.device, r.algorithm
+            "{} query points x {} neighbours in {:.3} s on {}, algorithm {}; mean distance to the k-th neighbour {mean_kth:.6}{}",
+            result.rows,
+            result.k,
+            r.seconds,
+            on(&r.backend, &r.device),
+            r.algorithm,
+            args.output
+                .as_ref()
+                .map_or(String::new(), |p| format!("; written to {}", p.display()))
         );
     }
     Ok(())
@@ -831,8 +859,12 @@ fn run_demo(args: &DemoArgs) -> Result<()> {
     let r = &result.report;
     let pairs = result.pairs().unwrap_or(&[]);
     println!(
-        "Found {} pairs in {:.3} s on {} ({}), algorithm {}, {} batch(es)",
-        r.pairs, r.seconds, r.backend, r.device, r.algorithm, r.batches
+        "Found {} pairs in {:.3} s on {}, algorithm {}, {} batch(es)",
+        r.pairs,
+        r.seconds,
+        on(&r.backend, &r.device),
+        r.algorithm,
+        r.batches
     );
     println!(
         "Selectivity: {:.2} neighbours per point on average",

@@ -925,3 +925,40 @@ fn sigint_stops_the_command_cleanly() {
     assert!(!want.is_empty());
     assert_eq!(read_npy_pairs(&dir.join("pairs.npy")), want);
 }
+
+/// With --output and no --stats, one line says what was done; exit codes are as the README
+/// says (2 for a usage error, from clap).
+#[test]
+fn output_runs_say_what_they_did() {
+    let dir = scratch("says");
+    let x = lcg_points(500, 2, 3);
+    write_npy(&dir.join("p.npy"), &x, &[500, 2], false);
+    let out = stdout_ok(&run(
+        &dir,
+        &[
+            "self-join",
+            "p.npy",
+            "--eps",
+            "0.05",
+            "--backend",
+            "cpu",
+            "-o",
+            "pairs.csv",
+        ],
+    ));
+    let data = Dataset::from_f64(&x, 2).unwrap();
+    let n = oracle::self_join(&data, Metric::Euclidean, 0.05).len();
+    assert!(n > 0);
+    assert!(
+        out.starts_with(&format!("wrote {n} pairs to pairs.csv (")) && out.contains(" on cpu ("),
+        "{out}"
+    );
+    assert_eq!(out.lines().count(), 1, "{out}");
+    let out = run(
+        &dir,
+        &["self-join", "p.npy", "--eps", "0.05", "--metric", "hamming"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chebyshev, cosine, haversine)"), "{err}");
+}

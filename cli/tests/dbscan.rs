@@ -213,7 +213,12 @@ fn tiny_inputs() {
             "l.csv",
         ],
     ));
-    assert!(out.is_empty());
+    // One line says what was done.
+    assert!(
+        out.starts_with("1 clusters, 0 noise points, 1 core points of 1 in ")
+            && out.trim_end().ends_with("; labels written to l.csv"),
+        "{out}"
+    );
     assert_eq!(
         std::fs::read_to_string(dir.join("l.csv")).unwrap(),
         "label\n0\n"
