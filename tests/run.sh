@@ -64,6 +64,9 @@ fi
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.
 (cd /tmp && "$venv/bin/python" -m pytest -q "$root/bindings/python/tests")
 
+echo "== The wheel: built (scripts/build-wheel.sh), installed where cargo is not on PATH, checked"
+bash tests/wheel_smoke.sh
+
 echo "== Randomised differential tests (tests/fuzz/fuzz.py: every backend against an oracle)"
 for what in join knn dbscan; do
   (cd /tmp && "$venv/bin/python" "$root/tests/fuzz/fuzz.py" "$what" --seed 1 --iterations 150)

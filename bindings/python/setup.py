@@ -1,7 +1,9 @@
 """Builds simjoin's Rust C library with cargo and ships it inside the Python package.
 
 The package's version is the Rust crate's (Cargo.toml). Set SIMJOIN_LIBRARY to an existing
-libsimjoin.so to skip the cargo build and bundle that file instead.
+libsimjoin.so to skip the cargo build and bundle that file instead (scripts/build-wheel.sh
+does, for a wheel that installs without Rust). cargo's own progress is shown (pip shows it
+with -v).
 """
 import os
 import re
@@ -57,8 +59,23 @@ class BinaryDistribution(Distribution):
         return True
 
 
+commands = {"build_py": BuildWithCargo}
+try:
+    from wheel.bdist_wheel import bdist_wheel
+
+    class PlatformWheel(bdist_wheel):
+        """One wheel for every Python 3: the library is loaded with ctypes, not built against
+        a Python ABI (py3-none-<platform>)."""
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    commands["bdist_wheel"] = PlatformWheel
+except ImportError:  # building without the wheel package: no wheel to tag
+    pass
+
 setup(
     version=crate_version(),
-    cmdclass={"build_py": BuildWithCargo},
+    cmdclass=commands,
     distclass=BinaryDistribution,
 )
