@@ -5,10 +5,16 @@
 # Python with venv for the bindings' tests; PostgreSQL 15 (server, PGXS headers, PostGIS) and SQLite
 # (shell and extension headers) for the database extensions' tests (tests/db/run.sh).
 # Rust (cargo) must already be installed.
+#   bash scripts/setup-debian.sh            everything the tests need
+#   bash scripts/setup-debian.sh --build    only what building and the demo need (no
+#                                           databases, CMake or Python)
 set -euo pipefail
-packages=(build-essential pkg-config cmake libvulkan1 mesa-vulkan-drivers vulkan-validationlayers
-  libshaderc-dev python3 python3-pip python3-venv
-  postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 sqlite3 libsqlite3-dev)
+packages=(build-essential pkg-config libvulkan1 mesa-vulkan-drivers vulkan-validationlayers
+  libshaderc-dev)
+if [ "${1:-}" != "--build" ]; then
+  packages+=(cmake python3 python3-pip python3-venv
+    postgresql-15 postgresql-server-dev-15 postgresql-15-postgis-3 sqlite3 libsqlite3-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
