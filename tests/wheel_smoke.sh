@@ -8,14 +8,16 @@ root=$PWD
 wheel=$(bash scripts/build-wheel.sh "$root/target/wheel" | tail -1)
 tmp=$(mktemp -d /tmp/simjoin-wheel-smoke.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-# A PATH without cargo or rustc: the wheel must not need them.
+# Rust's own directories off the PATH, and binary packages only: nothing is built.
 export PATH=/usr/local/bin:/usr/bin:/bin
-! command -v cargo >/dev/null || { echo "cargo is still on PATH" >&2; exit 1; }
+if command -v cargo >/dev/null; then
+  echo "-- note: cargo is installed system-wide ($(command -v cargo)); --only-binary keeps pip from building"
+fi
 python3 -m venv "$tmp/venv"
 start=$(date +%s%N)
-"$tmp/venv/bin/pip" install -q "$wheel"
+"$tmp/venv/bin/pip" install -q --only-binary=:all: "$wheel"
 echo "-- pip install of $(basename "$wheel") ($(du -h "$wheel" | cut -f1)): $(( ($(date +%s%N) - start) / 1000000 )) ms"
-"$tmp/venv/bin/pip" install -q scikit-learn
+"$tmp/venv/bin/pip" install -q --only-binary=:all: scikit-learn
 cd "$tmp"
 "$tmp/venv/bin/python" - <<'PY'
 import numpy as np
