@@ -125,8 +125,8 @@ int main(void) {
   x.dtype = 7;
   expect_self_join_error(&x, &opts, SIMJOIN_INVALID_ARGUMENT, "unknown dtype value 7");
   o = opts;
-  o.metric = 3;
-  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown metric value 3");
+  o.metric = 99;
+  expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown metric value 99");
   o = opts;
   o.backend = 9;
   expect_self_join_error(&m, &o, SIMJOIN_INVALID_ARGUMENT, "unknown backend value 9");

@@ -307,6 +307,8 @@ def test_errors(client):
         with pytest.raises(simjoin.InvalidArgumentError, match="eps"):
             sjd.self_join(da.from_array(X, chunks=50), eps)
     with pytest.raises(simjoin.InvalidArgumentError, match="unknown metric"):
+        sjd.self_join(da.from_array(X, chunks=50), 0.1, metric="hamming")
+    with pytest.raises(simjoin.InvalidArgumentError, match="no cosine metric"):
         sjd.self_join(da.from_array(X, chunks=50), 0.1, metric="cosine")
     with pytest.raises(simjoin.InvalidArgumentError, match="dimensions"):
         sjd.join(da.from_array(X, chunks=50), da.zeros((10, 3), chunks=5), 0.1)

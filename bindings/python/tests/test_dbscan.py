@@ -223,7 +223,7 @@ def test_bad_input():
     with pytest.raises(simjoin.InvalidArgumentError, match="not finite"):
         simjoin.dbscan(bad, 0.1, 5)
     with pytest.raises(simjoin.InvalidArgumentError, match="metric"):
-        simjoin.dbscan(X, 0.1, 5, metric="cosine")
+        simjoin.dbscan(X, 0.1, 5, metric="hamming")
     with pytest.raises(simjoin.InvalidArgumentError, match="backend"):
         simjoin.dbscan(X, 0.1, 5, backend="tpu")
     with pytest.raises(simjoin.InvalidArgumentError):

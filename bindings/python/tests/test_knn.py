@@ -118,6 +118,9 @@ def test_errors_and_edges():
     with pytest.raises(simjoin.InvalidArgumentError):
         simjoin.knn(np.array([[0.0, np.nan], [1.0, 1.0]]), 1)
     with pytest.raises(simjoin.InvalidArgumentError):
+        simjoin.knn(X, 2, metric="hamming")
+    # Cosine kNN is not implemented yet: a clear error, not a wrong answer.
+    with pytest.raises(simjoin.Error, match="cosine kNN is not implemented"):
         simjoin.knn(X, 2, metric="cosine")
     with pytest.raises(simjoin.InvalidArgumentError):
         simjoin.knn(X, 2, algorithm="ego")

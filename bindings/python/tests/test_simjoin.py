@@ -134,8 +134,8 @@ def test_errors_carry_the_engine_message():
         simjoin.join(X, np.zeros((4, 3)), 0.1)
     with pytest.raises(simjoin.InvalidArgumentError, match="2-D array"):
         simjoin.self_join(np.zeros(5), 0.1)
-    with pytest.raises(simjoin.InvalidArgumentError, match="unknown metric 'cosine'"):
-        simjoin.self_join(X, 0.1, metric="cosine")
+    with pytest.raises(simjoin.InvalidArgumentError, match="unknown metric 'hamming'"):
+        simjoin.self_join(X, 0.1, metric="hamming")
     with pytest.raises(simjoin.InvalidArgumentError, match="unknown output"):
         simjoin.self_join(X, 0.1, output="dict")
     # eps whose square overflows or underflows the data's precision: an error, not every
