@@ -19,7 +19,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::metric::{check_norm, cosine_within, norm, threshold, Coord};
 use crate::options::{JoinOptions, Metric};
-use crate::result::{push_split, JoinReport, Pair, PairSink};
+use crate::result::{Confirm, JoinReport, Pair, PairSink};
 use rayon::prelude::*;
 
 /// The Euclidean eps under which the normalised copies in precision `T` hold every pair
@@ -70,15 +70,6 @@ struct Rule<'a, T> {
     e: f64,
 }
 
-/// Confirms candidate pairs by the cosine rule and passes the accepted ones on (or only
-/// counts them).
-struct Confirm<'r, 's, T> {
-    rule: Rule<'r, T>,
-    inner: Option<&'s mut dyn PairSink>,
-    candidates: u64,
-    accepted: u64,
-}
-
 impl<T: Coord> Rule<'_, T> {
     fn accepts(&self, [i, j]: Pair) -> bool {
         let (i, j) = (i as usize, j as usize);
@@ -90,27 +81,6 @@ impl<T: Coord> Rule<'_, T> {
             self.nb[j],
             self.e,
         )
-    }
-}
-
-impl<T: Coord> PairSink for Confirm<'_, '_, T> {
-    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        self.candidates += chunk.len() as u64;
-        let rule = &self.rule;
-        // Large chunks (a GPU batch) are confirmed by every engine thread.
-        let kept: Vec<Pair> = if chunk.len() >= 1 << 13 {
-            chunk
-                .par_chunks(1 << 11)
-                .flat_map_iter(|c| c.iter().copied().filter(|&p| rule.accepts(p)))
-                .collect()
-        } else {
-            chunk.iter().copied().filter(|&p| rule.accepts(p)).collect()
-        };
-        self.accepted += kept.len() as u64;
-        match self.inner.as_deref_mut() {
-            Some(inner) => push_split(inner, &kept),
-            None => Ok(()),
-        }
     }
 }
 
@@ -201,12 +171,7 @@ where
         Some(cb) => Some(Dataset::from_rows(cb, dim)?),
         None => None,
     };
-    let mut confirm = Confirm {
-        rule,
-        inner: sink,
-        candidates: 0,
-        accepted: 0,
-    };
+    let mut confirm = Confirm::new(|p| rule.accepts(p), sink);
     let mut report = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),

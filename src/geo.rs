@@ -20,7 +20,7 @@ use crate::metric::{
     check_geo, geo_chord2, geo_chord_threshold, geo_distance_m, geo_unit_vector, threshold, Coord,
 };
 use crate::options::{JoinOptions, Metric};
-use crate::result::{push_split, Distances, JoinReport, Pair, PairSink};
+use crate::result::{Confirm, Distances, JoinReport, Pair, PairSink};
 use rayon::prelude::*;
 
 /// The Euclidean eps under which the vectors hold every pair with `c <= c_thr`.
@@ -68,39 +68,6 @@ fn row(v: &[f64], i: usize) -> &[f64; 3] {
     v[i * 3..i * 3 + 3].try_into().expect("3 coordinates")
 }
 
-/// Confirms candidate pairs by the rule and passes the accepted ones on (or only counts
-/// them).
-struct Confirm<'r, 's> {
-    a: &'r [f64],
-    b: &'r [f64],
-    c_thr: f64,
-    inner: Option<&'s mut dyn PairSink>,
-    candidates: u64,
-    accepted: u64,
-}
-
-impl PairSink for Confirm<'_, '_> {
-    fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
-        self.candidates += chunk.len() as u64;
-        let (a, b, c_thr) = (self.a, self.b, self.c_thr);
-        let accepts = |&[i, j]: &Pair| geo_chord2(row(a, i as usize), row(b, j as usize)) <= c_thr;
-        // Large chunks (a GPU batch) are confirmed by every engine thread.
-        let kept: Vec<Pair> = if chunk.len() >= 1 << 13 {
-            chunk
-                .par_chunks(1 << 11)
-                .flat_map_iter(|c| c.iter().copied().filter(accepts))
-                .collect()
-        } else {
-            chunk.iter().copied().filter(accepts).collect()
-        };
-        self.accepted += kept.len() as u64;
-        match self.inner.as_deref_mut() {
-            Some(inner) => push_split(inner, &kept),
-            None => Ok(()),
-        }
-    }
-}
-
 /// The haversine join `a ⋈ b` (self-join when `b` is None) into `sink` (count only when
 /// None), as `Engine::run` runs any join (after `check_join`).
 pub(crate) fn run(
@@ -128,14 +95,10 @@ pub(crate) fn run(
     euclid.eps = widened_eps(c_thr);
     let da = Dataset::from_f64(&va, 3)?;
     let db = vb.as_deref().map(|v| Dataset::from_f64(v, 3)).transpose()?;
-    let mut confirm = Confirm {
-        a: &va,
-        b: vb.as_deref().unwrap_or(&va),
-        c_thr,
-        inner: sink,
-        candidates: 0,
-        accepted: 0,
-    };
+    let vb_or_a = vb.as_deref().unwrap_or(&va);
+    let accepts =
+        |[i, j]: Pair| geo_chord2(row(&va, i as usize), row(vb_or_a, j as usize)) <= c_thr;
+    let mut confirm = Confirm::new(accepts, sink);
     let mut report = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),
