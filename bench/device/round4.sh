@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Issue 39's device check for a session with 15 device minutes (start included): one call
+# of at most 8 minutes, every step cut by one deadline (BUDGET_S, 440 s) so that what ran
+# comes back packed. In order of what no other session can learn:
+#   1. every GPU test binary on the NVIDIA driver, validation on;
+#   2. low dimensions at 2M (uniform 2-D and 6-D, selectivities 10 and 100): simjoin GPU,
+#      its CPU backend on all cores, `auto`, GDS-Join, in the same run, and the link;
+#   3. exponential 16-D, 32-D, 64-D at 2M, one eps each (selectivity 10), the same four;
+#   4. 16-D at selectivities 1 and 100, while time is left.
+# Rehearse here first (lavapipe, no nvcc: simjoin alone, small sizes):
+#   bash bench/device/pack.sh && OUT=/tmp/devout VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json \
+#     REHEARSE=1 bash bench/device/round4.sh
+# On the device: carry [".device"], run `bash bench/device/round4.sh` with timeout_s 480.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export OUT=${OUT:-/tmp/simjoin-device-out}
+mkdir -p "$OUT"
+deadline=$(($(date +%s) + ${BUDGET_S:-440}))
+pick() { if [ -n "${REHEARSE:-}" ]; then echo "$1"; else echo "$2"; fi; }
+run=bench/device/run.sh
+# A step runs only with 20 s left, and is stopped (with its children) at the deadline.
+step() {
+  local left=$((deadline - $(date +%s)))
+  if [ $left -lt 20 ]; then echo "== skipped (deadline): $*" | tee -a "$OUT/run.log"; return; fi
+  timeout -k 5 $left "$@" || echo "== step ended rc=$? ($((deadline - $(date +%s))) s left): $*" | tee -a "$OUT/run.log"
+}
+step env TEST_TIMEOUT=$(pick 300 120) TEST_JOBS=$(pick 2 10) bash $run tests
+step env REPEATS=1 SIZES=$(pick 20000 2000000) BANDWIDTH_MIB=$(pick 16 1024) bash $run bench low
+for wl in expo-16d expo-32d expo-64d; do
+  step env TAG=${wl#expo-} WORKLOADS=$wl SIZES=$(pick 10000 2000000) SEL=10 REPEATS=1 BANDWIDTH_MIB=16 \
+    COMPARE_TILES=0 RUN_TIMEOUT=$(pick 60 100) BENCH_EXTRA="--in-process-repeat 1 --no-gpu-warmup" bash $run bench high
+done
+step env TAG=16d-sel WORKLOADS=expo-16d SIZES=$(pick 10000 2000000) SEL=1,100 REPEATS=1 BANDWIDTH_MIB=16 \
+  COMPARE_TILES=0 RUN_TIMEOUT=$(pick 60 100) BENCH_EXTRA="--in-process-repeat 1 --no-gpu-warmup" bash $run bench high
+cd "$OUT" && tar czf bench.tgz bench-* 2>/dev/null && rm -rf bench-*
+ls -la "$OUT"
