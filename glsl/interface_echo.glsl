@@ -13,7 +13,7 @@ void main() {
     states[2] = uvec4(TBITS(pc.thr), TBITS(pc.window));
     states[3] = uvec4(TBITS(pc.thr_reject), TBITS(pc.dot_cutoff));
     states[4] = uvec4(FLAG_SELF, FLAG_COUNT, FLAG_SWAP, FLAG_SORTIDU);
-    states[5] = uvec4(FLAG_REORDER, FLAG_DOT_FILTER, 0u, 0u);
+    states[5] = uvec4(FLAG_REORDER, FLAG_DOT_FILTER, pc.stop_lo, pc.stop_hi);
     states[6] = uvec4(TBITS(r_coords[0]), TBITS(q_coords[0]));
     states[7] = uvec4(uint(cell_keys[0]), uint(cell_keys[0] >> 32), cell_ranges[0]);
     states[8] = uvec4(r_ids[0], q_ids[0], q_cells[0], meta[0]);

@@ -12,6 +12,7 @@
 // counters[1], and the host dispatches the batch again: every pair is written exactly once.
 
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_buffer_reference : require
 
 // Workgroup size (spec constant 0) and linear_invocation() for 2-D dispatch grids.
 #include "common.glsl"
@@ -74,9 +75,30 @@ float qn2;
 uint64_t dot_tested = 0ul;   // candidates through the filter in this dispatch
 uint64_t dot_rejected = 0ul; // ... and rejected by it
 
-// Charges `cost` loop iterations; false (and stops) when the budget would be exceeded.
+// The job's stop word (pc.stop_lo/hi): host-visible memory the host sets to 1 when the
+// job is cancelled, so that a long dispatch ends early instead of running to its end. The
+// threads read it every 2^18 charged iterations on a GPU (tens of microseconds of work:
+// a stop waits that long, and the reads cost nothing measurable), every 2^10 on a
+// software device (pc.budget != 0), whose budget allows a few thousand a dispatch. A
+// stopped thread saves its state as for an exhausted budget; the host sees the job
+// cancelled and discards the batch.
+layout(buffer_reference, std430, buffer_reference_align = 4) volatile coherent readonly buffer StopWord { uint word; };
+
+bool stop_asked() {
+    uint64_t at = uint64_t(pc.stop_hi) << 32 | uint64_t(pc.stop_lo);
+    return at != 0ul && StopWord(at).word != 0u;
+}
+
+// Charging `cost` from `used` crosses a stop-word reading point.
+bool stop_check_due(uint cost) {
+    uint shift = pc.budget != 0u ? 10u : 18u;
+    return ((used + cost) >> shift) != (used >> shift);
+}
+
+// Charges `cost` loop iterations; false (and stops) when the budget would be exceeded or
+// the job was stopped.
 bool charge(uint cost) {
-    if (pc.budget != 0u && used + cost > pc.budget) {
+    if ((pc.budget != 0u && used + cost > pc.budget) || (stop_check_due(cost) && stop_asked())) {
         stopped = true;
         return false;
     }

@@ -246,7 +246,8 @@ uint my_adj[K];              // adj_bits[] hold the cell of the group being swep
 bool group_charge(uint cost) {
     uint word = tile_charges & 1u;
     tile_charges += 1u;
-    if (pc.budget != 0u && used + cost > pc.budget) {
+    // Any thread that sees the stop word stops the whole group (as for the budget).
+    if ((pc.budget != 0u && used + cost > pc.budget) || (stop_check_due(cost) && stop_asked())) {
         s_stop[word] = 1u;
     } else {
         used += cost;

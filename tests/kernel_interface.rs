@@ -87,6 +87,8 @@ where
         rank_lo: 22,
         rank_hi: 23,
         k: 24,
+        stop_lo: 25,
+        stop_hi: 26,
         thr: T::from_f64(0.1),
         window: T::from_f64(-2.5e-7),
         thr_reject: T::from_f64(3.75),
@@ -135,6 +137,7 @@ where
         [flags::FLAG_REORDER, flags::FLAG_DOT_FILTER],
         "FLAG_REORDER, FLAG_DOT_FILTER"
     );
+    assert_eq!(seen[5][2..], [p.stop_lo, p.stop_hi], "stop_lo, stop_hi");
     assert_eq!(
         seen[10],
         [p.lists, p.shift, p.radius, p.rank_lo],

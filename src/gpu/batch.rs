@@ -117,6 +117,80 @@ pub(super) struct Run<'a, T: Coord> {
     pub pace: Pace,
     /// The job's stop flag, read before each dispatch, and its progress (batches done).
     pub control: crate::control::Control,
+    /// The stop word the kernels read (`params.stop_lo/hi` hold its address): set when
+    /// the job is stopped while a dispatch runs, so that the dispatch ends early.
+    pub stop: Option<Arc<Buffer>>,
+}
+
+/// How often [`StopWatch`] looks at the job's stop flag.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Raises a job's stop word as soon as the job is stopped, from a thread of its own, so
+/// that the dispatches in flight end early whatever the join's thread is doing (waiting
+/// for a dispatch, reading a timer, delivering pairs). Inert controls (nobody can stop
+/// the job) get no thread. Dropping it ends the thread.
+pub(super) struct StopWatch {
+    done: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StopWatch {
+    pub fn start(control: &crate::control::Control, stop: &Arc<Buffer>) -> StopWatch {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // An inert control reports no progress: it cannot be cancelled.
+        let thread = control.progress().map(|_| {
+            let (control, stop, done) = (control.clone(), stop.clone(), done.clone());
+            std::thread::Builder::new()
+                .name("simjoin-stop".into())
+                .spawn(move || {
+                    while !done.load(std::sync::atomic::Ordering::Acquire) {
+                        if control.is_cancelled() {
+                            // A failed write leaves the dispatches to run to their end.
+                            let _ = raise(&stop);
+                            return;
+                        }
+                        std::thread::park_timeout(STOP_POLL);
+                    }
+                })
+        });
+        StopWatch {
+            done,
+            thread: thread.and_then(|t| t.ok()),
+        }
+    }
+}
+
+impl Drop for StopWatch {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+fn raise(stop: &Buffer) -> Result<()> {
+    stop.write(0, &[1u32])?;
+    // Out of the CPU's write-combining buffers now, not at their leisure.
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    Ok(())
+}
+
+/// A host-visible word for [`Run::stop`], zeroed.
+pub(super) fn stop_word(ctx: &Arc<Context>) -> Result<Arc<Buffer>> {
+    let word = Buffer::new(ctx, 4, Memory::Upload, "join stop word")?;
+    word.write(0, &[0u32])?;
+    Ok(word)
+}
+
+impl<T: Coord> Run<'_, T> {
+    /// Sets the stop word: every dispatch of the job in flight ends early. Once a job
+    /// ends in an error (a stop, a sink's error), the slots it drops wait for their
+    /// dispatches: this makes that wait short.
+    fn raise_stop(&self) -> Result<()> {
+        self.stop.as_deref().map_or(Ok(()), raise)
+    }
 }
 
 /// The per-thread loop budget a paced hardware GPU's first dispatch gets.
@@ -132,12 +206,15 @@ const PACE_START: u32 = 1 << 16;
 /// is paced at `SOFTWARE_DISPATCH_SECONDS` unless asked otherwise: its long dispatches
 /// are what a stopped job waits for.
 pub(super) fn dispatch_target(software: bool) -> Option<f64> {
-    std::env::var("SIMJOIN_GPU_DISPATCH_MS")
+    match std::env::var("SIMJOIN_GPU_DISPATCH_MS")
         .ok()
         .and_then(|v| v.parse::<f64>().ok())
-        .filter(|ms| ms.is_finite() && *ms > 0.0)
-        .map(|ms| ms / 1e3)
-        .or(software.then_some(SOFTWARE_DISPATCH_SECONDS))
+    {
+        Some(ms) if ms.is_finite() && ms > 0.0 => Some(ms / 1e3),
+        // 0: unpaced, a software device too (its loop limit still cuts each dispatch).
+        Some(0.0) => None,
+        _ => software.then_some(SOFTWARE_DISPATCH_SECONDS),
+    }
 }
 
 /// The seconds a software device's search dispatch aims at (see [`dispatch_target`]).
@@ -384,6 +461,36 @@ pub(super) fn estimate<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
+    let r = estimate_pass(
+        run,
+        slot,
+        nq,
+        stride,
+        max_points,
+        batch_points,
+        counts,
+        gpu_seconds,
+    );
+    if r.is_err() {
+        run.raise_stop()?;
+    }
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn estimate_pass<T: Coord>(
+    run: &Run<'_, T>,
+    slot: &mut Slot,
+    nq: usize,
+    stride: usize,
+    max_points: usize,
+    batch_points: Option<usize>,
+    counts: &mut Counts,
+    gpu_seconds: &mut Option<f64>,
+) -> Result<BatchPlan>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
     let n_samples = nq.div_ceil(stride);
     let mut fresh = true;
     loop {
@@ -429,6 +536,24 @@ where
 /// Runs the batches, three in flight (busy slots are completed oldest first), delivering
 /// pairs to `sink` or, without one, only counting them.
 pub(super) fn run_batches<T: Coord>(
+    run: &Run<'_, T>,
+    slots: &mut [Slot],
+    ranges: Vec<Range<u32>>,
+    sink: Option<&mut dyn PairSink>,
+    times: &mut Times,
+    counts: &mut Counts,
+) -> Result<()>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    let r = batch_loop(run, slots, ranges, sink, times, counts);
+    if r.is_err() {
+        run.raise_stop()?;
+    }
+    r
+}
+
+fn batch_loop<T: Coord>(
     run: &Run<'_, T>,
     slots: &mut [Slot],
     ranges: Vec<Range<u32>>,
@@ -568,6 +693,8 @@ where
             .advance(u64::from(!incomplete), counts.pairs - reported);
         reported = counts.pairs;
         if incomplete {
+            // A stopped job's batch is not resumed (its threads may have stopped for that).
+            run.control.check()?;
             // Some queries stopped early: run the batch again; finished queries return at once.
             let push = run.push(&queries, queries.len() as u32, 1, bits);
             let ticket = submit_search(run, slot, s, &push, queries.len(), false, counting)?;
@@ -640,6 +767,10 @@ where
     let bindings = run
         .data
         .bindings(&slot.results, &slot.counters, &slot.states);
+    if let Some(stop) = &run.stop {
+        // The kernel reads it by address, unbound: the frame keeps it alive.
+        slot.stream.keep_alive(stop.clone())?;
+    }
     let stamps = run.timer.as_ref().map(|t| (t, 2 * slot_index as u32));
     if let Some((timer, first)) = stamps {
         slot.stream.timestamp(timer, first)?;

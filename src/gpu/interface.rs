@@ -108,6 +108,8 @@ join_interface! {
         rank_lo: u32, "LSS fill: first output rank of this chunk, low word.";
         rank_hi: u32, "LSS fill: first output rank of this chunk, high word.";
         k: u32, "kNN: neighbours per query.";
+        stop_lo: u32, "Device address of the job's stop word (host-visible, written by the host when the job is cancelled), low word; 0 with stop_hi: none.";
+        stop_hi: u32, "... high word.";
     } then {
         thr: T, "metric::threshold(metric, eps).";
         window: T, "SORTIDU half-window: > any |q_u - r_u| of a matching pair.";

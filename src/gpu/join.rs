@@ -396,6 +396,8 @@ where
     } else {
         prepared.flags
     };
+    let stop = super::batch::stop_word(ctx)?;
+    let _watch = super::batch::StopWatch::start(&opts.control, &stop);
     let run = Run {
         pace,
         control: opts.control.clone(),
@@ -421,7 +423,10 @@ where
             rank_lo: 0,
             rank_hi: 0,
             k: 0,
+            stop_lo: stop.device_address() as u32,
+            stop_hi: (stop.device_address() >> 32) as u32,
         },
+        stop: Some(stop),
     };
     let mut counts = Counts {
         per_query: per_point.as_ref().map(|_| vec![0u32; nq]),

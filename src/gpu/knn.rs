@@ -198,7 +198,7 @@ where
     let self_knn = job.query.is_none();
     let words = (size_of::<T>() / 4) as u64;
     let mut lss = Lss::new(ctx, data.dim(), metric)?;
-    lss.control = job.opts.control.clone();
+    lss.watch(&job.opts.control);
     for mode in [MODE_KNN_BOUND, MODE_SEARCH, MODE_COUNT] {
         lss.check_budget(mode, 0)?;
     }
@@ -389,7 +389,7 @@ where
     let (data, k) = (job.data, job.k);
     let words = (size_of::<T>() / 4) as u64;
     let mut lss = Lss::new(ctx, data.dim(), job.opts.metric)?;
-    lss.control = job.opts.control.clone();
+    lss.watch(&job.opts.control);
     let log_k = usize::BITS - k.leading_zeros() + 1;
     lss.check_budget(MODE_KNN_BRUTE, log_k)?;
     let t = Instant::now();

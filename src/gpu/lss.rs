@@ -73,7 +73,11 @@ pub(super) struct Lss<'c> {
     pub dispatches: usize,
     pub resumed: usize,
     /// The job's stop flag, read before each submission.
-    pub control: crate::control::Control,
+    control: crate::control::Control,
+    /// The stop word the kernels read while they run (see batch::StopWatch), raised by
+    /// `watch` once the job is stopped.
+    stop: Arc<Buffer>,
+    watch: Option<super::batch::StopWatch>,
 }
 
 /// The buffers of one dispatch, bound at `interface::binding` numbers; `None` binds the
@@ -114,7 +118,16 @@ impl<'c> Lss<'c> {
             dispatches: 0,
             resumed: 0,
             control: Default::default(),
+            stop: super::batch::stop_word(ctx)?,
+            watch: None,
         })
+    }
+
+    /// The job's control: read before each submission, and a stop ends the dispatches in
+    /// flight early.
+    pub fn watch(&mut self, control: &crate::control::Control) {
+        self.watch = Some(super::batch::StopWatch::start(control, &self.stop));
+        self.control = control.clone();
     }
 
     /// Fails on a software device whose loop budget cannot fit the least work a thread of
@@ -210,6 +223,10 @@ impl<'c> Lss<'c> {
         // submission should (threads out of budget resume: time is bounded, not results).
         let least = self.least(mode, params.log_cells).min(self.budget);
         let mut params = *params;
+        let at = self.stop.device_address();
+        (params.stop_lo, params.stop_hi) = (at as u32, (at >> 32) as u32);
+        // The kernels read the stop word by address, unbound: the frames keep it alive.
+        self.stream.keep_alive(self.stop.clone())?;
         let mut repeats = 1;
         loop {
             // `finish` below waited for every dispatch: nothing is in flight here.
@@ -225,6 +242,8 @@ impl<'c> Lss<'c> {
             }
             self.stream.finish()?;
             self.dispatches += repeats;
+            // Threads that saw the stop word stopped unfinished: never a complete answer.
+            self.control.check()?;
             if self.budget == 0 || self.counters()?[1] == 0 {
                 return Ok(());
             }
@@ -518,6 +537,8 @@ pub(super) fn params_zero<T: Coord>() -> JoinParams<T> {
         rank_lo: 0,
         rank_hi: 0,
         k: 0,
+        stop_lo: 0,
+        stop_hi: 0,
     }
 }
 
@@ -723,7 +744,7 @@ where
     let dim = r.dim();
     let mut ph = Phases::default();
     let mut lss = Lss::new(ctx, dim, opts.metric)?;
-    lss.control = opts.control.clone();
+    lss.watch(&opts.control);
     for mode in [MODE_SEARCH, MODE_COUNT] {
         lss.check_budget(mode, 0)?;
     }

@@ -1,0 +1,62 @@
+//! A stop ends the GPU dispatch in flight, not only the batches after it: the join
+//! kernels read the job's stop word (glsl/join_common.glsl) while they run. On a hardware
+//! GPU one dispatch of a high-dimensional join runs for seconds (H200, 2026-11-27: a stop
+//! waited 484 ms for one); here lavapipe's dispatches are made as long by turning its
+//! pacing off (`SIMJOIN_GPU_DISPATCH_MS=0`, read per join, hence a binary of its own) and
+//! giving each batch 64k queries. Validation on; a validation error fails it.
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use common::Rng;
+use simjoin::{Algorithm, Backend, Control, Dataset, Engine, ErrorKind, JoinOptions, OutputForm};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[test]
+fn a_stop_ends_the_dispatch_in_flight() {
+    common::gpu_test_setup();
+    // SAFETY (of the environment): this binary's only test, set before any engine exists.
+    std::env::set_var("SIMJOIN_GPU_DISPATCH_MS", "0");
+    let e = Arc::new(Engine::new());
+    let mut rng = Rng(11);
+    // 16-D uniform at eps 0.25: no pairs, every query compares with nearly every point.
+    let x: Arc<Vec<f32>> = Arc::new((0..120_000 * 16).map(|_| rng.unit() as f32).collect());
+    for (algorithm, output) in [
+        (Algorithm::Grid, OutputForm::Pairs),
+        (Algorithm::Brute, OutputForm::Count),
+    ] {
+        let mut o = JoinOptions::new(0.25);
+        o.backend = Backend::Gpu;
+        o.algorithm = algorithm;
+        o.output = output;
+        o.batch_points = Some(1 << 16);
+        let control = Control::new();
+        o.control = control.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let job = {
+            let (e, x) = (e.clone(), x.clone());
+            std::thread::spawn(move || {
+                let r = e.self_join(&Dataset::from_f32(&x, 16)?, &o).map(|_| ());
+                tx.send(Instant::now()).unwrap();
+                r
+            })
+        };
+        std::thread::sleep(Duration::from_millis(1500));
+        let asked = Instant::now();
+        let stage = control.progress().map(|p| p.stage.to_string());
+        control.cancel();
+        let ended = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the join ended");
+        let r = job.join().unwrap();
+        let latency = ended.saturating_duration_since(asked);
+        eprintln!("{algorithm} {output:?}: stopped in stage {stage:?}, returned {latency:?} after the stop");
+        assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
+        assert!(
+            latency < Duration::from_millis(250),
+            "{algorithm} {output:?}: returned {latency:?} after the stop"
+        );
+    }
+    common::assert_no_validation_errors();
+}
