@@ -10,7 +10,7 @@ Workloads (unit vectors; the structure is stated in each row's name):
 - dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector).
 eps is a cosine distance (1 - cos); each row's gives a few neighbours per vector.
 
-    python3 bench/embed_bench.py [--quick] [--threads N]
+    python3 bench/embed_bench.py [--quick] [--threads N] [--knn]
 """
 import argparse
 import os
@@ -76,11 +76,43 @@ def sklearn_pairs(x, eps, threads):
     return np.stack([r[keep], c[keep]], axis=1)
 
 
+def knn_rows(work, threads, k=10):
+    """Cosine kNN (k nearest by 1 - cos, each vector's own row left out) against FAISS
+    IndexFlatIP.search (k + 1, itself dropped): (name, n, dim, simjoin s, FAISS s, share of
+    neighbour ids that agree)."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    out = []
+    for name, n, dim, centres, spread, _ in work:
+        x = make(name, n, dim, centres, spread)
+        sj_s, (_, ids) = timed(lambda: simjoin.knn(x, k, metric="cosine", threads=threads))
+
+        def flat():
+            index = faiss.IndexFlatIP(dim)
+            index.add(x)
+            return index.search(x, k + 1)[1][:, 1:]
+
+        fa_s, fids = timed(flat)
+        out.append((name, n, dim, sj_s, fa_s, float(np.mean(fids == ids))))
+        print(f"{name} kNN: simjoin {sj_s:.2f} s, FAISS {fa_s:.2f} s", file=sys.stderr, flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two workloads, no scikit-learn")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--knn", action="store_true", help="cosine kNN (k = 10) instead of joins")
     args = ap.parse_args()
+    if args.knn:
+        work = [w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "sphere-384d")]
+        print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
+        print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
+        print("|---|---|---|---|---|---|---|")
+        for name, n, dim, sj_s, fa_s, agree in knn_rows(work, args.threads):
+            print(f"| {name} | {n:,} | {dim} | {sj_s:.2f} | {fa_s:.2f} | {fa_s / sj_s:.2f}x | {agree:.4f} |")
+        return
     rows = []
     work = WORKLOADS[:2] if args.quick else WORKLOADS
     for name, n, dim, centres, spread, eps in work:

@@ -390,7 +390,7 @@ typedef struct simjoin_dbscan_report {
 #define SIMJOIN_METRIC_CHEBYSHEV 2
 
 /**
- * Cosine distance, 1 - cos(a, b): eps-joins and DBSCAN (not kNN yet); zero vectors are
+ * Cosine distance, 1 - cos(a, b): eps-joins, kNN and DBSCAN; zero vectors are
  * SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
  */
 #define SIMJOIN_METRIC_COSINE 3

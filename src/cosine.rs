@@ -250,6 +250,220 @@ fn grouped<'d, T: Coord>(
     }))
 }
 
+/// The cosine kNN (`Metric::Cosine`): every query's k nearest data rows by the rule's
+/// distance (`metric::cosine_distance`, f64), ties by index, a self-kNN excluding the row
+/// itself, as `knn.rs` defines the answer for every metric.
+///
+/// How: the Euclidean kNN of the normalised copies at k' > k gives candidates, ranked
+/// exactly by the rule. A row is certain when its k-th exact distance c_k is below what
+/// any other row can reach: every non-candidate's copies are at least the k'-th
+/// candidate's Euclidean distance apart, so (rounding bounded as in the module's proof) its
+/// real cosine distance is at least L^2 / 2 and its computed one at least L^2 / 2 - delta.
+/// The rows that are not certain (near-duplicates and ties at the k'-th place) are answered
+/// by a cosine join of those queries at eps c_k (widened for rounding) with the data: it
+/// holds every row within c_k, so their k nearest among its candidates are exact.
+pub(crate) fn knn(
+    engine: &Engine,
+    data: &Dataset,
+    query: Option<&Dataset>,
+    k: usize,
+    opts: &crate::knn::KnnOptions,
+) -> Result<crate::knn::KnnResult> {
+    match (data.coords(), query.map(|q| q.coords())) {
+        (Coords::F32(x), None) => knn_typed(engine, x, None, data.dim(), k, opts),
+        (Coords::F64(x), None) => knn_typed(engine, x, None, data.dim(), k, opts),
+        (Coords::F32(x), Some(Coords::F32(y))) => {
+            knn_typed(engine, x, Some(y), data.dim(), k, opts)
+        }
+        (Coords::F64(x), Some(Coords::F64(y))) => {
+            knn_typed(engine, x, Some(y), data.dim(), k, opts)
+        }
+        _ => Err(crate::error::Error::invalid(
+            "data and queries must have the same precision (both f32 or both f64)",
+        )),
+    }
+}
+
+/// Extra candidates the Euclidean pass asks for beyond k.
+fn knn_extra(k: usize) -> usize {
+    (k / 2).max(16)
+}
+
+fn knn_typed<T: Coord>(
+    engine: &Engine,
+    x: &[T],
+    q: Option<&[T]>,
+    dim: usize,
+    k: usize,
+    opts: &crate::knn::KnnOptions,
+) -> Result<crate::knn::KnnResult>
+where
+    for<'x> Dataset<'x>: FromRows<'x, T>,
+{
+    use crate::result::Distances;
+    let start = std::time::Instant::now();
+    let (nx, nq, cx, cq) = engine.install(|| -> Result<_> {
+        let nx = norms(x, dim)?;
+        let nq = q.map(|q| norms(q, dim)).transpose()?;
+        let cx = normalised(x, dim, &nx);
+        let cq = q.zip(nq.as_ref()).map(|(q, nq)| normalised(q, dim, nq));
+        Ok((nx, nq, cx, cq))
+    })??;
+    opts.control.check()?;
+    let prepared = start.elapsed().as_secs_f64();
+    let rows_q: &[T] = q.unwrap_or(x);
+    let norms_q: &[f64] = nq.as_deref().unwrap_or(&nx);
+    let n = nx.len();
+    let rows = norms_q.len();
+    let candidates = n - usize::from(q.is_none() && n > 0);
+    // The Euclidean pass checks k against the candidates, dimensions, k = 0 and the like.
+    let wide = (k + knn_extra(k)).min(candidates.max(k));
+    let dx = Dataset::from_rows(&cx, dim)?;
+    let dq = cq
+        .as_deref()
+        .map(|c| Dataset::from_rows(c, dim))
+        .transpose()?;
+    let mut euclid = opts.clone();
+    euclid.metric = Metric::Euclidean;
+    let first = engine.knn(&dx, dq.as_ref(), wide, &euclid)?;
+    let dist = |r: usize, j: usize| {
+        crate::metric::cosine_distance(
+            &rows_q[r * dim..(r + 1) * dim],
+            &x[j * dim..(j + 1) * dim],
+            norms_q[r],
+            nx[j],
+        )
+    };
+    // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
+    // as reported: sqrt of the accumulator in T) apart.
+    let d = dim as f64;
+    let u64_ = f64::EPSILON / 2.0;
+    let min_t = if T::UNIT_ROUNDOFF > 1e-10 {
+        f32::MIN_POSITIVE as f64
+    } else {
+        f64::MIN_POSITIVE
+    };
+    let delta = (4.0 * d + 32.0) * u64_;
+    let reach = |far: f64| -> f64 {
+        let acc = far * far * (1.0 - 4.0 * T::UNIT_ROUNDOFF);
+        let real = (acc / (1.0 + (d + 4.0) * T::UNIT_ROUNDOFF)).sqrt();
+        let l = real - 2.0 * (2.0 * T::UNIT_ROUNDOFF + (d + 4.0) * u64_ + d.sqrt() * min_t);
+        if l <= 0.0 {
+            f64::NEG_INFINITY
+        } else {
+            l * l / 2.0 - delta
+        }
+    };
+    let all_candidates = wide >= candidates;
+    // Each row: its k nearest among the candidates, exactly ranked, and whether certain.
+    let ranked: Vec<(Vec<(f64, u32)>, bool)> = engine.install(|| {
+        (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let ids = first.row(r);
+                let mut c: Vec<(f64, u32)> =
+                    ids.iter().map(|&j| (dist(r, j as usize), j)).collect();
+                c.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                c.truncate(k);
+                let certain = all_candidates
+                    || c.last()
+                        .is_some_and(|&(ck, _)| ck < reach(first.distance(r, wide - 1)));
+                (c, certain)
+            })
+            .collect()
+    })?;
+    opts.control.check()?;
+    let unsure: Vec<usize> = (0..rows).filter(|&r| !ranked[r].1).collect();
+    let mut ranked: Vec<Vec<(f64, u32)>> = ranked.into_iter().map(|(c, _)| c).collect();
+    let mut notes = vec![format!(
+        "cosine kNN: a Euclidean kNN of the normalised vectors at k' = {wide} ranked by the          cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
+        rows - unsure.len()
+    )];
+    if !unsure.is_empty() {
+        // One cosine join of the uncertain queries at the largest of their k-th distances.
+        let worst = unsure
+            .iter()
+            .map(|&r| ranked[r].last().map_or(2.0, |c| c.0))
+            .fold(0.0f64, f64::max);
+        let e = (worst + 4.0 * delta).max(1e-12);
+        let sub: Vec<T> = unsure
+            .iter()
+            .flat_map(|&r| rows_q[r * dim..(r + 1) * dim].iter().copied())
+            .collect();
+        let mut found: Vec<Vec<(f64, u32)>> = vec![Vec::new(); unsure.len()];
+        if e < 2.0 {
+            let ds = Dataset::from_rows(&sub, dim)?;
+            let dx = Dataset::from_rows(x, dim)?;
+            let mut jo = JoinOptions::new(e);
+            jo.metric = Metric::Cosine;
+            jo.backend = opts.backend;
+            jo.control = opts.control.clone();
+            let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
+                for &[i, j] in chunk {
+                    found[i as usize].push((0.0, j));
+                }
+                Ok(())
+            };
+            engine.join_stream(&ds, &dx, &jo, &mut sink)?;
+        } else {
+            // Every row is within reach: all of them are candidates.
+            for f in &mut found {
+                f.extend((0..n as u32).map(|j| (0.0, j)));
+            }
+        }
+        let done: Vec<Vec<(f64, u32)>> = engine.install(|| {
+            found
+                .into_par_iter()
+                .zip(unsure.par_iter())
+                .map(|(mut f, &r)| {
+                    if q.is_none() {
+                        f.retain(|&(_, j)| j as usize != r);
+                    }
+                    for c in &mut f {
+                        c.0 = dist(r, c.1 as usize);
+                    }
+                    f.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    f.truncate(k);
+                    f
+                })
+                .collect()
+        })?;
+        for (r, f) in unsure.iter().zip(done) {
+            debug_assert_eq!(f.len(), k);
+            ranked[*r] = f;
+        }
+        notes.push(format!(
+            "cosine kNN: {} rows joined at eps {e:.3e}",
+            unsure.len()
+        ));
+    }
+    let indices: Vec<u32> = ranked.iter().flat_map(|c| c.iter().map(|e| e.1)).collect();
+    // Reported in the input precision, as every kNN's distances are.
+    let distances = if T::UNIT_ROUNDOFF > 1e-10 {
+        Distances::F32(
+            ranked
+                .iter()
+                .flat_map(|c| c.iter().map(|e| e.0 as f32))
+                .collect(),
+        )
+    } else {
+        Distances::F64(ranked.iter().flat_map(|c| c.iter().map(|e| e.0)).collect())
+    };
+    let mut report = first.report;
+    report
+        .phases
+        .insert(0, ("cosine: norms and normalised copies".into(), prepared));
+    report.notes.extend(notes);
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(crate::knn::KnnResult {
+        rows,
+        k,
+        indices,
+        distances,
+        report,
+    })
+}
+
 /// A dataset over rows of `T` (f32 or f64).
 pub(crate) trait FromRows<'x, T> {
     fn from_rows(x: &'x [T], dim: usize) -> Result<Dataset<'x>>;

@@ -184,6 +184,10 @@ impl Engine {
             // The Euclidean kNN of the f64 unit vectors, distances in metres (geo.rs).
             return crate::geo::knn(self, data, query, k, opts);
         }
+        if opts.metric == crate::options::Metric::Cosine {
+            // The Euclidean kNN of the normalised vectors, re-ranked by the rule (cosine.rs).
+            return crate::cosine::knn(self, data, query, k, opts);
+        }
         let start = Instant::now();
         let job = KnnJob::new(data, query, k, opts)?;
         opts.control.begin();

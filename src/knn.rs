@@ -82,13 +82,6 @@ impl<'a> KnnJob<'a> {
         opts: &'a KnnOptions,
     ) -> Result<Self> {
         crate::options::check_lss_lists(opts.lss_lists)?;
-        if opts.metric == crate::options::Metric::Cosine {
-            // Ranking by cosine exactly (ties by index) needs its own search; until then
-            // the vectors normalised give the same order under Euclidean up to rounding.
-            return Err(Error::unsupported(
-                "cosine kNN is not implemented yet: normalise the vectors and use euclidean",
-            ));
-        }
         if matches!(opts.algorithm, Algorithm::Ego) {
             return Err(Error::invalid(
                 "'ego' is an eps-join algorithm; kNN uses auto, kdtree, grid, lss or brute",

@@ -54,7 +54,8 @@ pub fn join(a: &Dataset, b: &Dataset, metric: Metric, eps: f64) -> Vec<Pair> {
 
 /// Brute-force kNN: for each query (each data point when `query` is None, itself
 /// excluded), the k nearest data points by (accumulator, index) as `knn.rs` defines, with
-/// their reported distances widened to f64. Row-major `rows x k`.
+/// their reported distances widened to f64. Row-major `rows x k`. Cosine ranks by the
+/// rule's f64 distance (`metric::cosine_distance`).
 pub fn knn(
     data: &Dataset,
     query: Option<&Dataset>,
@@ -73,12 +74,16 @@ pub fn knn(
         for (r, qp) in qs.chunks_exact(dim).enumerate() {
             // The ranking key widened to f64 (exact, so the order is the accumulator's);
             // haversine ranks by its f64 chord squared whatever the input precision.
-            let key = |p: &[T]| {
-                if metric == Metric::Haversine {
-                    geo_chord2(&geo_row(qp), &geo_row(p))
-                } else {
-                    distance_acc(metric, qp, p).to_f64()
-                }
+            let key = |p: &[T]| match metric {
+                Metric::Haversine => geo_chord2(&geo_row(qp), &geo_row(p)),
+                // The rule's f64 distance (cosine has no per-dimension accumulator).
+                Metric::Cosine => crate::metric::cosine_distance(
+                    qp,
+                    p,
+                    crate::metric::norm(qp),
+                    crate::metric::norm(p),
+                ),
+                _ => distance_acc(metric, qp, p).to_f64(),
             };
             let mut all: Vec<(f64, u32)> = x
                 .chunks_exact(dim)

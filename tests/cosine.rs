@@ -3,8 +3,10 @@
 //! duplicates and scalar multiples (cosine 1), orthogonal pairs at eps 1 and pairs a hair
 //! either side of it, opposite vectors, 2-D to 384-D, f32 and f64; every CPU algorithm and,
 //! with the `gpu` feature, the GPU on lavapipe (validation on); pairs, counts, CSR with
-//! distances, A ⋈ B, streams and neighbour counts; zero vectors refused; cosine kNN
-//! reported as not implemented.
+//! distances, A ⋈ B, streams and neighbour counts; zero vectors refused. Cosine kNN
+//! (self and A ⋈ B, ties by index) against the brute-force kNN under the rule, rows with
+//! many exact duplicates and scalar multiples included (the rows the Euclidean pass cannot
+//! certify).
 
 mod common;
 
@@ -225,7 +227,112 @@ fn zero_vectors_and_knn_are_refused_clearly() {
         ..Default::default()
     };
     let e = engine().knn(&data, None, 1, &o).unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::Unsupported);
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+    assert!(e.to_string().contains("row 1 is a zero vector"), "{e}");
+}
+
+fn check_knn(data: &Dataset, query: Option<&Dataset>, k: usize, backend: Backend) {
+    let o = KnnOptions {
+        metric: Metric::Cosine,
+        backend,
+        ..Default::default()
+    };
+    let got = engine().knn(data, query, k, &o).unwrap();
+    let (idx, dist) = oracle::knn(data, query, k, Metric::Cosine);
+    let what = format!(
+        "{backend:?} n={} dim={} k={k} ab={}",
+        data.len(),
+        data.dim(),
+        query.is_some()
+    );
+    assert_eq!(got.indices, idx, "{what}: indices");
+    let d: Vec<f64> = (0..got.rows)
+        .flat_map(|r| (0..k).map(move |c| (r, c)))
+        .map(|(r, c)| got.distance(r, c))
+        .collect();
+    assert_eq!(d, dist, "{what}: distances");
+}
+
+#[test]
+fn knn_ranks_by_the_rule() {
+    let mut rng = Rng(41);
+    for (n, dim, centres, spread) in [(600usize, 3usize, 4usize, 0.05), (500, 64, 8, 0.3)] {
+        let x = directions(&mut rng, n, dim, centres, spread);
+        let q = directions(&mut rng, 70, dim, centres, spread);
+        let x32 = as_f32(&x);
+        let q32 = as_f32(&q);
+        for k in [1usize, 5, 40] {
+            let d64 = Dataset::from_f64(&x, dim).unwrap();
+            let dq64 = Dataset::from_f64(&q, dim).unwrap();
+            check_knn(&d64, None, k, Backend::Cpu);
+            check_knn(&d64, Some(&dq64), k, Backend::Cpu);
+            let d32 = Dataset::from_f32(&x32, dim).unwrap();
+            let dq32 = Dataset::from_f32(&q32, dim).unwrap();
+            check_knn(&d32, None, k, Backend::Cpu);
+            check_knn(&d32, Some(&dq32), k, Backend::Cpu);
+        }
+    }
+}
+
+/// Heavy duplicates: 150 copies of one direction (with scalar multiples) among 400 rows,
+/// so a row's k' Euclidean candidates are all at distance ~0 and its rank rests on the
+/// rule's ties by index: the uncertain rows' path (a cosine join at c_k).
+#[test]
+fn knn_with_many_duplicates_is_exact() {
+    let mut rng = Rng(43);
+    let dim = 8;
+    let base: Vec<f64> = (0..dim).map(|_| rng.normal()).collect();
+    let mut x = Vec::new();
+    for i in 0..400 {
+        if i % 8 < 3 {
+            let f = [1.0, 0.5, 3.0][i % 3];
+            x.extend(base.iter().map(|v| v * f));
+        } else {
+            x.extend((0..dim).map(|_| rng.normal()));
+        }
+    }
+    let data = Dataset::from_f64(&x, dim).unwrap();
+    for k in [1usize, 20, 60] {
+        check_knn(&data, None, k, Backend::Cpu);
+        check_knn(&data, Some(&data), k, Backend::Cpu);
+    }
+    let got = engine()
+        .knn(
+            &data,
+            None,
+            20,
+            &KnnOptions {
+                metric: Metric::Cosine,
+                backend: Backend::Cpu,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(
+        got.report
+            .notes
+            .iter()
+            .any(|n| n.contains("rows joined at eps")),
+        "the duplicates went through the uncertain rows' path: {:?}",
+        got.report.notes
+    );
+}
+
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_knn_ranks_by_the_rule() {
+    common::gpu_test_setup();
+    let mut rng = Rng(47);
+    let dim = 16;
+    let x = directions(&mut rng, 400, dim, 4, 0.2);
+    let d = Dataset::from_f64(&x, dim).unwrap();
+    let x32 = as_f32(&x);
+    let d32 = Dataset::from_f32(&x32, dim).unwrap();
+    for k in [1usize, 12] {
+        check_knn(&d, None, k, Backend::Gpu);
+        check_knn(&d32, None, k, Backend::Gpu);
+    }
+    common::assert_no_validation_errors();
 }
 
 /// Neighbour counts (the point itself included) from the confirmed pairs.

@@ -20,7 +20,7 @@ pub type simjoin_metric = u32;
 pub const SIMJOIN_METRIC_EUCLIDEAN: simjoin_metric = 0;
 pub const SIMJOIN_METRIC_MANHATTAN: simjoin_metric = 1;
 pub const SIMJOIN_METRIC_CHEBYSHEV: simjoin_metric = 2;
-/// Cosine distance, 1 - cos(a, b): eps-joins and DBSCAN (not kNN yet); zero vectors are
+/// Cosine distance, 1 - cos(a, b): eps-joins, kNN and DBSCAN; zero vectors are
 /// SIMJOIN_INVALID_ARGUMENT. Added in 0.3.
 pub const SIMJOIN_METRIC_COSINE: simjoin_metric = 3;
 /// Great-circle distance on a sphere of the mean Earth radius (6,371,008.8 m): points are

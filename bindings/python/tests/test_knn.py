@@ -119,9 +119,9 @@ def test_errors_and_edges():
         simjoin.knn(np.array([[0.0, np.nan], [1.0, 1.0]]), 1)
     with pytest.raises(simjoin.InvalidArgumentError):
         simjoin.knn(X, 2, metric="hamming")
-    # Cosine kNN is not implemented yet: a clear error, not a wrong answer.
-    with pytest.raises(simjoin.Error, match="cosine kNN is not implemented"):
-        simjoin.knn(X, 2, metric="cosine")
+    # Cosine kNN: zero vectors are an error.
+    with pytest.raises(simjoin.InvalidArgumentError, match="zero vector"):
+        simjoin.knn(np.vstack([X, np.zeros((1, X.shape[1]))]), 2, metric="cosine")
     with pytest.raises(simjoin.InvalidArgumentError):
         simjoin.knn(X, 2, algorithm="ego")
     with pytest.raises(simjoin.InvalidArgumentError):
@@ -135,3 +135,20 @@ def test_errors_and_edges():
     d, i = simjoin.knn([[0.0, 0.0], [3.0, 4.0]], 1)
     np.testing.assert_array_equal(i, [[1], [0]])
     np.testing.assert_array_equal(d, [[5.0], [5.0]])
+
+
+def test_cosine_knn_matches_a_brute_force_ranking():
+    # Random directions (no near-ties), scaled: cosine ignores the norms.
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 24)) * rng.uniform(0.1, 10, size=(300, 1))
+    Q = rng.normal(size=(40, 24))
+    d, i = simjoin.knn(X, 7, query=Q, metric="cosine")
+    u = X / np.linalg.norm(X, axis=1, keepdims=True)
+    v = Q / np.linalg.norm(Q, axis=1, keepdims=True)
+    full = 1.0 - v @ u.T
+    want = np.argsort(full, axis=1, kind="stable")[:, :7]
+    np.testing.assert_array_equal(i, want)
+    np.testing.assert_allclose(d, np.take_along_axis(full, want, axis=1), rtol=0, atol=1e-12)
+    # Self-kNN leaves each row out.
+    d, i = simjoin.knn(X, 3, metric="cosine")
+    assert not (i == np.arange(300)[:, None]).any()
