@@ -106,8 +106,9 @@ typedef uint32_t simjoin_dtype;
 
 /**
  * A borrowed row-major point set: point i is `data[i*cols .. (i+1)*cols]`, in `float`
- * (SIMJOIN_DTYPE_F32) or `double` (SIMJOIN_DTYPE_F64). `data` may be NULL only when
- * `rows == 0`. simjoin reads it during the call only and never keeps it.
+ * (SIMJOIN_DTYPE_F32), `double` (SIMJOIN_DTYPE_F64) or binary16 (SIMJOIN_DTYPE_F16).
+ * `data` may be NULL only when `rows == 0`. simjoin reads it during the call only and
+ * never keeps it.
  */
 typedef struct simjoin_matrix {
   const void *data;
@@ -382,6 +383,13 @@ typedef struct simjoin_dbscan_report {
 #define SIMJOIN_DTYPE_F32 0
 
 #define SIMJOIN_DTYPE_F64 1
+
+/**
+ * IEEE binary16 (`_Float16`, NumPy's `float16`) as its 16-bit patterns: input only,
+ * widened exactly to `float` for the call (a copy of 2x the input's size, freed when the
+ * call returns), so results (distances) come back as SIMJOIN_DTYPE_F32. Added in 0.3.
+ */
+#define SIMJOIN_DTYPE_F16 2
 
 #define SIMJOIN_METRIC_EUCLIDEAN 0
 

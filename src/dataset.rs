@@ -100,3 +100,15 @@ impl<'a> Dataset<'a> {
         }
     }
 }
+
+/// Float16 coordinates (IEEE binary16 bit patterns, as NumPy's `float16` and C's
+/// `_Float16` store them) widened to f32, exactly: the engine computes them in f32. NaN
+/// and infinities stay so, and [`Dataset::new`] refuses them as for any input.
+pub fn widen_f16(bits: &[u16]) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out = Vec::with_capacity(bits.len());
+    bits.par_iter()
+        .map(|&b| half::f16::from_bits(b).to_f32())
+        .collect_into_vec(&mut out);
+    out
+}

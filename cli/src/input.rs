@@ -1,4 +1,4 @@
-//! Reading point sets: .npy (2-D f32/f64), .csv/.txt (comma or whitespace separated, optional
+//! Reading point sets: .npy (2-D f16/f32/f64; f16 widened to f32), .csv/.txt (comma or whitespace separated, optional
 //! header line) and .fvecs. Every malformed input is a clear error, never a panic.
 
 use anyhow::{bail, Context, Result};
@@ -106,11 +106,24 @@ fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
     let width = match npy.dtype() {
         DType::Plain(t) if t.type_char() == TypeChar::Float => t.size_field(),
         other => bail!(
-            "unsupported dtype {} (expected float32 or float64)",
+            "unsupported dtype {} (expected float16, float32 or float64)",
             other.descr()
         ),
     };
     let points = match width {
+        // float16: widened exactly to f32, as the library widens its float16 input.
+        2 => Points::F32 {
+            data: row_major(
+                npy.into_vec::<half::f16>()?
+                    .iter()
+                    .map(|v| v.to_f32())
+                    .collect(),
+                rows,
+                cols,
+                fortran,
+            ),
+            dim: cols,
+        },
         4 => Points::F32 {
             data: row_major(npy.into_vec::<f32>()?, rows, cols, fortran),
             dim: cols,
@@ -119,7 +132,7 @@ fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
             data: row_major(npy.into_vec::<f64>()?, rows, cols, fortran),
             dim: cols,
         },
-        w => bail!("unsupported float width {w} bytes (expected float32 or float64)"),
+        w => bail!("unsupported float width {w} bytes (expected float16, float32 or float64)"),
     };
     if cols == 0 {
         bail!("the array has 0 columns: points need at least one dimension");

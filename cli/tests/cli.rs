@@ -200,9 +200,20 @@ fn npy_f32_f64_and_fortran_order() {
         Metric::Euclidean,
         0.15,
     );
+    // float16: read and joined as its exact f32 widening.
+    let pts16: Vec<half::f16> = pts.iter().map(|&x| half::f16::from_f64(x)).collect();
+    write_npy(&dir.join("f16.npy"), &pts16, &[300, 4], false);
+    let widened: Vec<f32> = pts16.iter().map(|v| v.to_f32()).collect();
+    let want16 = oracle::self_join(
+        &Dataset::from_f32(&widened, 4).unwrap(),
+        Metric::Euclidean,
+        0.15,
+    );
+    assert_ne!(want16, want32, "float16's rounding moves some pairs");
     for (file, want) in [
         ("f64.npy", &want64),
         ("f32.npy", &want32),
+        ("f16.npy", &want16),
         ("fortran.npy", &want64),
     ] {
         stdout_ok(&run(

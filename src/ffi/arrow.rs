@@ -27,14 +27,21 @@ unsafe fn start(
         }
         // SAFETY: NULL or live matrices whose data stay alive until the stream is released
         // (header contract).
-        let a = unsafe { read_matrix(if b.is_some() { "a" } else { "points" }, a) }?;
+        let mut a_points = unsafe { read_matrix(if b.is_some() { "a" } else { "points" }, a) }?;
         // SAFETY: as above.
-        let b = b.map(|b| unsafe { read_matrix("b", b) }).transpose()?;
+        let mut b_points = b.map(|b| unsafe { read_matrix("b", b) }).transpose()?;
         // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
         let opts = unsafe { read_options(opts) }?;
+        let a = a_points.dataset()?;
+        let b = b_points.as_ref().map(|p| p.dataset()).transpose()?;
         // SAFETY: the caller keeps the engine and the matrices' data alive until it calls
-        // the stream's release (header contract), which drops the reader.
-        let reader = unsafe { PairBatches::start(&engine.engine, &a, b.as_ref(), &opts) }?;
+        // the stream's release (header contract), which drops the reader; float16 input's
+        // widened copies go to the reader (below), which frees them after its thread.
+        let mut reader = unsafe { PairBatches::start(&engine.engine, &a, b.as_ref(), &opts) }?;
+        reader.keep(a_points.take_widened());
+        if let Some(b) = b_points.as_mut() {
+            reader.keep(b.take_widened());
+        }
         let stream = FFI_ArrowArrayStream::new(Box::new(reader));
         // SAFETY: `out` is non-NULL (checked) and points at writable storage for a
         // `struct ArrowArrayStream` (header contract); it is written, not dropped.

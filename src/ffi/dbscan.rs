@@ -132,7 +132,8 @@ pub unsafe extern "C" fn simjoin_dbscan(
         // SAFETY: NULL or a live engine (header contract); checked for NULL here.
         let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         // SAFETY: NULL or a live matrix whose data outlive this call (header contract).
-        let data = unsafe { read_matrix("points", points) }?;
+        let data_points = unsafe { read_matrix("points", points) }?;
+        let data = data_points.dataset()?;
         if labels.is_null() && !data.is_empty() {
             return Err(null_arg("labels"));
         }

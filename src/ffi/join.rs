@@ -65,7 +65,8 @@ pub unsafe extern "C" fn simjoin_self_join(
             return Err(null_arg("out"));
         }
         // SAFETY: NULL or live structs whose data outlive this call (header contract).
-        let a = unsafe { read_matrix("points", points) }?;
+        let a_points = unsafe { read_matrix("points", points) }?;
+        let a = a_points.dataset()?;
         // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
         let opts = unsafe { read_options(opts) }?;
         let result = engine.engine.self_join(&a, &opts)?;
@@ -94,7 +95,8 @@ pub unsafe extern "C" fn simjoin_neighbour_counts(
         // SAFETY: NULL or a live engine (header contract); checked for NULL here.
         let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         // SAFETY: NULL or a live matrix whose data outlive this call (header contract).
-        let a = unsafe { read_matrix("points", points) }?;
+        let a_points = unsafe { read_matrix("points", points) }?;
+        let a = a_points.dataset()?;
         if counts.is_null() && !a.is_empty() {
             return Err(null_arg("counts"));
         }
@@ -131,7 +133,8 @@ pub unsafe extern "C" fn simjoin_join(
             return Err(null_arg("out"));
         }
         // SAFETY: NULL or live structs whose data outlive this call (header contract).
-        let (a, b) = unsafe { (read_matrix("a", a)?, read_matrix("b", b)?) };
+        let (a_points, b_points) = unsafe { (read_matrix("a", a)?, read_matrix("b", b)?) };
+        let (a, b) = (a_points.dataset()?, b_points.dataset()?);
         // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
         let opts = unsafe { read_options(opts) }?;
         let result = engine.engine.join(&a, &b, &opts)?;
@@ -159,9 +162,11 @@ unsafe fn stream(
         let engine = unsafe { engine.as_ref() }.ok_or_else(|| null_arg("engine"))?;
         let callback = callback.ok_or_else(|| null_arg("callback"))?;
         // SAFETY: NULL or live structs whose data outlive this call (header contract).
-        let a = unsafe { read_matrix(if b.is_some() { "a" } else { "points" }, a) }?;
+        let a_points = unsafe { read_matrix(if b.is_some() { "a" } else { "points" }, a) }?;
+        let a = a_points.dataset()?;
         // SAFETY: as above.
-        let b = b.map(|b| unsafe { read_matrix("b", b) }).transpose()?;
+        let b_points = b.map(|b| unsafe { read_matrix("b", b) }).transpose()?;
+        let b = b_points.as_ref().map(|p| p.dataset()).transpose()?;
         // SAFETY: NULL or a live simjoin_options of its stated size (header contract).
         let opts = unsafe { read_options(opts) }?;
         let mut sink = CallbackSink {

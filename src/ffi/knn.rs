@@ -116,13 +116,15 @@ pub unsafe extern "C" fn simjoin_knn(
             return Err(null_arg("out"));
         }
         // SAFETY: NULL or live structs whose data outlive this call (header contract).
-        let d = unsafe { read_matrix("data", data) }?;
-        let q = if query.is_null() {
+        let d_points = unsafe { read_matrix("data", data) }?;
+        let d = d_points.dataset()?;
+        let q_points = if query.is_null() {
             None
         } else {
             // SAFETY: as above, non-NULL.
             Some(unsafe { read_matrix("query", query) }?)
         };
+        let q = q_points.as_ref().map(|p| p.dataset()).transpose()?;
         let o = if opts.is_null() {
             simjoin_knn_options::defaults()
         } else {

@@ -30,6 +30,9 @@ pub struct PairBatches {
     rx: Option<Receiver<Chunk>>,
     worker: Option<JoinHandle<()>>,
     done: bool,
+    /// Coordinates the reader owns (float16 input widened for the join): freed after
+    /// `drop` has joined the worker, as fields drop after `Drop::drop`.
+    owned: Vec<Vec<f32>>,
 }
 
 /// Sends each chunk (with its distances when asked) to the queue; fails when the reader
@@ -123,6 +126,7 @@ impl PairBatches {
             rx: Some(rx),
             worker: Some(worker),
             done: false,
+            owned: Vec::new(),
         })
     }
 
@@ -191,6 +195,15 @@ impl Iterator for PairBatches {
 impl RecordBatchReader for PairBatches {
     fn schema(&self) -> SchemaRef {
         self.schema.clone()
+    }
+}
+
+impl PairBatches {
+    /// Keeps `coords` until the reader is dropped (after its join thread has ended): for
+    /// points the join reads that the caller does not own. Moving a `Vec` does not move
+    /// its elements, so a dataset over them stays valid.
+    pub(crate) fn keep(&mut self, coords: Vec<f32>) {
+        self.owned.push(coords);
     }
 }
 

@@ -5,8 +5,10 @@
     >>> simjoin.self_join(X, 0.5)
     array([[0, 1]], dtype=uint32)
 
-Inputs are 2-D arrays of points (rows) by coordinates (columns). C-contiguous float32 and
-float64 arrays are passed to the engine without a copy; anything else is converted first.
+Inputs are 2-D arrays of points (rows) by coordinates (columns). C-contiguous float16,
+float32 and float64 arrays are passed to the engine without a copy (float16 is widened to
+float32 inside it, exactly, and computed and answered in float32); anything else is
+converted first.
 Pairs come back as (m, 2) uint32 arrays, sorted lexicographically.
 """
 import atexit
@@ -68,7 +70,8 @@ def _as_points(X, name, dtype=None):
             _native.INVALID_ARGUMENT, f"{name} must hold real numbers, got dtype {arr.dtype}"
         )
     if dtype is None:
-        dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else np.float64
+        # float16 goes to the engine as it is (widened to float32 there, no copy here).
+        dtype = arr.dtype if arr.dtype in _FLOATS else np.float64
     # C order and aligned (arrays from pickles or buffers may be unaligned): a copy only then.
     try:
         return np.require(arr, dtype=dtype, requirements=["C", "A"])
@@ -78,8 +81,13 @@ def _as_points(X, name, dtype=None):
         ) from None
 
 
+_FLOATS = (np.float16, np.float32, np.float64)
+
+
 def _matrix(arr):
-    dtype = _native.DTYPE_F32 if arr.dtype == np.float32 else _native.DTYPE_F64
+    dtype = {np.dtype(np.float16): _native.DTYPE_F16, np.dtype(np.float32): _native.DTYPE_F32}.get(
+        arr.dtype, _native.DTYPE_F64
+    )
     data = arr.ctypes.data if arr.size else None
     return _native.Matrix(data, arr.shape[0], arr.shape[1], dtype)
 
@@ -318,9 +326,9 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
     """
     a, b = np.asarray(A), np.asarray(B)
     common = None
-    if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
+    if a.dtype != b.dtype or a.dtype not in _FLOATS:
         common = np.result_type(a.dtype, b.dtype)
-        common = common if common in (np.float32, np.float64) else np.float64
+        common = common if common in _FLOATS else np.float64
     a, b = _as_points(a, "A", common), _as_points(b, "B", common)
     if str(output).lower() in _ARROW_OUTPUTS:
         return _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads)
@@ -364,7 +372,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     Returns `(distances, indices)`, two (m, k) arrays like scikit-learn's `kneighbors`:
     row r holds query r's neighbours nearest first, equal distances by smaller index.
     `indices` are uint32 row numbers of X; `distances` have X's float type (float32 or
-    float64). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
+    float64; float16 input is computed and answered in float32). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
     like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan",
     "chebyshev" or "haversine" (latitude and longitude in degrees, distances in metres, as
     for self_join); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
@@ -386,7 +394,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
         common = data.dtype
         if qa.dtype != data.dtype:
             common = np.result_type(data.dtype, qa.dtype)
-            common = common if common in (np.float32, np.float64) else np.float64
+            common = common if common in _FLOATS else np.float64
             data = _as_points(data, "X", common)
         q = _as_points(qa, "query", common)
     opts = _native.KnnOptions()

@@ -16,7 +16,7 @@ BACKENDS = {"auto": 0, "cpu": 1, "gpu": 2}
 ALGORITHMS = {"auto": 0, "grid": 1, "ego": 2, "brute": 3, "lss": 4, "kdtree": 5}
 ALGORITHM_NAMES = {v: k for k, v in ALGORITHMS.items()}
 OUTPUTS = {"pairs": 0, "csr": 1, "count": 2}
-DTYPE_F32, DTYPE_F64 = 0, 1
+DTYPE_F32, DTYPE_F64, DTYPE_F16 = 0, 1, 2
 
 
 class Options(ctypes.Structure):
