@@ -8,7 +8,7 @@ stopping a join that finds no pairs within 250 ms, with every thread of it stopp
 (their CPU ticks stay still) and the next join at its usual speed; rows streamed (LIMIT 10
 on 20M+ pairs in at most 5% of the whole join's time, no temporary files for a result far
 beyond work_mem); the superuser-only thread and memory limits; the sqlite3 shell and
-Python's sqlite3 module.
+Python's sqlite3 module; the README's PostgreSQL example, its output compared.
 """
 import argparse
 import os
@@ -855,6 +855,55 @@ def test_pg_postgis(rng):
     check(r.returncode != 0 and "POINT" in r.stderr, f"pg geometry non-point refused: {r.stderr.strip()!r}")
 
 
+def readme_sql():
+    """The README's PostgreSQL example (the ```sql block after <!-- sql-example -->): its
+    statements, each SELECT with the rows the README shows after it (None: none shown)."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
+    block = readme.split("<!-- sql-example -->", 1)[1].split("```sql\n", 1)[1].split("```", 1)[0]
+    steps, sql, shown = [], [], None
+    for line in block.splitlines():
+        if shown is not None:
+            if line.strip():
+                shown.append(line)
+                continue
+            steps[-1] = (steps[-1][0], shown)
+            shown = None
+            continue
+        if not line.strip() or line.lstrip().startswith("--"):
+            continue
+        sql.append(line)
+        if line.rstrip().endswith(";"):
+            stmt = " ".join(sql)
+            sql = []
+            steps.append((stmt, None))
+            if stmt.lstrip().upper().startswith("SELECT"):
+                shown = []
+    if shown is not None:
+        steps[-1] = (steps[-1][0], shown)
+    return steps
+
+
+def test_readme_sql():
+    steps = readme_sql()
+    check(len(steps) >= 4, f"README sql example: {len(steps)} statements found")
+    psql("DROP TABLE IF EXISTS shops")
+    for stmt, shown in steps:
+        # The extension exists already in this database.
+        stmt = stmt.replace("CREATE EXTENSION simjoin;", "CREATE EXTENSION IF NOT EXISTS simjoin;")
+        out = psql(stmt).stdout
+        if not shown:
+            continue
+        # The README shows psql's aligned output: a header, a rule, then the rows.
+        want = [[c.strip() for c in line.split("|")] for line in shown[2:]]
+        got = sorted(line.split("|") for line in out.splitlines() if line)
+        want = sorted(want)
+        same = len(got) == len(want) and all(
+            len(g) == len(w) and all(float(a) == float(b) for a, b in zip(g, w)) for g, w in zip(got, want)
+        )
+        check(same, f"README sql example: {stmt!r} gave {got}, the README shows {want}")
+    psql("DROP TABLE shops")
+
+
 def main():
     global ARGS
     ap = argparse.ArgumentParser()
@@ -875,6 +924,7 @@ def main():
         check(pg_rows("SELECT * FROM simjoin_self_join('SELECT 1, 0.0 UNION ALL SELECT 2, 0.5', 1)")
               == [(1, 2, 0.5)], "pg: a join after the update")
         psql("DROP EXTENSION simjoin; CREATE EXTENSION simjoin")
+        test_readme_sql()
         test_pg_correctness(rng)
         test_pg_errors()
         test_pg_postgis(rng)
