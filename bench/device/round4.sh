@@ -24,7 +24,7 @@ step() {
   if [ $left -lt 20 ]; then echo "== skipped (deadline): $*" | tee -a "$OUT/run.log"; return; fi
   timeout -k 5 $left "$@" || echo "== step ended rc=$? ($((deadline - $(date +%s))) s left): $*" | tee -a "$OUT/run.log"
 }
-step env TEST_TIMEOUT=$(pick 300 120) TEST_JOBS=$(pick 2 10) bash $run tests
+step env TEST_TIMEOUT=$(pick 300 180) TEST_JOBS=$(pick 2 8) bash $run tests
 step env REPEATS=1 SIZES=$(pick 20000 2000000) BANDWIDTH_MIB=$(pick 16 1024) bash $run bench low
 for wl in expo-16d expo-32d expo-64d; do
   step env TAG=${wl#expo-} WORKLOADS=$wl SIZES=$(pick 10000 2000000) SEL=10 REPEATS=1 BANDWIDTH_MIB=16 \
