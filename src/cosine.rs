@@ -60,6 +60,18 @@ fn normalised<T: Coord>(x: &[T], dim: usize, norms: &[f64]) -> Vec<T> {
     out
 }
 
+/// Norms of `a` (and `b`), checked, and the normalised copies, on the engine's threads.
+type Prepared<T> = (Vec<f64>, Option<Vec<f64>>, Vec<T>, Option<Vec<T>>);
+fn prepare<T: Coord>(engine: &Engine, a: &[T], b: Option<&[T]>, dim: usize) -> Result<Prepared<T>> {
+    engine.install(|| -> Result<_> {
+        let na = norms(a, dim)?;
+        let nb = b.map(|b| norms(b, dim)).transpose()?;
+        let ca = normalised(a, dim, &na);
+        let cb = b.zip(nb.as_ref()).map(|(b, nb)| normalised(b, dim, nb));
+        Ok((na, nb, ca, cb))
+    })?
+}
+
 /// The cosine rule over the original rows and their norms.
 struct Rule<'a, T> {
     a: &'a [T],
@@ -116,16 +128,7 @@ where
     for<'x> Dataset<'x>: FromRows<'x, T>,
 {
     let t = std::time::Instant::now();
-    let (na, nb, ca, cb) = engine.install(|| -> Result<_> {
-        let na = norms(a, dim)?;
-        let nb = match b {
-            Some(b) => Some(norms(b, dim)?),
-            None => None,
-        };
-        let ca = normalised(a, dim, &na);
-        let cb = b.zip(nb.as_ref()).map(|(b, nb)| normalised(b, dim, nb));
-        Ok((na, nb, ca, cb))
-    })??;
+    let (na, nb, ca, cb) = prepare(engine, a, b, dim)?;
     opts.control.check()?;
     let prepared = t.elapsed().as_secs_f64();
     let e = threshold::<T>(Metric::Cosine, opts.eps).to_f64();
@@ -302,13 +305,7 @@ where
 {
     use crate::result::Distances;
     let start = std::time::Instant::now();
-    let (nx, nq, cx, cq) = engine.install(|| -> Result<_> {
-        let nx = norms(x, dim)?;
-        let nq = q.map(|q| norms(q, dim)).transpose()?;
-        let cx = normalised(x, dim, &nx);
-        let cq = q.zip(nq.as_ref()).map(|(q, nq)| normalised(q, dim, nq));
-        Ok((nx, nq, cx, cq))
-    })??;
+    let (nx, nq, cx, cq) = prepare(engine, x, q, dim)?;
     opts.control.check()?;
     let prepared = start.elapsed().as_secs_f64();
     let rows_q: &[T] = q.unwrap_or(x);
