@@ -188,7 +188,7 @@ impl<T: Coord> Run<'_, T> {
     /// Sets the stop word: every dispatch of the job in flight ends early. Once a job
     /// ends in an error (a stop, a sink's error), the slots it drops wait for their
     /// dispatches: this makes that wait short.
-    fn raise_stop(&self) -> Result<()> {
+    pub(super) fn raise_stop(&self) -> Result<()> {
         self.stop.as_deref().map_or(Ok(()), raise)
     }
 }
@@ -461,36 +461,6 @@ pub(super) fn estimate<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
-    let r = estimate_pass(
-        run,
-        slot,
-        nq,
-        stride,
-        max_points,
-        batch_points,
-        counts,
-        gpu_seconds,
-    );
-    if r.is_err() {
-        run.raise_stop()?;
-    }
-    r
-}
-
-#[allow(clippy::too_many_arguments)]
-fn estimate_pass<T: Coord>(
-    run: &Run<'_, T>,
-    slot: &mut Slot,
-    nq: usize,
-    stride: usize,
-    max_points: usize,
-    batch_points: Option<usize>,
-    counts: &mut Counts,
-    gpu_seconds: &mut Option<f64>,
-) -> Result<BatchPlan>
-where
-    JoinParams<T>: bytemuck::Pod,
-{
     let n_samples = nq.div_ceil(stride);
     let mut fresh = true;
     loop {
@@ -536,24 +506,6 @@ where
 /// Runs the batches, three in flight (busy slots are completed oldest first), delivering
 /// pairs to `sink` or, without one, only counting them.
 pub(super) fn run_batches<T: Coord>(
-    run: &Run<'_, T>,
-    slots: &mut [Slot],
-    ranges: Vec<Range<u32>>,
-    sink: Option<&mut dyn PairSink>,
-    times: &mut Times,
-    counts: &mut Counts,
-) -> Result<()>
-where
-    JoinParams<T>: bytemuck::Pod,
-{
-    let r = batch_loop(run, slots, ranges, sink, times, counts);
-    if r.is_err() {
-        run.raise_stop()?;
-    }
-    r
-}
-
-fn batch_loop<T: Coord>(
     run: &Run<'_, T>,
     slots: &mut [Slot],
     ranges: Vec<Range<u32>>,

@@ -443,7 +443,9 @@ where
         opts.batch_points,
         &mut counts,
         &mut times.gpu_estimate,
-    )?;
+    )
+    // Whatever failed, the dispatches in flight end early (the slots wait for them).
+    .inspect_err(|_| drop(run.raise_stop()))?;
     times.estimate = t_est.elapsed().as_secs_f64();
     report.notes.push(format!(
         "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers of {} pairs",
@@ -454,7 +456,8 @@ where
         capacity
     ));
     let batches = plan.ranges.len();
-    run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)?;
+    run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)
+        .inspect_err(|_| drop(run.raise_stop()))?;
     // Every batch has completed: the next join reuses the slots.
     pools.slots.give(slots, capacity, max_points, counting);
 
