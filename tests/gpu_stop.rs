@@ -42,16 +42,25 @@ fn a_stop_ends_the_dispatch_in_flight() {
                 r
             })
         };
-        std::thread::sleep(Duration::from_millis(1500));
+        // Into the batches (stage "join"), then well into a dispatch: the stop must find
+        // one in flight, not the planning before it.
+        let reached = Instant::now();
+        while control.progress().is_none_or(|p| p.stage != "join") {
+            assert!(
+                reached.elapsed() < Duration::from_secs(60),
+                "{algorithm} {output:?}: never reached its batches"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::thread::sleep(Duration::from_millis(300));
         let asked = Instant::now();
-        let stage = control.progress().map(|p| p.stage.to_string());
         control.cancel();
         let ended = rx
             .recv_timeout(Duration::from_secs(120))
             .expect("the join ended");
         let r = job.join().unwrap();
         let latency = ended.saturating_duration_since(asked);
-        eprintln!("{algorithm} {output:?}: stopped in stage {stage:?}, returned {latency:?} after the stop");
+        eprintln!("{algorithm} {output:?}: returned {latency:?} after the stop");
         assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
         assert!(
             latency < Duration::from_millis(250),
