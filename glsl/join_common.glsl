@@ -232,6 +232,15 @@ bool link_unite(uint a, uint b) {
     }
 }
 
+// FLAG_ABOVE / FLAG_NOT_SELF: indexed position `rpos` is not in the query's row (tested
+// before the distance: it costs one id read).
+bool row_skips(uint rpos) {
+    if ((pc.flags & (FLAG_ABOVE | FLAG_NOT_SELF)) == 0u) return false;
+    uint r_id = indexed_id(rpos);
+    return ((pc.flags & FLAG_ABOVE) != 0u && r_id <= q_id)
+        || ((pc.flags & FLAG_NOT_SELF) != 0u && r_id == q_id);
+}
+
 // Records a match with indexed position `rpos`. False when the result buffer is full (or,
 // with FLAG_LINK, the loop budget): the thread stops and will re-test `rpos` when resumed.
 bool emit(uint rpos) {
@@ -264,6 +273,13 @@ bool emit(uint rpos) {
         return false;
     }
     matches_seen += 1u;
+    if ((pc.flags & FLAG_ROWS) != 0u) {
+        // Key (query id) and value (indexed id) arrays, one u32 word each.
+        results[slot >> 1][slot & 1u] = q_id;
+        uint v = pc.capacity + slot;
+        results[v >> 1][v & 1u] = r_id;
+        return true;
+    }
     uvec2 pair;
     if ((pc.flags & FLAG_SELF) != 0u) {
         pair = uvec2(min(q_id, r_id), max(q_id, r_id));
@@ -286,7 +302,7 @@ void scan_positions(uint begin, uint end, bool windowed) {
         }
         bool dot = (pc.flags & FLAG_DOT_FILTER) != 0u;
         uint passes = 1u + ((pc.flags & FLAG_REORDER) != 0u ? 1u : 0u) + (dot ? 1u : 0u);
-        if (!charge(passes * DIM + 1u) || (!(dot && dot_rejects(p)) && within_eps(p) && !emit(p))) {
+        if (!charge(passes * DIM + 1u) || (!row_skips(p) && !(dot && dot_rejects(p)) && within_eps(p) && !emit(p))) {
             stop_pos = p + 1u;
         }
     }

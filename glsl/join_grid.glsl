@@ -335,7 +335,7 @@ bool sweep_cell(int cell, uint phase, uint combo, bool self_join, uint qpos) {
         barrier();
         for (uint c = 0u; c < n && testing && !stopped; c++) {
             uint p = base + c;
-            if (p < lo || p >= hi) continue;
+            if (p < lo || p >= hi || row_skips(p)) continue;
             float dot = 0.0;
             for (uint t = 0u; t < DIM; t++) {
                 dot = fma(qf[t], tile_dot[c * (DIM + 1u) + t], dot);

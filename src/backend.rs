@@ -6,7 +6,17 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::knn::{KnnJob, KnnResult};
 use crate::options::JoinOptions;
-use crate::result::{Csr, Distances, JoinReport, PairSink};
+use crate::result::{Csr, Distances, JoinOutput, JoinReport, PairSink};
+
+/// The form of a device-rows result ([`JoinBackend::rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowsForm {
+    /// Sorted pairs: a self-join's `[i, j]` with `i < j`, A ⋈ B's `[a, b]`, ascending.
+    Pairs,
+    /// The CSR, every row sorted (a self-join's rows symmetric; with the diagonal when
+    /// `include_self`).
+    Csr { include_self: bool },
+}
 
 /// One join to run: A ⋈ A (self-join, `b == None`) or A ⋈ B. Dimensions and precision
 /// of A and B were checked equal by the engine.
@@ -28,6 +38,14 @@ pub(crate) trait JoinBackend: Send + Sync {
     /// the caller builds it from streamed pairs.
     fn csr(&self, job: &Job) -> Result<Option<(Csr, Option<Distances>, JoinReport)>> {
         let _ = job;
+        Ok(None)
+    }
+
+    /// Sorted pairs or the CSR of `job` made as rows sorted on the device (a GPU:
+    /// `gpu/rows.rs`); `None`: this backend does not for this job, and the caller
+    /// assembles streamed pairs.
+    fn rows(&self, job: &Job, form: RowsForm) -> Result<Option<(JoinOutput, JoinReport)>> {
+        let _ = (job, form);
         Ok(None)
     }
 

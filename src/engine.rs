@@ -1,7 +1,7 @@
 //! The engine: validates a job, picks a backend, runs it into a sink, and assembles the
 //! requested output form. Backends only produce pairs; everything shared lives here.
 
-use crate::backend::{Job, JoinBackend};
+use crate::backend::{Job, JoinBackend, RowsForm};
 use crate::cpu::CpuBackend;
 use crate::dataset::Dataset;
 use crate::error::{Error, ErrorKind, Result};
@@ -233,6 +233,29 @@ impl Engine {
                 distances: None,
             });
         }
+        // On a GPU, sorted pairs and the CSR come as rows sorted on the device.
+        if let Some((output, mut report)) = self.device_rows(a, b, opts)? {
+            opts.control.check()?;
+            report.seconds = start.elapsed().as_secs_f64();
+            let distances = if opts.distances {
+                let t = Instant::now();
+                let d = self
+                    .cpu
+                    .install(|| entry_distances(a, b.unwrap_or(a), opts.metric, &output))??;
+                report
+                    .phases
+                    .push(("distances".into(), t.elapsed().as_secs_f64()));
+                report.seconds = start.elapsed().as_secs_f64();
+                d
+            } else {
+                None
+            };
+            return Ok(JoinResult {
+                output,
+                report,
+                distances,
+            });
+        }
         // Sorted pairs and the CSR are bucketed as they arrive (`SortingSink`, `CsrSink`)
         // rather than collected and then sorted.
         let rows = a.len();
@@ -385,6 +408,73 @@ impl Engine {
         Ok(out.map(|(counts, mut report)| {
             report.seconds = start.elapsed().as_secs_f64();
             (counts, report)
+        }))
+    }
+
+    /// Sorted pairs or the CSR made as rows sorted on the device, where the join runs on a
+    /// GPU (`Gpu`, or `Auto` where the cost model picks it) that makes them
+    /// (`gpu/rows.rs`); `None` where the caller assembles streamed pairs instead.
+    fn device_rows(
+        &self,
+        a: &Dataset,
+        b: Option<&Dataset>,
+        opts: &JoinOptions,
+    ) -> Result<Option<(crate::result::JoinOutput, JoinReport)>> {
+        let form = match opts.output {
+            OutputForm::Pairs if opts.sorted => RowsForm::Pairs,
+            OutputForm::Csr => RowsForm::Csr {
+                include_self: opts.include_self,
+            },
+            _ => return Ok(None),
+        };
+        // Cosine and haversine joins confirm streamed candidates (cosine.rs, geo.rs).
+        if matches!(
+            opts.metric,
+            crate::options::Metric::Cosine | crate::options::Metric::Haversine
+        ) {
+            return Ok(None);
+        }
+        check_join(a, b, opts)?;
+        let opened_before = self.gpu.get().is_some();
+        let (gpu, note) = match opts.backend {
+            Backend::Cpu => return Ok(None),
+            Backend::Gpu => match self.gpu() {
+                Ok(gpu) => (gpu, None),
+                Err(e) => {
+                    return Err(Error::new(
+                        ErrorKind::NoDevice,
+                        format!("no usable Vulkan device: {e}"),
+                    ))
+                }
+            },
+            Backend::Auto => match self.auto_route(a, b, opts, true)? {
+                (Some(gpu), note) => (gpu, note),
+                (None, _) => return Ok(None),
+            },
+        };
+        opts.control.begin();
+        opts.control.check()?;
+        let job = Job {
+            a: *a,
+            b: b.copied(),
+            opts,
+        };
+        // On the engine's threads: the rows are placed from them.
+        let made = match self.cpu.install(|| gpu.backend.rows(&job, form))? {
+            Err(e) if opts.backend == Backend::Auto && e.kind() == ErrorKind::Unsupported => {
+                return Ok(None)
+            }
+            other => other?,
+        };
+        Ok(made.map(|(output, mut report)| {
+            report.notes.extend(note);
+            if !opened_before {
+                // This call opened the device: a long-lived caller pays it once.
+                report
+                    .phases
+                    .insert(0, ("device open (host clock)".into(), gpu.open_seconds));
+            }
+            (output, report)
         }))
     }
 

@@ -60,6 +60,8 @@ enum SlotState {
         queries: Range<u32>,
         pairs: usize,
         incomplete: bool,
+        /// A copy to the pinned buffer was recorded (with its timestamps).
+        copied: bool,
         ticket: Ticket,
         submitted: Instant,
     },
@@ -503,26 +505,52 @@ where
     ))
 }
 
+/// Receives a device-rows batch: its query positions and its rows' entries (`Out::Rows`).
+pub(super) type PlaceRows<'s> = dyn FnMut(Range<u32>, &[u32]) -> Result<()> + 's;
+
+/// Where a batch's results go.
+pub(super) enum Out<'s> {
+    /// Counted only (each query's count in `Counts::per_query` where kept).
+    Count,
+    /// Pairs, to a sink.
+    Pairs(&'s mut dyn PairSink),
+    /// FLAG_ROWS: a batch's pairs accumulate over its dispatches, are sorted on the device
+    /// by (query id, indexed id) once it is complete, and only the indexed ids are read
+    /// back: `place(queries, ids)` gets the batch's query positions and those ids, its
+    /// rows in query-id order (`rows.rs`). Every batch must fit the result buffer.
+    Rows(&'s mut PlaceRows<'s>),
+}
+
+impl<'s> Out<'s> {
+    /// A sink's pairs, or count only without one.
+    pub fn pairs(sink: Option<&'s mut dyn PairSink>) -> Self {
+        sink.map_or(Out::Count, Out::Pairs)
+    }
+}
+
 /// Runs the batches, three in flight (busy slots are completed oldest first), delivering
-/// pairs to `sink` or, without one, only counting them.
+/// their results to `out`. `stage`: the progress stage the batches count in.
 pub(super) fn run_batches<T: Coord>(
     run: &Run<'_, T>,
     slots: &mut [Slot],
     ranges: Vec<Range<u32>>,
-    mut sink: Option<&mut dyn PairSink>,
+    mut out: Out<'_>,
+    stage: &'static str,
     times: &mut Times,
     counts: &mut Counts,
 ) -> Result<()>
 where
     JoinParams<T>: bytemuck::Pod,
 {
-    let counting = sink.is_none();
+    let counting = matches!(out, Out::Count);
+    let rows = matches!(out, Out::Rows(_));
+    debug_assert_eq!(rows, run.params.flags & flags::FLAG_ROWS != 0);
     let capacity = run.params.capacity as usize;
     let t_loop = Instant::now();
     let mut queue: VecDeque<Range<u32>> = ranges.into();
     let mut busy: VecDeque<usize> = VecDeque::new();
     let bits = run.params.flags | if counting { flags::FLAG_COUNT } else { 0 };
-    run.control.stage("join", queue.len() as u64);
+    run.control.stage(stage, queue.len() as u64);
     let mut reported = counts.pairs;
     loop {
         // A stop submits nothing more; the batches in flight complete when the caller
@@ -590,6 +618,59 @@ where
                         }
                         times.download += t.elapsed().as_secs_f64();
                         (queries, incomplete, submitted)
+                    } else if rows && incomplete {
+                        // The batch's pairs stay on the device until it is complete.
+                        times.download += t.elapsed().as_secs_f64();
+                        (queries, incomplete, submitted)
+                    } else if rows {
+                        // Complete: sort by (query id, indexed id) on the device, then copy
+                        // the indexed ids (the second array) to the pinned buffer.
+                        if slots_taken > capacity {
+                            return Err(crate::error::Error::new(
+                                ErrorKind::Internal,
+                                format!(
+                                    "device rows: a batch found {slots_taken} pairs, more than its \
+                                     {capacity} counted"
+                                ),
+                            ));
+                        }
+                        let pairs = slots_taken;
+                        let values_at = capacity as u64 * 4;
+                        crate::vk::sort::sort_pairs_u32_in(
+                            &mut slot.stream,
+                            &slot.results,
+                            values_at,
+                            pairs,
+                        )?;
+                        let copied = slot.results_host.is_some() && pairs > 0;
+                        if let (Some(host), true) = (&slot.results_host, copied) {
+                            let stamp = copy_stamps(run, s);
+                            if let Some((timer, first)) = stamp {
+                                slot.stream.timestamp(timer, first)?;
+                            }
+                            slot.stream.copy(
+                                &slot.results,
+                                values_at,
+                                host,
+                                0,
+                                pairs as u64 * 4,
+                            )?;
+                            if let Some((timer, first)) = stamp {
+                                slot.stream.timestamp(timer, first + 1)?;
+                            }
+                        }
+                        let ticket = slot.stream.submit()?;
+                        slot.state = SlotState::Downloading {
+                            queries,
+                            pairs,
+                            incomplete,
+                            copied,
+                            ticket,
+                            submitted,
+                        };
+                        busy.push_front(s);
+                        times.download += t.elapsed().as_secs_f64();
+                        continue;
                     } else {
                         let pairs = slots_taken.min(capacity);
                         if let (Some(host), true) = (&slot.results_host, pairs > 0) {
@@ -609,6 +690,7 @@ where
                                 queries,
                                 pairs,
                                 incomplete,
+                                copied: true,
                                 ticket,
                                 submitted,
                             };
@@ -617,7 +699,7 @@ where
                             continue;
                         }
                         times.download += t.elapsed().as_secs_f64();
-                        deliver(slot, pairs, &mut sink, counts, times)?;
+                        deliver(slot, pairs, &mut out, counts, times)?;
                         (queries, incomplete, submitted)
                     }
                 }
@@ -625,18 +707,23 @@ where
                     queries,
                     pairs,
                     incomplete,
+                    copied,
                     ticket,
                     submitted,
                 } => {
                     let t = Instant::now();
                     ticket.wait()?;
                     times.download += t.elapsed().as_secs_f64();
-                    if let (Some((timer, first)), Some(gpu)) =
-                        (copy_stamps(run, s), times.gpu_copies.as_mut())
+                    if let (Some((timer, first)), Some(gpu), true) =
+                        (copy_stamps(run, s), times.gpu_copies.as_mut(), copied)
                     {
                         *gpu += timer.seconds(first, first + 1)?;
                     }
-                    deliver(slot, pairs, &mut sink, counts, times)?;
+                    if let Out::Rows(place) = &mut out {
+                        deliver_rows(slot, &queries, pairs, capacity, place, counts, times)?;
+                    } else {
+                        deliver(slot, pairs, &mut out, counts, times)?;
+                    }
                     (queries, incomplete, submitted)
                 }
             };
@@ -669,11 +756,42 @@ fn copy_stamps<'a, T: Coord>(run: &'a Run<'_, T>, s: usize) -> Option<(&'a Arc<G
     run.timer.as_ref().map(|t| (t, 2 * (SLOTS + s) as u32))
 }
 
-/// Hands the first `pairs` results of `slot` to the sink.
+/// FLAG_ROWS: hands the `pairs` indexed ids of `slot`'s sorted batch over `queries` to
+/// `place`.
+fn deliver_rows(
+    slot: &Slot,
+    queries: &Range<u32>,
+    pairs: usize,
+    capacity: usize,
+    place: &mut PlaceRows<'_>,
+    counts: &mut Counts,
+    times: &mut Times,
+) -> Result<()> {
+    let t = Instant::now();
+    let (buffer, first) = match &slot.results_host {
+        Some(host) => (host, 0),
+        None => (&slot.results, capacity),
+    };
+    let ids: &[u32] = if pairs == 0 {
+        &[]
+    } else {
+        // SAFETY: the search, the sort and the copy that wrote these words have completed
+        // (the caller waited for their ticket); the slot gets new work only after this
+        // returns, and the slice does not outlive it.
+        unsafe { buffer.mapped_slice(first, pairs)? }
+    };
+    counts.pairs += pairs as u64;
+    counts.bytes_down += pairs as u64 * 4;
+    place(queries.clone(), ids)?;
+    times.assemble += t.elapsed().as_secs_f64();
+    Ok(())
+}
+
+/// Hands the first `pairs` results of `slot` to the sink (none: count only).
 fn deliver(
     slot: &Slot,
     pairs: usize,
-    sink: &mut Option<&mut dyn PairSink>,
+    out: &mut Out<'_>,
     counts: &mut Counts,
     times: &mut Times,
 ) -> Result<()> {
@@ -687,9 +805,9 @@ fn deliver(
     let t = Instant::now();
     counts.pairs += chunk.len() as u64;
     counts.bytes_down += size_of_val(chunk) as u64;
-    if let Some(sink) = sink.as_deref_mut() {
+    if let Out::Pairs(sink) = out {
         // From the engine's threads at once where the sink has parts.
-        crate::result::push_split(sink, chunk).map_err(sink_error)?;
+        crate::result::push_split(&mut **sink, chunk).map_err(sink_error)?;
     }
     times.assemble += t.elapsed().as_secs_f64();
     Ok(())
@@ -710,8 +828,14 @@ fn submit_search<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
+    // FLAG_ROWS: a resumed dispatch appends to its batch's pairs (word 0 kept).
+    let kept = if !fresh && push.flags & flags::FLAG_ROWS != 0 {
+        4
+    } else {
+        0
+    };
     slot.stream
-        .fill(&slot.counters, 0, 4 * COUNTER_WORDS as u64, 0)?;
+        .fill(&slot.counters, kept, 4 * COUNTER_WORDS as u64 - kept, 0)?;
     if fresh {
         slot.stream.fill(&slot.states, 0, threads as u64 * 16, 0)?;
     }

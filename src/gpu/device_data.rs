@@ -205,20 +205,22 @@ fn choose_build(
     })
 }
 
-/// Grid: plans the index over R (A ⋈ B indexes the smaller set; pairs are swapped back),
+/// Grid: plans the index over R (A ⋈ B indexes the smaller set where `may_swap`; pairs
+/// are swapped back),
 /// builds it on the host or the device with the queries sorted by cell, and uploads what
 /// it needs through `uploads`.
 pub(super) fn prepare_grid<T: Coord>(
     ctx: &Arc<Context>,
     mut uploads: Uploads,
     job: &Job,
+    may_swap: bool,
     report: &mut JoinReport,
     upload_seconds: &mut f64,
 ) -> Result<Prepared> {
     let (opts, dim, eps, self_join) = (job.opts, job.a.dim(), job.opts.eps, job.b.is_none());
     let (r, q, swap) = match job.b {
         None => (job.a, job.a, false),
-        Some(b) if b.len() <= job.a.len() => (b, job.a, false),
+        Some(b) if b.len() <= job.a.len() || !may_swap => (b, job.a, false),
         Some(b) => (job.a, b, true),
     };
     let t_plan = std::time::Instant::now();
@@ -526,8 +528,8 @@ pub fn index_arrays(
     let uploads = Uploads::new(ctx, &crate::vk::StagingPool::new(ctx))?;
     let (mut report, mut seconds) = (JoinReport::default(), 0.0);
     let p = match a.coords() {
-        Coords::F32(_) => prepare_grid::<f32>(ctx, uploads, &job, &mut report, &mut seconds)?,
-        Coords::F64(_) => prepare_grid::<f64>(ctx, uploads, &job, &mut report, &mut seconds)?,
+        Coords::F32(_) => prepare_grid::<f32>(ctx, uploads, &job, true, &mut report, &mut seconds)?,
+        Coords::F64(_) => prepare_grid::<f64>(ctx, uploads, &job, true, &mut report, &mut seconds)?,
     };
     p.ready.wait()?;
     fn all<P: bytemuck::Pod>(ctx: &Arc<Context>, b: &Arc<Buffer>) -> Result<Vec<P>> {

@@ -73,6 +73,9 @@ join_interface! {
         FLAG_DOT_FILTER = 128, "Grid, Euclidean: reject by the f32 dot-product filter (cpu/dot_filter.rs's bound, cutoff dot_cutoff) before the exact test; counts in counters[2..6].";
         FLAG_LINK = 256, "DBSCAN: a pair of two core points (link_core) is linked in the device's union-find (link_parent) and not written; two non-core points are dropped; only core/non-core pairs (and links the device left to the host) are written.";
         FLAG_TILE = 512, "Grid with FLAG_DOT_FILTER, batches of consecutive queries (q_stride 1): a workgroup sweeps its queries one home cell at a time, the candidates' filter copies staged in shared memory TILE (spec constant 5) at a time.";
+        FLAG_ROWS = 1024, "Device-sorted rows (gpu/rows.rs): pairs written as split arrays for the device sort, query ids at results[0..capacity) and indexed ids at results[capacity..2 capacity) (u32 words), the slot counter kept across a batch's dispatches; with FLAG_COUNT only counted.";
+        FLAG_ABOVE = 2048, "Only indexed ids above the query id are matches (a self-join's rows of pairs i < j, searched over the whole stencil).";
+        FLAG_NOT_SELF = 4096, "The query id itself is not a match (a self-join's CSR rows without the diagonal).";
     }
     bindings {
         R_COORDS = 0;

@@ -5,19 +5,19 @@
 //! their interface is `interface.rs`.
 
 use super::batch::{
-    estimate, make_slots, run_batches, wait_for, Counts, Pace, Run, Times, SLOTS, TIMER_SLOTS,
+    estimate, make_slots, run_batches, wait_for, Counts, Out, Pace, Run, Times, SLOTS, TIMER_SLOTS,
 };
 use super::device_data::{prepare_brute, prepare_grid, Link, Prepared};
 use super::dot_filter::{self, Tiling};
 use super::interface::{binding, flags, JoinParams};
 use super::plan::estimate_stride;
 use super::Pools;
-use crate::backend::Job;
+use crate::backend::{Job, RowsForm};
 use crate::dataset::Coords;
 use crate::error::{Error, Result};
 use crate::metric::{reject_threshold, threshold, Coord};
 use crate::options::Algorithm;
-use crate::result::{JoinReport, PairSink};
+use crate::result::{JoinOutput, JoinReport, PairSink};
 use crate::vk::{shaders, Context, GpuTimer, Kernel, KernelSpec, Uploads};
 use std::sync::Arc;
 use std::time::Instant;
@@ -126,9 +126,29 @@ pub(crate) fn link(
     Ok(Some((parent, report)))
 }
 
+/// The sorted pairs or the CSR of `job` as rows sorted on the device (`rows.rs`); `None`
+/// where device rows do not run (`SIMJOIN_GPU_ROWS=0`, LSS, fewer than two points, a row
+/// longer than a result buffer): the caller assembles streamed pairs instead.
+pub(crate) fn rows(
+    ctx: &Arc<Context>,
+    pools: &Pools,
+    job: &Job,
+    form: RowsForm,
+) -> Result<Option<(JoinOutput, JoinReport)>> {
+    if !super::rows::enabled() || choose_algorithm(job)? == Algorithm::Lss {
+        return Ok(None);
+    }
+    let mut out = None;
+    let report = by_precision(ctx, pools, job, None, Extra::Rows(form, &mut out))?;
+    Ok(out.map(|o| (o, report)))
+}
+
 /// What a run makes besides its pairs.
 enum Extra<'a> {
     None,
+    /// Device rows in this form (`rows.rs`), into the option (left `None` where they do
+    /// not apply).
+    Rows(RowsForm, &'a mut Option<JoinOutput>),
     /// Count only, every query over its whole neighbourhood (itself included): counts by
     /// point id.
     Counts(&'a mut Vec<u32>),
@@ -231,10 +251,11 @@ where
         ..Default::default()
     };
     let dim = job.a.dim();
-    let (mut per_point, link) = match extra {
-        Extra::None => (None, None),
-        Extra::Counts(c) => (Some(c), None),
-        Extra::Link { core, parent } => (None, Some((core, parent))),
+    let (mut per_point, link, mut rows) = match extra {
+        Extra::None => (None, None, None),
+        Extra::Counts(c) => (Some(c), None, None),
+        Extra::Link { core, parent } => (None, Some((core, parent)), None),
+        Extra::Rows(form, out) => (None, None, Some((form, out))),
     };
     if let Some(per_point) = &per_point {
         debug_assert!(self_join && sink.is_none() && per_point.len() == na);
@@ -261,7 +282,15 @@ where
     // Indexed set R and query set Q on the device.
     let uploads = Uploads::new(ctx, &pools.staging)?;
     let mut prepared = match algorithm {
-        Algorithm::Grid => prepare_grid::<T>(ctx, uploads, job, &mut report, &mut times.upload)?,
+        // Rows are A's points: A ⋈ B keeps A as the queries.
+        Algorithm::Grid => prepare_grid::<T>(
+            ctx,
+            uploads,
+            job,
+            rows.is_none(),
+            &mut report,
+            &mut times.upload,
+        )?,
         _ => prepare_brute::<T>(uploads, job, &mut times.upload)?,
     };
     if let Some((core, _)) = &link {
@@ -359,7 +388,7 @@ where
         return Err(crate::control::cancelled());
     }
 
-    let counting = sink.is_none();
+    let counting = sink.is_none() && rows.is_none();
     let nq = prepared.nq;
     let stride = estimate_stride(nq);
     let n_samples = nq.div_ceil(stride);
@@ -391,6 +420,9 @@ where
     // the home cell whole), so each query meets every neighbour and itself.
     let search_flags = if per_point.is_some() {
         prepared.flags & !flags::FLAG_SELF
+    } else if let Some((form, _)) = &rows {
+        // Rows: the whole stencil too, each row's entries only.
+        (prepared.flags & !flags::FLAG_SELF) | super::rows::filter(*form, self_join)
     } else if link.is_some() {
         prepared.flags | flags::FLAG_LINK
     } else {
@@ -398,7 +430,7 @@ where
     };
     let stop = super::batch::stop_word(ctx)?;
     let _watch = super::batch::StopWatch::start(&opts.control, &stop);
-    let run = Run {
+    let mut run = Run {
         pace,
         control: opts.control.clone(),
         kernel,
@@ -433,21 +465,52 @@ where
         ..Default::default()
     };
 
-    let t_est = Instant::now();
-    let plan = estimate(
-        &run,
-        &mut slots[0],
-        nq,
-        stride,
-        max_points,
-        opts.batch_points,
-        &mut counts,
-        &mut times.gpu_estimate,
-    )
-    // Whatever failed, the dispatches in flight end early (the slots wait for them).
-    .inspect_err(|_| drop(run.raise_stop()))?;
-    times.estimate = t_est.elapsed().as_secs_f64();
-    report.notes.push(format!(
+    let batches = if let Some((form, out)) = rows.as_mut() {
+        // The point id of each query position.
+        let ids: Vec<u32> = match (algorithm, &prepared.data.q_ids) {
+            (Algorithm::Grid, Some(q_ids)) => {
+                counts.bytes_down += nq as u64 * 4;
+                ctx.download(q_ids, 0, nq)?
+            }
+            (Algorithm::Grid, None) => {
+                counts.bytes_down += nq as u64 * 4;
+                ctx.download(&prepared.data.r_ids, 0, nq)?
+            }
+            _ => (0..nq as u32).collect(),
+        };
+        let made = super::rows::run(
+            &mut run,
+            &mut slots,
+            &ids,
+            self_join,
+            max_points,
+            opts.batch_points,
+            *form,
+            &mut times,
+            &mut counts,
+            &mut report.notes,
+        )
+        .inspect_err(|_| drop(run.raise_stop()))?;
+        made.map_or(0, |(output, batches)| {
+            **out = Some(output);
+            batches
+        })
+    } else {
+        let t_est = Instant::now();
+        let plan = estimate(
+            &run,
+            &mut slots[0],
+            nq,
+            stride,
+            max_points,
+            opts.batch_points,
+            &mut counts,
+            &mut times.gpu_estimate,
+        )
+        // Whatever failed, the dispatches in flight end early (the slots wait for them).
+        .inspect_err(|_| drop(run.raise_stop()))?;
+        times.estimate = t_est.elapsed().as_secs_f64();
+        report.notes.push(format!(
         "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers of {} pairs",
         plan.estimated_pairs,
         n_samples,
@@ -455,9 +518,19 @@ where
         plan.ranges.iter().map(|r| r.len()).max().unwrap_or(0),
         capacity
     ));
-    let batches = plan.ranges.len();
-    run_batches(&run, &mut slots, plan.ranges, sink, &mut times, &mut counts)
+        let batches = plan.ranges.len();
+        run_batches(
+            &run,
+            &mut slots,
+            plan.ranges,
+            Out::pairs(sink),
+            "join",
+            &mut times,
+            &mut counts,
+        )
         .inspect_err(|_| drop(run.raise_stop()))?;
+        batches
+    };
     // Every batch has completed: the next join reuses the slots.
     pools.slots.give(slots, capacity, max_points, counting);
 

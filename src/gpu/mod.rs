@@ -13,6 +13,8 @@
 //! - `join`: the driver: uploads, estimation, three slots (stream + result buffer + pinned
 //!   read-back) in flight, continuations when a result buffer fills up or a software
 //!   device's loop budget runs out, the report.
+//! - `rows`: sorted pairs and the CSR as rows sorted on the device (a count pass, then
+//!   batches sorted by the bitonic network and placed at their final offsets).
 //! - `lss`, `zorder`: LSS (sort and search over a set of Z-order lists): the eps-join,
 //!   and with `knn` the exact k-nearest-neighbour join (LSS or brute force).
 //! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp`, `glsl/lss_*.comp` (f32/f64) with
@@ -28,13 +30,14 @@ mod join;
 mod knn;
 mod lss;
 pub(crate) mod plan;
+mod rows;
 mod zorder;
 
-use crate::backend::{Job, JoinBackend};
+use crate::backend::{Job, JoinBackend, RowsForm};
 use crate::engine::EngineOptions;
 use crate::error::Result;
 use crate::knn::{KnnJob, KnnResult};
-use crate::result::{JoinReport, PairSink};
+use crate::result::{JoinOutput, JoinReport, PairSink};
 use crate::vk::{Context, ContextOptions, StagingPool};
 use std::sync::Arc;
 
@@ -78,6 +81,10 @@ pub(super) struct Pools {
 impl JoinBackend for GpuBackend {
     fn run(&self, job: &Job, sink: Option<&mut dyn PairSink>) -> Result<JoinReport> {
         join::run(&self.ctx, &self.pools, job, sink)
+    }
+
+    fn rows(&self, job: &Job, form: RowsForm) -> Result<Option<(JoinOutput, JoinReport)>> {
+        join::rows(&self.ctx, &self.pools, job, form)
     }
 
     fn neighbour_counts(&self, job: &Job) -> Result<Option<(Vec<u32>, JoinReport)>> {

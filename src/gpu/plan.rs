@@ -23,6 +23,45 @@ pub fn estimate_stride(nq: usize) -> usize {
     (nq / want).max(1)
 }
 
+/// Batches of the device-sorted rows' write pass (`rows.rs`) over query positions
+/// `0..counts.len()`, from each query's exact pair count: consecutive ranges of at most
+/// `max_points` (or the user's `forced_points`) queries whose pairs fit `capacity`, at
+/// least [`MIN_BATCHES`] of them where there are that many queries with pairs (so that
+/// the streams overlap); ranges without a pair are left out. `None` when one query's
+/// row alone exceeds `capacity`.
+pub fn plan_rows(
+    counts: &[u32],
+    capacity: usize,
+    max_points: usize,
+    forced_points: Option<usize>,
+) -> Option<Vec<Range<u32>>> {
+    if counts.iter().any(|&c| c as usize > capacity) {
+        return None;
+    }
+    let total: u64 = counts.iter().map(|&c| c as u64).sum();
+    let points = forced_points
+        .unwrap_or(max_points)
+        .clamp(1, max_points.max(1));
+    // Pairs a batch aims at: a share of the total, within the buffer.
+    let target = (total.div_ceil(MIN_BATCHES as u64) as usize).clamp(1, capacity.max(1));
+    let mut ranges = Vec::new();
+    let (mut start, mut pairs) = (0usize, 0usize);
+    for (q, &c) in counts.iter().enumerate() {
+        let c = c as usize;
+        if q > start && (q - start == points || pairs + c > target) {
+            if pairs > 0 {
+                ranges.push(start as u32..q as u32);
+            }
+            (start, pairs) = (q, 0);
+        }
+        pairs += c;
+    }
+    if pairs > 0 {
+        ranges.push(start as u32..counts.len() as u32);
+    }
+    Some(ranges)
+}
+
 /// The batches of a run.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BatchPlan {
@@ -125,6 +164,50 @@ fn push_capped(ranges: &mut Vec<Range<u32>>, start: usize, end: usize, max_point
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Row batches: every query with pairs in exactly one range, in order, each range's
+    /// pairs within the buffer and its length within the points; a row too long: None.
+    #[test]
+    fn row_batches_fit_and_cover() {
+        let mut seed = 7u64;
+        for case in 0..200 {
+            let n = case % 37;
+            let counts: Vec<u32> = (0..n)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let r = (seed >> 33) as u32;
+                    if r.is_multiple_of(3) {
+                        0
+                    } else {
+                        r % 9
+                    }
+                })
+                .collect();
+            let capacity = 8 + case % 5;
+            let points = 1 + case % 6;
+            let forced = (case % 4 == 0).then_some(1 + case % 3);
+            let ranges = plan_rows(&counts, capacity, points, forced).expect("rows fit");
+            let mut next = 0u32;
+            for r in &ranges {
+                assert!(r.start >= next && r.start < r.end);
+                assert!(counts[next as usize..r.start as usize]
+                    .iter()
+                    .all(|&c| c == 0));
+                let pairs: u32 = counts[r.start as usize..r.end as usize].iter().sum();
+                assert!(pairs > 0 && pairs as usize <= capacity);
+                assert!(r.len() <= forced.unwrap_or(points).min(points));
+                next = r.end;
+            }
+            assert!(counts[next as usize..].iter().all(|&c| c == 0));
+            // Even rows are split into several batches, for the streams to overlap.
+            let even = vec![2u32; 12];
+            assert!(plan_rows(&even, 64, 100, None).unwrap().len() >= MIN_BATCHES);
+        }
+        assert_eq!(plan_rows(&[1, 9, 2], 8, 4, None), None);
+        assert_eq!(plan_rows(&[], 8, 4, None), Some(vec![]));
+    }
 
     fn covers(plan: &BatchPlan, nq: usize) {
         let mut next = 0u32;

@@ -76,6 +76,39 @@ pub fn sort_pairs_u64(
     sort_pairs_with(stream, keys, values, n, true, SortStages::Auto)
 }
 
+/// As [`sort_pairs_u32`] with both arrays in one buffer: the keys at its start and the
+/// values `values_offset` bytes in (the layout of the join kernels' FLAG_ROWS results).
+pub fn sort_pairs_u32_in(
+    stream: &mut Stream,
+    buffer: &Arc<Buffer>,
+    values_offset: u64,
+    n: usize,
+) -> Result<()> {
+    if n > 1 << 31 || values_offset < n as u64 * 4 || buffer.size() < values_offset + n as u64 * 4 {
+        return Err(Error::invalid(format!(
+            "sort: {n} pairs with values at byte {values_offset} do not fit a buffer of {} bytes",
+            buffer.size()
+        )));
+    }
+    if !values_offset.is_multiple_of(4) {
+        return Err(Error::invalid("sort: values must be 4-byte aligned"));
+    }
+    let network = Network {
+        name: "bitonic_u32",
+        spirv: shaders::BITONIC_U32,
+        element_bytes: 8,
+        constants: Vec::new(),
+        keys: buffer.device_address(),
+        values: buffer.device_address() + values_offset,
+        n,
+        segments: 1,
+        shift: 0,
+    };
+    network.record(stream, SortStages::Auto)?;
+    // The kernels address the buffer through device addresses only.
+    stream.keep_alive(buffer.clone())
+}
+
 /// [`sort_pairs_u32`] / [`sort_pairs_u64`] (by `key64`) with a choice of stages.
 pub fn sort_pairs_with(
     stream: &mut Stream,
