@@ -117,7 +117,8 @@ fn compare_forms(engine: &Engine, seed: u64) -> usize {
                 o.output = output;
                 o.include_self = include_self;
                 o.sorted = sorted;
-                o.distances = case % 4 == 1;
+                // (An unsorted CSR's distances follow its rows' order, which differs.)
+                o.distances = case % 4 == 1 && sorted;
                 // Many batches: small result buffers, and small batches in every other case.
                 o.result_buffer_pairs = Some(64 + case * 37);
                 o.batch_points = (case % 2 == 1).then_some(40);
@@ -139,8 +140,8 @@ fn compare_forms(engine: &Engine, seed: u64) -> usize {
                     }
                     want.output = simjoin::JoinOutput::Csr(csr);
                 }
-                assert_eq!(got.output, want.output, "{what}");
-                assert_eq!(got.distances, want.distances, "{what}");
+                assert!(got.output == want.output, "{what}: outputs differ");
+                assert!(got.distances == want.distances, "{what}: distances differ");
                 assert_eq!(got.count(), want.count(), "{what}");
                 device_made += usize::from(on_device(&got));
             }

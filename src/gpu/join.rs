@@ -382,6 +382,10 @@ where
         &prepared,
         tiling,
     )?;
+    if rows.is_some() {
+        // The rows' sort kernels too, before the batches (and a stop) begin.
+        crate::vk::sort::prepare_u32(ctx)?;
+    }
     // Compiling the kernel can take a software device a good part of a second.
     if opts.control.is_cancelled() {
         prepared.ready.wait()?;

@@ -109,6 +109,20 @@ pub fn sort_pairs_u32_in(
     stream.keep_alive(buffer.clone())
 }
 
+/// Compiles the kernels of the u32 pair sort now (the context keeps them), so that a
+/// later sort records without a compile: a software device takes a good part of a
+/// second over one, which nobody can interrupt.
+pub fn prepare_u32(ctx: &Arc<Context>) -> Result<()> {
+    let wg = workgroup_size(ctx, 8);
+    for mode in [MODE_LOCAL_SORT, MODE_LOCAL_MERGE, MODE_GLOBAL_STEP] {
+        let spec = KernelSpec::new(wg)
+            .constant(1, mode)
+            .push_bytes(size_of::<Params>() as u32);
+        ctx.kernel("bitonic_u32", shaders::BITONIC_U32, &spec)?;
+    }
+    Ok(())
+}
+
 /// [`sort_pairs_u32`] / [`sort_pairs_u64`] (by `key64`) with a choice of stages.
 pub fn sort_pairs_with(
     stream: &mut Stream,
