@@ -532,6 +532,24 @@ impl Engine {
         }
     }
 
+    /// The backend a join of `a` (with `b`, or a self-join) under `opts` runs on:
+    /// `opts.backend` where it names one, else `Backend::Auto`'s choice for this job (the
+    /// cost model; the device is opened where it picks the GPU). For callers that choose
+    /// how to take the result (the CLI collects sorted pairs from a GPU, which sorts them
+    /// on the device).
+    pub fn backend_for(
+        &self,
+        a: &Dataset,
+        b: Option<&Dataset>,
+        opts: &JoinOptions,
+    ) -> Result<Backend> {
+        Ok(match opts.backend {
+            Backend::Auto if self.auto_route(a, b, opts, true)?.0.is_some() => Backend::Gpu,
+            Backend::Auto => Backend::Cpu,
+            other => other,
+        })
+    }
+
     /// Whether `opts.backend` runs this engine's joins on the CPU backend (`run`'s choice).
     fn runs_on_cpu(&self, a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Result<bool> {
         Ok(match opts.backend {

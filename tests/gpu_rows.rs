@@ -155,8 +155,16 @@ fn engine() -> Engine {
     Engine::new()
 }
 
+/// Device rows at every dimension (by default only below 8).
+fn rows_at_every_dim() {
+    if std::env::var_os("SIMJOIN_GPU_ROWS").is_none() {
+        std::env::set_var("SIMJOIN_GPU_ROWS", "1");
+    }
+}
+
 #[test]
 fn device_rows_match_the_cpu() {
+    rows_at_every_dim();
     let engine = engine();
     let made = compare_forms(&engine, 17);
     // Every GPU result but those with fewer than two points came from device rows.
@@ -178,6 +186,7 @@ fn device_rows_match_the_cpu_through_pinned_buffers() {
         );
         return;
     }
+    rows_at_every_dim();
     let engine = engine();
     let made = compare_forms(&engine, 29);
     assert!(
@@ -214,6 +223,31 @@ fn rows_longer_than_a_buffer_take_the_host_path() {
     let got = engine.self_join(&a, &o).unwrap();
     assert_eq!(got.output, want.output);
     assert!(on_device(&got), "{:?}", got.report.notes);
+    assert_no_validation_errors();
+}
+
+/// By default (no `SIMJOIN_GPU_ROWS`): rows below 8 dimensions, the host's sort from 8.
+#[test]
+fn rows_by_default_below_eight_dimensions() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        common::run_in_child("rows_by_default_below_eight_dimensions", &[]);
+        return;
+    }
+    std::env::remove_var("SIMJOIN_GPU_ROWS");
+    let engine = engine();
+    let mut rng = Rng(3);
+    for (dim, device) in [(2usize, true), (7, true), (8, false), (16, false)] {
+        let x: Vec<f64> = (0..300 * dim).map(|_| rng.unit()).collect();
+        let a = Dataset::from_f64(&x, dim).unwrap();
+        let mut o = JoinOptions::new(eps_for(&x, dim, 5));
+        o.sorted = true;
+        o.backend = Backend::Cpu;
+        let want = engine.self_join(&a, &o).unwrap();
+        o.backend = Backend::Gpu;
+        let got = engine.self_join(&a, &o).unwrap();
+        assert!(got.output == want.output, "dim {dim}");
+        assert_eq!(on_device(&got), device, "dim {dim}: {:?}", got.report.notes);
+    }
     assert_no_validation_errors();
 }
 

@@ -102,7 +102,7 @@ where
         .unwrap();
     stream.finish().unwrap();
     let states = &buffers[binding::STATES as usize];
-    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 14).unwrap();
+    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 15).unwrap();
     (params, seen, buffers)
 }
 
@@ -150,7 +150,12 @@ where
     );
     assert_eq!(seen[13][2], flags::FLAG_LINK, "FLAG_LINK");
     assert_eq!(seen[13][3], flags::FLAG_TILE, "FLAG_TILE");
-    assert_eq!(flags::ALL.len(), 10, "a new flag needs a line in this test");
+    assert_eq!(
+        seen[14][..3],
+        [flags::FLAG_ROWS, flags::FLAG_ABOVE, flags::FLAG_NOT_SELF],
+        "FLAG_ROWS, FLAG_ABOVE, FLAG_NOT_SELF"
+    );
+    assert_eq!(flags::ALL.len(), 13, "a new flag needs a line in this test");
     // Bindings: each GLSL buffer reads the buffer Rust bound at its binding number.
     let tag = |b: u32| 1000 + b;
     let coord = |b: u32| T::from_f64(tag(b) as f64).bits();

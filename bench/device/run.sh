@@ -116,6 +116,9 @@ run_bench() {
     low) workloads=${WORKLOADS:-uniform-2d,uniform-6d} sizes=${SIZES:-2000000,10000000} sel=${SEL:-10,100} ;;
     high) workloads=${WORKLOADS:-expo-16d,expo-32d,expo-64d} sizes=${SIZES:-2000000} sel=${SEL:-1,10,100}
       [ "${COMPARE_TILES:-1}" = 1 ] && extra=(--compare-tiles) ;;
+  esac
+  case $which in
+    low|high) [ "${COMPARE_ROWS:-0}" = 1 ] && extra+=(--compare-rows) ;;
     *) echo "bench: low or high, not '$which'" >&2; return 2 ;;
   esac
   if [ "${WITH_GDS:-1}" != 1 ]; then

@@ -51,6 +51,13 @@ def run_gpu_mode(args) -> int:
                                   lambda d, e, r, t, tile=tile: run_simjoin_cli(
                                       binary, d, e, r, t, "gpu", "auto", device=args.device,
                                       env_extra={"SIMJOIN_GPU_TILE": tile})))  # fmt: skip
+    if args.compare_rows:
+        # Sorted output bucketed and sorted on the host as the pairs arrive (the path before
+        # device-sorted rows), in the same run.
+        systems.append(System("simjoin-gpu-hostsort", f"simjoin Vulkan ({args.device}), host sort", True, True,
+                              lambda d, e, r, t: run_simjoin_cli(
+                                  binary, d, e, r, t, "gpu", "auto", device=args.device,
+                                  env_extra={"SIMJOIN_GPU_ROWS": "0"})))  # fmt: skip
     if args.gds_join:
         # The seed authors' CUDA join on the same GPU and data, built for each dimension.
         defines = dict(d.split("=", 1) for d in args.gds_define)

@@ -360,6 +360,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      help="with --compare-tiles, only the run with the tiles forced on (SIMJOIN_GPU_TILE=1)")  # fmt: skip
     gpu.add_argument("--no-gpu-warmup", action="store_true",
                      help="with --in-process-repeat 1, no untimed warm-up process before the GPU rows")  # fmt: skip
+    gpu.add_argument("--compare-rows", action="store_true",
+                     help="also run the GPU join with sorted output assembled on the host (SIMJOIN_GPU_ROWS=0) beside the device-sorted rows")  # fmt: skip
     gpu.add_argument("--compare-tiles", action="store_true",
                      help="also run the GPU join with the filter's shared-memory tiles off and on (SIMJOIN_GPU_TILE=0, 1)")  # fmt: skip
     gpu.add_argument("--gds-join", metavar="DIR",

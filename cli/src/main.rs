@@ -578,7 +578,21 @@ fn write_join(
             .with_context(|| format!("cannot write {}", path.display()))
     };
     let mut sort_seconds = 0.0;
-    let (report, runs) = if args.unsorted {
+    let budget = args.sort_memory.unwrap_or_else(default_sort_memory);
+    let in_memory = if args.unsorted {
+        None
+    } else {
+        sorted_on_gpu(engine, a, b, opts, budget)?
+    };
+    let (report, runs) = if let Some(result) = in_memory {
+        // Sorted in memory by the engine (on a GPU, rows sorted on the device): written
+        // after the join, which already holds every pair in order.
+        let t = Instant::now();
+        let pairs = result.pairs().unwrap_or_default();
+        pairs.chunks(PIECE_PAIRS).try_for_each(&mut emit)?;
+        seconds += t.elapsed().as_secs_f64();
+        (result.report, 0)
+    } else if args.unsorted {
         let report = stream_join(
             engine,
             a,
@@ -594,7 +608,6 @@ fn write_join(
         )?;
         (report, 0)
     } else {
-        let budget = args.sort_memory.unwrap_or_else(default_sort_memory);
         let spill_dir = match std::env::var_os("TMPDIR") {
             Some(dir) => PathBuf::from(dir),
             None => match path.parent() {
@@ -651,6 +664,35 @@ fn write_join(
             sort_seconds,
         },
     ))
+}
+
+/// The sorted join collected by the engine, where it runs on a GPU and its pairs (as the
+/// engine estimates them, with room for the estimate's error) fit a third of the sort's
+/// memory `budget`: the GPU then sorts its rows on the device (`src/gpu/rows.rs`) instead
+/// of the host bucketing every batch. `None`: the caller streams the pairs through its
+/// external sort (the CPU backend's path, and results larger than memory).
+fn sorted_on_gpu(
+    engine: &Engine,
+    a: &Dataset,
+    b: Option<&Dataset>,
+    opts: &JoinOptions,
+    budget: u64,
+) -> Result<Option<simjoin::JoinResult>> {
+    if engine.backend_for(a, b, opts)? != Backend::Gpu {
+        return Ok(None);
+    }
+    let pairs = simjoin::auto::estimate_pairs(a, b, opts);
+    if pairs * 8.0 * 3.0 > budget as f64 {
+        return Ok(None);
+    }
+    let mut o = opts.clone();
+    o.output = OutputForm::Pairs;
+    o.sorted = true;
+    o.distances = false;
+    Ok(Some(match b {
+        None => engine.self_join(a, &o)?,
+        Some(b) => engine.join(a, b, &o)?,
+    }))
 }
 
 /// Pieces of pairs the join may run ahead of the writer, and their size: the queue holds

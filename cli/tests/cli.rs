@@ -304,6 +304,64 @@ fn join_a_b_with_stats() {
     assert_ne!(stats["algorithm"], "auto");
 }
 
+/// Sorted output from a GPU (lavapipe under tests/run.sh) comes from the engine's rows
+/// sorted on the device, written in order: the oracle's pairs, self-join and A ⋈ B, and
+/// --stats says so; with the sort's memory too small for them, the external sort instead.
+#[test]
+fn gpu_sorted_output_is_sorted_on_the_device() {
+    if std::env::var_os("VK_DRIVER_FILES").is_none() {
+        return; // no pinned Vulkan driver (tests/run.sh pins lavapipe)
+    }
+    let dir = scratch("gpu-rows");
+    let a = lcg_points(400, 2, 15);
+    let b = lcg_points(300, 2, 16);
+    std::fs::write(dir.join("a.csv"), to_text(&a, 2, ",")).unwrap();
+    std::fs::write(dir.join("b.csv"), to_text(&b, 2, ",")).unwrap();
+    let (da, db) = (
+        Dataset::from_f64(&a, 2).unwrap(),
+        Dataset::from_f64(&b, 2).unwrap(),
+    );
+    for (args, want, device) in [
+        (
+            vec!["self-join", "a.csv"],
+            oracle::self_join(&da, Metric::Euclidean, 0.06),
+            true,
+        ),
+        (
+            vec!["join", "a.csv", "b.csv"],
+            oracle::join(&da, &db, Metric::Euclidean, 0.06),
+            true,
+        ),
+        (
+            vec!["self-join", "a.csv", "--sort-memory", "1K"],
+            oracle::self_join(&da, Metric::Euclidean, 0.06),
+            false,
+        ),
+    ] {
+        let mut args = args.clone();
+        args.extend([
+            "--eps",
+            "0.06",
+            "--backend",
+            "gpu",
+            "-o",
+            "out.npy",
+            "--stats",
+        ]);
+        let out = stdout_ok(&run(&dir, &args));
+        assert!(want.len() > 100);
+        assert_eq!(read_npy_pairs(&dir.join("out.npy")), want, "{args:?}");
+        let stats: serde_json::Value =
+            serde_json::from_str(out.trim()).expect("--stats prints one JSON object");
+        let notes = stats["notes"].to_string();
+        assert_eq!(
+            notes.contains("sorted on the device"),
+            device,
+            "{args:?}: {notes}"
+        );
+    }
+}
+
 #[test]
 fn tiny_inputs_and_exact_boundary() {
     let dir = scratch("tiny");

@@ -127,7 +127,7 @@ pub(crate) fn link(
 }
 
 /// The sorted pairs or the CSR of `job` as rows sorted on the device (`rows.rs`); `None`
-/// where device rows do not run (`SIMJOIN_GPU_ROWS=0`, LSS, fewer than two points, a row
+/// where device rows do not run (`rows::enabled`, LSS, fewer than two points, a row
 /// longer than a result buffer): the caller assembles streamed pairs instead.
 pub(crate) fn rows(
     ctx: &Arc<Context>,
@@ -135,7 +135,7 @@ pub(crate) fn rows(
     job: &Job,
     form: RowsForm,
 ) -> Result<Option<(JoinOutput, JoinReport)>> {
-    if !super::rows::enabled() || choose_algorithm(job)? == Algorithm::Lss {
+    if !super::rows::enabled(job.a.dim()) || choose_algorithm(job)? == Algorithm::Lss {
         return Ok(None);
     }
     let mut out = None;
@@ -500,28 +500,47 @@ where
             batches
         })
     } else {
-        let t_est = Instant::now();
-        let plan = estimate(
-            &run,
-            &mut slots[0],
-            nq,
-            stride,
-            max_points,
-            opts.batch_points,
-            &mut counts,
-            &mut times.gpu_estimate,
-        )
-        // Whatever failed, the dispatches in flight end early (the slots wait for them).
-        .inspect_err(|_| drop(run.raise_stop()))?;
-        times.estimate = t_est.elapsed().as_secs_f64();
-        report.notes.push(format!(
-        "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers of {} pairs",
-        plan.estimated_pairs,
-        n_samples,
-        plan.ranges.len(),
-        plan.ranges.iter().map(|r| r.len()).max().unwrap_or(0),
-        capacity
-    ));
+        let plan = if counting || !super::plan::estimate_wanted(prepared.dot_cutoff.is_some()) {
+            // No pass to size the batches by their pairs: count-only batches write none, and
+            // where the filter runs the pass costs about one batch (see `estimate_wanted`).
+            // A batch that fills its buffer resumes where each query stopped.
+            let plan = super::plan::plan_by_points(nq, max_points, opts.batch_points);
+            report.notes.push(format!(
+                "no estimation pass ({}): {} batches of <= {} queries; result buffers of {capacity} pairs",
+                if counting {
+                    "count only"
+                } else {
+                    "high-dimensional filter"
+                },
+                plan.ranges.len(),
+                plan.ranges.iter().map(|r| r.len()).max().unwrap_or(0),
+            ));
+            plan
+        } else {
+            let t_est = Instant::now();
+            let plan = estimate(
+                &run,
+                &mut slots[0],
+                nq,
+                stride,
+                max_points,
+                opts.batch_points,
+                &mut counts,
+                &mut times.gpu_estimate,
+            )
+            // Whatever failed, the dispatches in flight end early (the slots wait for them).
+            .inspect_err(|_| drop(run.raise_stop()))?;
+            times.estimate = t_est.elapsed().as_secs_f64();
+            report.notes.push(format!(
+                "estimate: {} pairs from {} sampled queries (stride {stride}); {} batches of <= {} queries; result buffers of {} pairs",
+                plan.estimated_pairs,
+                n_samples,
+                plan.ranges.len(),
+                plan.ranges.iter().map(|r| r.len()).max().unwrap_or(0),
+                capacity
+            ));
+            plan
+        };
         let batches = plan.ranges.len();
         run_batches(
             &run,

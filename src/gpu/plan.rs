@@ -23,11 +23,40 @@ pub fn estimate_stride(nq: usize) -> usize {
     (nq / want).max(1)
 }
 
+/// Whether a join's batches are sized by the estimation pass. Not where the dot-product
+/// filter runs (`high_dim`): there a query's scan is long and the pass's few sampled
+/// queries (one thread each) cannot fill a GPU, so it takes about as long as a whole batch
+/// (H200, 2M exponential points: 3.5 of 11.7 s at 16-D, 11.8 of 38.1 s at 32-D,
+/// BENCHMARKS.md), while a batch that overflows its buffer only resumes.
+/// `SIMJOIN_GPU_ESTIMATE=1` runs it always, `=0` never.
+pub fn estimate_wanted(high_dim: bool) -> bool {
+    match std::env::var("SIMJOIN_GPU_ESTIMATE").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => !high_dim,
+    }
+}
+
+/// Batches by query count alone: the user's `forced_points`, else [`MIN_BATCHES`] equal
+/// ranges (more where `max_points` is smaller).
+pub fn plan_by_points(nq: usize, max_points: usize, forced_points: Option<usize>) -> BatchPlan {
+    let points = forced_points
+        .unwrap_or(nq.div_ceil(MIN_BATCHES))
+        .clamp(1, max_points.max(1));
+    BatchPlan {
+        ranges: (0..nq)
+            .step_by(points)
+            .map(|s| s as u32..(s + points).min(nq) as u32)
+            .collect(),
+        estimated_pairs: 0,
+    }
+}
+
 /// Batches of the device-sorted rows' write pass (`rows.rs`) over query positions
 /// `0..counts.len()`, from each query's exact pair count: consecutive ranges of at most
-/// `max_points` (or the user's `forced_points`) queries whose pairs fit `capacity`, at
-/// least [`MIN_BATCHES`] of them where there are that many queries with pairs (so that
-/// the streams overlap); ranges without a pair are left out. `None` when one query's
+/// `max_points` (or the user's `forced_points`) queries whose pairs fit `capacity`; unless
+/// the user sized them, about [`MIN_BATCHES`] of them or more (so that the streams
+/// overlap); ranges without a pair are left out. `None` when one query's
 /// row alone exceeds `capacity`.
 pub fn plan_rows(
     counts: &[u32],
@@ -42,8 +71,13 @@ pub fn plan_rows(
     let points = forced_points
         .unwrap_or(max_points)
         .clamp(1, max_points.max(1));
-    // Pairs a batch aims at: a share of the total, within the buffer.
-    let target = (total.div_ceil(MIN_BATCHES as u64) as usize).clamp(1, capacity.max(1));
+    // Pairs a batch aims at: a share of the total, within the buffer (the buffer whole
+    // where the user sized the batches).
+    let share = match forced_points {
+        Some(_) => capacity as u64,
+        None => total.div_ceil(MIN_BATCHES as u64),
+    };
+    let target = (share as usize).clamp(1, capacity.max(1));
     let mut ranges = Vec::new();
     let (mut start, mut pairs) = (0usize, 0usize);
     for (q, &c) in counts.iter().enumerate() {

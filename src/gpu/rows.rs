@@ -43,16 +43,28 @@ pub(super) fn filter(form: RowsForm, self_join: bool) -> u32 {
     }
 }
 
-/// `SIMJOIN_GPU_ROWS=0` turns device rows off: sorted pairs and the CSR are then bucketed
-/// and sorted on the host as the pairs arrive (for measurements, and a way back).
-pub(crate) fn enabled() -> bool {
-    std::env::var_os("SIMJOIN_GPU_ROWS").is_none_or(|v| v != "0")
+/// Whether device rows make a `dim`-dimensional job's sorted output: by default below
+/// [`ROWS_MAX_DIM`] dimensions, where the search is cheap beside the host's assembly of
+/// every pair; from there the search dominates, and the rows' second pass would cost more
+/// than the host's sort saves (a guess until measured on a GPU: `bench/device/` compares
+/// both). `SIMJOIN_GPU_ROWS=1` makes them at any dimension, `=0` never (sorted pairs and
+/// the CSR then bucketed and sorted on the host as the pairs arrive).
+pub(crate) fn enabled(dim: usize) -> bool {
+    match std::env::var("SIMJOIN_GPU_ROWS").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => dim < ROWS_MAX_DIM,
+    }
 }
+
+/// Dimensions from which device rows are off by default (where the GPU's dot-product
+/// filter starts: the search is then the join's largest part).
+const ROWS_MAX_DIM: usize = 8;
 
 /// Runs the count and write passes of `run` (its flags: the whole-stencil search with the
 /// row filter) over the query positions, whose point ids are `ids` (a permutation of the
-/// rows `0..ids.len()`). `None` when a single row exceeds the result buffer (the caller
-/// falls back to the host's assembly).
+/// rows `0..ids.len()`); returns the output and the write pass's batches. `None` when a
+/// single row exceeds the result buffer (the caller falls back to the host's assembly).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run<T: Coord>(
     run: &mut Run<'_, T>,
@@ -187,7 +199,7 @@ where
         RowsForm::Pairs => JoinOutput::Pairs(pairs),
         RowsForm::Csr { .. } => JoinOutput::Csr(Csr { offsets, neighbors }),
     };
-    Ok(Some((output, count_batches + write_batches)))
+    Ok(Some((output, write_batches)))
 }
 
 /// `len` zeroed elements (pages untouched until written: `vec!` of zeros allocates them
