@@ -1,6 +1,6 @@
 //! The `simjoin` command end to end: every input format, both output formats, --stats, A ⋈ B,
-//! the demo, the commands of the README and docs/cli.md, and a clear one-line error for every kind of bad input.
-//! Pair sets are compared exactly with the brute-force oracle.
+//! the demo, the commands of the README and docs/cli.md, and a clear one-line error for every
+//! kind of bad input. Pair sets are compared exactly with the brute-force oracle.
 
 use simjoin::{oracle, Dataset, Metric, Pair};
 use std::path::{Path, PathBuf};
@@ -953,7 +953,7 @@ fn sigint_stops_the_command_cleanly() {
     assert_eq!(read_npy_pairs(&dir.join("pairs.npy")), want);
 }
 
-/// With --output and no --stats, one line says what was done; exit codes are as the README
+/// With --output and no --stats, one line says what was done; exit codes are as docs/cli.md
 /// says (2 for a usage error, from clap).
 #[test]
 fn output_runs_say_what_they_did() {
