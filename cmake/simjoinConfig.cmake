@@ -15,7 +15,7 @@ file(STRINGS "${_simjoin_prefix}/include/simjoin.h" _simjoin_abi REGEX "^#define
 string(REGEX REPLACE ".*SIMJOIN_ABI_VERSION ([0-9]+).*" "\\1" SIMJOIN_ABI_VERSION "${_simjoin_abi}")
 
 # What `cargo rustc --lib --crate-type staticlib -- --print native-static-libs` prints
-# (checked by tests/check-static-libs.sh). The same link line is documented in README.md.
+# (checked by tests/check-static-libs.sh). The same link line is documented in docs/c.md.
 set(SIMJOIN_NATIVE_STATIC_LIBS -ldl -lgcc_s -lutil -lrt -lpthread -lm -ldl -lc)
 
 if(NOT TARGET simjoin::simjoin_shared)

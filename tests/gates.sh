@@ -2,20 +2,29 @@
 # CI gates beside the tests: formatting, clippy with warnings denied (every `unsafe` block
 # must carry a SAFETY comment: clippy::undocumented_unsafe_blocks), rustdoc with warnings
 # denied, a build with the MSRV Cargo.toml declares, and the library without the `gpu`
-# feature (no shaderc, no Vulkan) built and tested on its own; and the README's layout
-# table naming every top-level folder and every file of src/.
+# feature (no shaderc, no Vulkan) built and tested on its own; and the layout table of
+# docs/architecture.md naming every top-level folder and every file of src/, and the README
+# linking every page of docs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-echo "== README layout table names every top-level folder and every file directly in src/"
-layout=$(awk '/^## Layout/{on=1; next} /^## /{on=0} on' README.md)
+echo "== docs/architecture.md's Layout table names every top-level folder and every file directly in src/"
+layout=$(awk '/^## Layout/{on=1; next} /^## /{on=0} on' docs/architecture.md)
 missing=0
 tracked=$(git ls-files)
 dirs=$(grep / <<<"$tracked" | grep -v '^\.' | cut -d/ -f1 | sort -u | sed 's|$|/|')
 src_dirs=$(grep '^src/[^/]*/' <<<"$tracked" | cut -d/ -f1-2 | sort -u | sed 's|$|/|')
 for path in $dirs $src_dirs $(grep '^src/[^/]*\.rs$' <<<"$tracked"); do
   if ! grep -qF "\`$path" <<<"$layout"; then
-    echo "README.md's Layout table does not name $path"; missing=1
+    echo "docs/architecture.md's Layout table does not name $path"; missing=1
+  fi
+done
+[ "$missing" = 0 ]
+
+echo "== README.md links every page of docs/"
+for page in $(grep '^docs/.*\.md$' <<<"$tracked"); do
+  if ! grep -qF "]($page)" README.md; then
+    echo "README.md does not link $page"; missing=1
   fi
 done
 [ "$missing" = 0 ]

@@ -106,15 +106,15 @@ fn header_version_agrees_with_cargo_toml() {
     assert!(cargo_toml.contains(&format!("version = \"{VERSION}\"")));
 }
 
-/// The README's C program is tests/c/example.c, verbatim (ctest builds and runs that file).
+/// docs/c.md's C program is tests/c/example.c, verbatim (ctest builds and runs that file).
 #[test]
-fn readme_c_example_is_tests_c_example() {
+fn docs_c_example_is_tests_c_example() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let example = std::fs::read_to_string(root.join("tests/c/example.c")).unwrap();
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let page = std::fs::read_to_string(root.join("docs/c.md")).unwrap();
     assert!(
-        readme.contains(&format!("```c\n{example}```")),
-        "README.md's ```c block differs from tests/c/example.c"
+        page.contains(&format!("```c\n{example}```")),
+        "docs/c.md's ```c block differs from tests/c/example.c"
     );
 }
 

@@ -1,6 +1,6 @@
 //! The `simjoin` command end to end: every input format, both output formats, --stats, A ⋈ B,
-//! the demo, the README's commands, and a clear one-line error for every kind of bad input.
-//! Pair sets are compared exactly with the brute-force oracle.
+//! the demo, the commands of the README and docs/cli.md, and a clear one-line error for every
+//! kind of bad input. Pair sets are compared exactly with the brute-force oracle.
 
 use simjoin::{oracle, Dataset, Metric, Pair};
 use std::path::{Path, PathBuf};
@@ -519,30 +519,46 @@ fn info_names_the_auto_backend() {
     }
 }
 
-/// Every `simjoin ...` line of the README's CLI example runs as written.
+/// Runs every `simjoin ...` line of the ```sh blocks of `page` (a path from the repository
+/// root), in order, in one scratch directory; a line's comment `# prints: TEXT` is what its
+/// standard output must begin with. Returns the number of commands run.
+fn doc_commands_run(page: &str, test: &str) -> usize {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(page);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{page}: {e}"));
+    let dir = scratch(test);
+    let mut ran = 0;
+    for block in text.split("```sh\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        for line in block.lines().filter(|l| l.starts_with("simjoin ")) {
+            let (command, comment) = line.split_once('#').unwrap_or((line, ""));
+            let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+            let out = stdout_ok(&run(&dir, &args));
+            if let Some(want) = comment.trim().strip_prefix("prints:") {
+                let want = want.trim();
+                assert!(
+                    out.starts_with(want),
+                    "{page}: `{}` printed {out:?}; the page shows {want:?}",
+                    command.trim()
+                );
+            }
+            ran += 1;
+        }
+    }
+    ran
+}
+
+/// Every `simjoin ...` line of the README's examples runs as written, printing what it shows.
 #[test]
 fn readme_cli_example_runs() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
-            .unwrap();
-    let block = readme
-        .split("<!-- cli-example -->")
-        .nth(1)
-        .and_then(|rest| rest.split("```sh\n").nth(1))
-        .and_then(|rest| rest.split("```").next())
-        .expect("README.md has a ```sh block after <!-- cli-example -->");
-    let dir = scratch("readme");
-    let mut ran = 0;
-    for line in block.lines().filter(|l| l.starts_with("simjoin ")) {
-        let args: Vec<&str> = line
-            .split_whitespace()
-            .skip(1)
-            .take_while(|w| !w.starts_with('#'))
-            .collect();
-        stdout_ok(&run(&dir, &args));
-        ran += 1;
-    }
-    assert!(ran >= 3, "README CLI example has {ran} commands");
+    let ran = doc_commands_run("README.md", "readme");
+    assert!(ran >= 3, "README.md has {ran} commands");
+}
+
+/// Every `simjoin ...` line of docs/cli.md runs as written, printing what it shows.
+#[test]
+fn docs_cli_examples_run() {
+    let ran = doc_commands_run("docs/cli.md", "docs-cli");
+    assert!(ran >= 9, "docs/cli.md has {ran} commands");
 }
 
 /// Reads array `name` of an .npz written by `simjoin knn`: its shape and values.
@@ -995,7 +1011,7 @@ fn sigint_stops_the_command_cleanly() {
     assert_eq!(read_npy_pairs(&dir.join("pairs.npy")), want);
 }
 
-/// With --output and no --stats, one line says what was done; exit codes are as the README
+/// With --output and no --stats, one line says what was done; exit codes are as docs/cli.md
 /// says (2 for a usage error, from clap).
 #[test]
 fn output_runs_say_what_they_did() {

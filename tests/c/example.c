@@ -1,4 +1,4 @@
-/* The README's C example: a self-join of five 2-D points. */
+/* The C example of docs/c.md: a self-join of five 2-D points. */
 #include <stdio.h>
 
 #include "simjoin.h"

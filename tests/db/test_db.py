@@ -8,9 +8,11 @@ stopping a join that finds no pairs within 250 ms, with every thread of it stopp
 (their CPU ticks stay still) and the next join at its usual speed; rows streamed (LIMIT 10
 on 20M+ pairs in at most 5% of the whole join's time, no temporary files for a result far
 beyond work_mem); the superuser-only thread and memory limits; the sqlite3 shell and
-Python's sqlite3 module; the README's PostgreSQL example, its output compared.
+Python's sqlite3 module; the SQL examples of README.md and docs/sql.md, their output compared.
 """
 import argparse
+import contextlib
+import io
 import os
 import re
 import select
@@ -855,11 +857,20 @@ def test_pg_postgis(rng):
     check(r.returncode != 0 and "POINT" in r.stderr, f"pg geometry non-point refused: {r.stderr.strip()!r}")
 
 
-def readme_sql():
-    """The README's PostgreSQL example (the ```sql block after <!-- sql-example -->): its
-    statements, each SELECT with the rows the README shows after it (None: none shown)."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
-    block = readme.split("<!-- sql-example -->", 1)[1].split("```sql\n", 1)[1].split("```", 1)[0]
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+SQL_PAGES = ["README.md", "docs/sql.md"]
+
+
+def doc_block(page, marker, fence):
+    """The block opened by `fence` after `marker` in `page` (a path from the repository root)."""
+    text = open(os.path.join(ROOT, page)).read()
+    return text.split(marker, 1)[1].split(fence + "\n", 1)[1].split("```", 1)[0]
+
+
+def doc_sql(page):
+    """The PostgreSQL example of `page` (the ```sql block after <!-- sql-example -->): its
+    statements, each SELECT with the rows the page shows after it (None: none shown)."""
+    block = doc_block(page, "<!-- sql-example -->", "```sql")
     steps, sql, shown = [], [], None
     for line in block.splitlines():
         if shown is not None:
@@ -883,25 +894,67 @@ def readme_sql():
     return steps
 
 
-def test_readme_sql():
-    steps = readme_sql()
-    check(len(steps) >= 4, f"README sql example: {len(steps)} statements found")
-    psql("DROP TABLE IF EXISTS shops")
-    for stmt, shown in steps:
-        # The extension exists already in this database.
-        stmt = stmt.replace("CREATE EXTENSION simjoin;", "CREATE EXTENSION IF NOT EXISTS simjoin;")
-        out = psql(stmt).stdout
-        if not shown:
-            continue
-        # The README shows psql's aligned output: a header, a rule, then the rows.
-        want = [[c.strip() for c in line.split("|")] for line in shown[2:]]
-        got = sorted(line.split("|") for line in out.splitlines() if line)
-        want = sorted(want)
-        same = len(got) == len(want) and all(
-            len(g) == len(w) and all(float(a) == float(b) for a, b in zip(g, w)) for g, w in zip(got, want)
-        )
-        check(same, f"README sql example: {stmt!r} gave {got}, the README shows {want}")
-    psql("DROP TABLE shops")
+def test_docs_sql():
+    """The PostgreSQL examples of the README and docs/sql.md: their statements in order, each
+    SELECT's rows compared with the output the page shows."""
+    print("-- PostgreSQL: the examples of " + " and ".join(SQL_PAGES), flush=True)
+    for page in SQL_PAGES:
+        steps = doc_sql(page)
+        check(len(steps) >= 4 and any(shown for _, shown in steps),
+              f"{page} sql example: {len(steps)} statements found, "
+              f"{sum(bool(s) for _, s in steps)} with rows shown")
+        psql("DROP TABLE IF EXISTS shops")
+        for stmt, shown in steps:
+            # The extension exists already in this database.
+            stmt = stmt.replace("CREATE EXTENSION simjoin;", "CREATE EXTENSION IF NOT EXISTS simjoin;")
+            out = psql(stmt).stdout
+            if not shown:
+                continue
+            # The page shows psql's aligned output: a header, a rule, then the rows.
+            want = [[c.strip() for c in line.split("|")] for line in shown[2:]]
+            got = sorted(line.split("|") for line in out.splitlines() if line)
+            want = sorted(want)
+            same = len(got) == len(want) and all(
+                len(g) == len(w) and all(float(a) == float(b) for a, b in zip(g, w)) for g, w in zip(got, want)
+            )
+            check(same, f"{page} sql example: {stmt!r} gave {got}, the page shows {want}")
+        psql("DROP TABLE shops")
+
+
+def test_docs_sqlite():
+    """docs/sql.md's SQLite examples: the sqlite3 shell session typed into the shell, its
+    output compared with the lines the page shows; the Python one run, its `# prints:` line
+    compared."""
+    print("-- SQLite: the examples of docs/sql.md", flush=True)
+    ext = os.path.splitext(ARGS.sqlite_ext)[0]
+    block = doc_block("docs/sql.md", "<!-- sqlite-example -->", "```")
+    script, shown = [], []
+    for line in block.splitlines():
+        if line.startswith(("sqlite> ", "   ...> ")):  # the prompts, both 8 characters
+            script.append(line[8:])
+        elif line.strip():
+            shown.append(line)
+    check(script and script[0] == ".load build/sqlite/simjoin" and len(shown) >= 2,
+          f"docs/sql.md sqlite example: {len(script)} input lines, {len(shown)} output lines")
+    script[0] = f".load {ext}"
+    r = subprocess.run(["sqlite3", "-batch", ":memory:"], input="\n".join(script) + "\n",
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and sorted(r.stdout.splitlines()) == sorted(shown),
+          f"docs/sql.md sqlite example: printed {r.stdout!r} {r.stderr!r}, the page shows {shown}")
+
+    block = doc_block("docs/sql.md", "<!-- sqlite-python-example -->", "```python")
+    load = 'conn.load_extension("build/sqlite/simjoin")'
+    shown = [line.strip()[len("# prints:"):].strip() for line in block.splitlines()
+             if line.strip().startswith("# prints:")]
+    check(load in block and shown, f"docs/sql.md sqlite python example: {load} and a # prints: line")
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(block.replace(load, f"conn.load_extension({ext!r})"), "docs/sql.md", "exec"), {})
+    except Exception as e:  # noqa: BLE001 -- reported as a failure like the other checks
+        check(False, f"docs/sql.md sqlite python example raised {e!r}")
+    printed = [line.strip() for line in out.getvalue().splitlines()]
+    check(printed == shown, f"docs/sql.md sqlite python example: printed {printed}, the page shows {shown}")
 
 
 def main():
@@ -924,7 +977,7 @@ def main():
         check(pg_rows("SELECT * FROM simjoin_self_join('SELECT 1, 0.0 UNION ALL SELECT 2, 0.5', 1)")
               == [(1, 2, 0.5)], "pg: a join after the update")
         psql("DROP EXTENSION simjoin; CREATE EXTENSION simjoin")
-        test_readme_sql()
+        test_docs_sql()
         test_pg_correctness(rng)
         test_pg_errors()
         test_pg_postgis(rng)
@@ -939,6 +992,7 @@ def main():
         test_sqlite(rng)
         test_sqlite_cancel()
         test_sqlite_shell()
+        test_docs_sqlite()
     print(f"db tests: {len(FAILURES)} failures, {time.time() - t0:.0f} s", flush=True)
     sys.exit(1 if FAILURES else 0)
 

@@ -8,7 +8,6 @@ import pickle
 import subprocess
 import sys
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -329,14 +328,3 @@ def test_import_simjoin_without_dask():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert "ImportError: simjoin.dask needs Dask" in out.stdout
-
-
-@pytest.mark.filterwarnings("ignore:Port 8787 is already in use")
-def test_readme_dask_example_runs(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    readme = Path(__file__).resolve().parents[3] / "README.md"
-    if not readme.exists():
-        pytest.skip("not run from a source checkout")
-    text = readme.read_text()
-    block = text.split("<!-- dask-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})

@@ -311,17 +311,6 @@ def test_gpu_equals_cpu(kind, dim, dtype):
                 check_against_sklearn(X, eps, min_samples, metric, gpu.labels_, core)
 
 
-def test_readme_dbscan_example_runs():
-    from pathlib import Path
-
-    readme = Path(__file__).resolve().parents[3] / "README.md"
-    if not readme.exists():
-        pytest.skip("not run from a source checkout")
-    text = readme.read_text()
-    block = text.split("<!-- dbscan-python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md", "exec"), {})
-
-
 @pytest.mark.parametrize("metric", METRICS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_neighbour_counts(metric, dtype):

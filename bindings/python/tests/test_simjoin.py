@@ -1,5 +1,6 @@
 """Python bindings: exact agreement with scipy's cKDTree, every output form, A join B, tiny
-inputs, no-copy input, errors with the engine's message, and the README snippet."""
+inputs, no-copy input, errors with the engine's message. (The documentation's examples are
+run by test_docs.py.)"""
 import re
 import threading
 from pathlib import Path
@@ -188,15 +189,6 @@ def test_version_is_the_crate_version():
         pytest.skip("not run from a source checkout")
     version = re.search(r'^version\s*=\s*"([^"]+)"', cargo.read_text(), re.MULTILINE).group(1)
     assert simjoin.__version__ == version
-
-
-def test_readme_python_example_runs():
-    readme = Path(__file__).resolve().parents[3] / "README.md"
-    if not readme.exists():
-        pytest.skip("not run from a source checkout")
-    text = readme.read_text()
-    block = text.split("<!-- python-example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(block, "README.md", "exec"), {})
 
 
 def test_pairs_are_handed_over_without_a_copy():
