@@ -100,7 +100,8 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
     }
     let engine = args.run.engine()?;
     let read_start = Instant::now();
-    let points = read_points(&args.input)?.with_precision(args.run.precision);
+    let points =
+        read_points(&args.input, args.run.columns.as_deref())?.with_precision(args.run.precision);
     let data = points
         .dataset()
         .with_context(|| args.input.display().to_string())?;

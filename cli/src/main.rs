@@ -77,6 +77,11 @@ pub(crate) struct RunArgs {
     /// Vulkan device index or name substring.
     #[arg(long)]
     pub device: Option<String>,
+    /// The coordinate columns of the input files, comma-separated header names or 0-based
+    /// indices, in that order (e.g. --columns lat,lon of a CSV or Parquet file with other
+    /// columns); default: every column.
+    #[arg(long)]
+    pub columns: Option<String>,
 }
 
 impl RunArgs {
@@ -348,7 +353,10 @@ fn run_join(inputs: &[PathBuf], args: &JoinArgs) -> Result<()> {
     let read_start = Instant::now();
     let sets: Vec<Points> = inputs
         .iter()
-        .map(|p| read_points(p).map(|x| x.with_precision(args.run.precision)))
+        .map(|p| {
+            read_points(p, args.run.columns.as_deref())
+                .map(|x| x.with_precision(args.run.precision))
+        })
         .collect::<Result<_>>()?;
     let datasets: Vec<Dataset> = sets
         .iter()
@@ -437,10 +445,13 @@ fn run_knn(args: &KnnArgs) -> Result<()> {
     }
     let engine = args.run.engine()?;
     let read_start = Instant::now();
-    let data = read_points(&args.input)?.with_precision(args.run.precision);
+    let data =
+        read_points(&args.input, args.run.columns.as_deref())?.with_precision(args.run.precision);
     let query = match &args.query {
         // Queries take the data's precision (the join needs one).
-        Some(p) => Some(read_points(p)?.with_precision(Some(data.precision()))),
+        Some(p) => Some(
+            read_points(p, args.run.columns.as_deref())?.with_precision(Some(data.precision())),
+        ),
         None => None,
     };
     let dset = data

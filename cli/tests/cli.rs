@@ -1047,3 +1047,143 @@ fn output_runs_say_what_they_did() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("chebyshev, cosine, haversine)"), "{err}");
 }
+
+/// `--columns` picks the coordinates of a CSV (by header name, quoted fields with commas
+/// around them, or by index) and of a Parquet file: a haversine self-join of named places
+/// equals the oracle on their latitudes and longitudes; a missing name or index is a clear
+/// error naming the columns.
+#[test]
+fn columns_pick_latitude_and_longitude() {
+    use arrow_array::{Float32Array, Float64Array, Int64Array, RecordBatch, StringArray};
+    use std::sync::Arc;
+    let dir = scratch("columns");
+    // Places around Paris, a few km apart: (lat, lon) in degrees.
+    let raw = lcg_points(300, 2, 41);
+    let coords: Vec<f64> = raw
+        .chunks(2)
+        .flat_map(|p| [48.80 + 0.1 * p[0], 2.25 + 0.15 * p[1]])
+        .collect();
+    let mut csv = String::from("id,name,lat,lon,note\n");
+    for (i, p) in coords.chunks(2).enumerate() {
+        csv += &format!(
+            "{i},\"Place {i}, Paris\",{:?},{:?},\"said \"\"hi\"\"\"\n",
+            p[0], p[1]
+        );
+    }
+    std::fs::write(dir.join("places.csv"), csv).unwrap();
+    let data = Dataset::from_f64(&coords, 2).unwrap();
+    let want = oracle::self_join(&data, Metric::Haversine, 1500.0);
+    assert!(want.len() > 100, "{}", want.len());
+    // Parquet: an id, the coordinates (latitude f64, longitude f32 as stored), a name.
+    let lon32: Vec<f32> = coords.chunks(2).map(|p| p[1] as f32).collect();
+    let batch = RecordBatch::try_from_iter([
+        ("id", Arc::new(Int64Array::from_iter_values(0..300)) as _),
+        (
+            "name",
+            Arc::new(StringArray::from_iter_values(
+                (0..300).map(|i| format!("p{i}")),
+            )) as _,
+        ),
+        (
+            "lat",
+            Arc::new(Float64Array::from_iter_values(
+                coords.chunks(2).map(|p| p[0]),
+            )) as _,
+        ),
+        ("lon", Arc::new(Float32Array::from(lon32.clone())) as _),
+    ])
+    .unwrap();
+    let file = std::fs::File::create(dir.join("places.parquet")).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, batch.schema(), None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let coords_pq: Vec<f64> = coords
+        .chunks(2)
+        .zip(&lon32)
+        .flat_map(|(p, &lon)| [p[0], lon as f64])
+        .collect();
+    let want_pq = oracle::self_join(
+        &Dataset::from_f64(&coords_pq, 2).unwrap(),
+        Metric::Haversine,
+        1500.0,
+    );
+    for (file, columns, want) in [
+        ("places.csv", "lat,lon", &want),
+        ("places.csv", "2,3", &want),
+        ("places.parquet", "lat,lon", &want_pq),
+        ("places.parquet", "2,3", &want_pq),
+    ] {
+        let out = stdout_ok(&run(
+            &dir,
+            &[
+                "self-join",
+                file,
+                "--metric",
+                "haversine",
+                "--eps",
+                "1500",
+                "--columns",
+                columns,
+                "--backend",
+                "cpu",
+                "-o",
+                "pairs.npy",
+            ],
+        ));
+        assert!(!out.is_empty());
+        assert_eq!(
+            &read_npy_pairs(&dir.join("pairs.npy")),
+            want,
+            "{file} --columns {columns}"
+        );
+    }
+    // Swapped columns are other points (longitude read as latitude): not the same pairs.
+    stdout_ok(&run(
+        &dir,
+        &[
+            "self-join",
+            "places.csv",
+            "--metric",
+            "haversine",
+            "--eps",
+            "1500",
+            "--columns",
+            "lon,lat",
+            "-o",
+            "swapped.npy",
+        ],
+    ));
+    assert_ne!(read_npy_pairs(&dir.join("swapped.npy")), want);
+    for (file, columns, needle) in [
+        (
+            "places.csv",
+            "lat,longitude",
+            "no column named 'longitude' (the columns: id, name, lat, lon, note)",
+        ),
+        ("places.csv", "2,9", "column 9 does not exist"),
+        ("places.csv", "name,lat", "is not a number"),
+        ("places.parquet", "lat,height", "no column named 'height'"),
+        (
+            "places.parquet",
+            "name,lat",
+            "coordinates must be a float or integer type",
+        ),
+    ] {
+        assert_error(
+            &run(
+                &dir,
+                &[
+                    "self-join",
+                    file,
+                    "--metric",
+                    "haversine",
+                    "--eps",
+                    "1500",
+                    "--columns",
+                    columns,
+                ],
+            ),
+            needle,
+        );
+    }
+}
