@@ -2,8 +2,9 @@
 
 The package's version is the Rust crate's (Cargo.toml). Set SIMJOIN_LIBRARY to an existing
 libsimjoin.so to skip the cargo build and bundle that file instead (scripts/build-wheel.sh
-does, for a wheel that installs without Rust). cargo's own progress is shown (pip shows it
-with -v).
+does, for a wheel that installs without Rust). cargo's own progress is shown: on the
+terminal pip runs from (pip hides a build's output unless -v, so it goes to /dev/tty where
+there is one), else on standard error.
 """
 import os
 import re
@@ -34,11 +35,33 @@ def build_library():
     if prebuilt:
         return Path(prebuilt)
     cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    subprocess.run([cargo, "build", "--release", "-p", "simjoin", "--lib"], cwd=ROOT, check=True)
+    with progress_stream() as err:
+        print(
+            "simjoin: building the Rust library with cargo (the first build takes about 15 minutes on"
+            " 2 cores; SIMJOIN_LIBRARY=path/to/libsimjoin.so skips it)",
+            file=err,
+            flush=True,
+        )
+        subprocess.run(
+            [cargo, "build", "--release", "-p", "simjoin", "--lib"], cwd=ROOT, check=True, stderr=err
+        )
     target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     if not target.is_absolute():
         target = ROOT / target
     return target / "release" / LIBRARY
+
+
+def progress_stream():
+    """Where cargo's progress goes: the controlling terminal when there is one (pip
+    captures the build's own output), else standard error."""
+    import contextlib
+
+    if os.environ.get("SIMJOIN_BUILD_QUIET") != "1":
+        try:
+            return open("/dev/tty", "w")
+        except OSError:
+            pass
+    return contextlib.nullcontext(sys.stderr)
 
 
 class BuildWithCargo(build_py):
