@@ -1,5 +1,6 @@
 """simjoin.dask on a real distributed cluster of processes: exact set equality with the
-single-machine join (uniform, clustered, duplicate-heavy, 2-D to 16-D data, every metric,
+single-machine join (uniform, clustered, duplicate-heavy, 2-D to 24-D data, every metric:
+cosine on clustered embeddings, haversine across the antimeridian and the poles,
 both join forms, one and many partitions), no duplicate pairs, a worker killed mid-join,
 empty chunks and leaves, eps wider than a leaf, distances, skew splitting, Parquet output,
 errors, and the module's import without Dask."""
@@ -296,6 +297,68 @@ def test_nothing_unpicklable_and_one_engine_per_worker(client):
     assert all(len(keys) <= 1 for keys in engines.values()), engines
 
 
+def embeddings(rng, n, d, clusters=6):
+    """Clustered directions (cosine), with near-duplicates and antipodal pairs."""
+    centres = rng.standard_normal((clusters, d))
+    X = centres[rng.integers(0, clusters, n)] + 0.15 * rng.standard_normal((n, d))
+    X[1::17] = X[0::17][: len(X[1::17])] * 3.0  # the same direction, longer
+    X[2::19] = -X[0::19][: len(X[2::19])]  # opposite directions
+    return X
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_cosine_exact_against_single_machine(client, dtype):
+    rng = np.random.default_rng(40)
+    X = embeddings(rng, 3000, 24).astype(dtype)
+    Y = embeddings(rng, 1500, 24).astype(dtype)
+    for eps in (0.02, 0.3, 1.5):
+        want = simjoin.self_join(X, eps, metric="cosine")
+        got = sjd.self_join(da.from_array(X, chunks=700), eps, metric="cosine", partitions=12).compute()
+        assert_same_pairs(got, want)
+        want_ab = simjoin.join(X, Y, eps, metric="cosine")
+        got_ab = sjd.join(da.from_array(X, chunks=900), da.from_array(Y, chunks=400), eps, metric="cosine",
+                          partitions=9).compute()
+        assert_same_pairs(got_ab, want_ab)
+    # Distances: the engine's, pair for pair.
+    pairs, dist = simjoin.self_join(X, 0.3, metric="cosine", return_distance=True)
+    got = sjd.self_join(da.from_array(X, chunks=700), 0.3, metric="cosine", partitions=12,
+                        return_distance=True).compute()
+    got = got.sort_values(["i", "j"])
+    np.testing.assert_array_equal(got[["i", "j"]].to_numpy(), pairs.astype(np.int64))
+    np.testing.assert_array_equal(got["distance"].to_numpy(), dist)
+    # A plan cuts the unit vectors: many leaves, not one.
+    plan = sjd.plan(da.from_array(X, chunks=700), 0.3, metric="cosine", partitions=12)
+    assert plan.n_leaves >= 8 and plan.boxes()[0].shape == (plan.n_leaves, 24)
+
+
+def test_haversine_exact_across_the_antimeridian_and_the_poles(client):
+    rng = np.random.default_rng(41)
+    parts = [
+        np.column_stack([rng.uniform(-60, 60, 1500), rng.uniform(-180, 180, 1500)]),
+        # Around the antimeridian, as -180 and 180 too.
+        np.column_stack([rng.uniform(-5, 5, 600), rng.choice([-1, 1], 600) * rng.uniform(179.0, 180.0, 600)]),
+        np.array([[0.0, -180.0], [0.0, 180.0], [10.0, 180.0], [10.0, -180.0]]),
+        # At and near both poles, any longitude.
+        np.column_stack([rng.choice([-1, 1], 600) * rng.uniform(89.0, 90.0, 600), rng.uniform(-180, 180, 600)]),
+        np.array([[90.0, 0.0], [90.0, 77.0], [-90.0, -10.0], [-90.0, 180.0]]),
+    ]
+    X = np.concatenate(parts)
+    Y = np.column_stack([rng.uniform(85, 90, 400), rng.uniform(-180, 180, 400)])  # one side near a pole
+    for eps in (50_000.0, 400_000.0, 2.0e7):
+        want = simjoin.self_join(X, eps, metric="haversine")
+        got = sjd.self_join(da.from_array(X, chunks=800), eps, metric="haversine", partitions=10).compute()
+        assert_same_pairs(got, want)
+        want_ab = simjoin.join(X, Y, eps, metric="haversine")
+        got_ab = sjd.join(da.from_array(X, chunks=800), da.from_array(Y, chunks=150), eps,
+                          metric="haversine", partitions=8).compute()
+        assert_same_pairs(got_ab, want_ab)
+    pairs, dist = simjoin.self_join(X, 400_000.0, metric="haversine", return_distance=True)
+    got = sjd.self_join(da.from_array(X, chunks=800), 400_000.0, metric="haversine", partitions=10,
+                        return_distance=True).compute().sort_values(["i", "j"])
+    np.testing.assert_array_equal(got[["i", "j"]].to_numpy(), pairs.astype(np.int64))
+    np.testing.assert_array_equal(got["distance"].to_numpy(), dist)
+
+
 def test_errors(client):
     X = np.random.default_rng(0).random((100, 2))
     bad = X.copy()
@@ -307,8 +370,11 @@ def test_errors(client):
             sjd.self_join(da.from_array(X, chunks=50), eps)
     with pytest.raises(simjoin.InvalidArgumentError, match="unknown metric"):
         sjd.self_join(da.from_array(X, chunks=50), 0.1, metric="hamming")
-    with pytest.raises(simjoin.InvalidArgumentError, match="no cosine metric"):
-        sjd.self_join(da.from_array(X, chunks=50), 0.1, metric="cosine")
+    with pytest.raises(simjoin.InvalidArgumentError, match="2 columns"):
+        sjd.self_join(da.from_array(np.zeros((10, 3)), chunks=5), 100.0, metric="haversine")
+    lat_bad = np.array([[10.0, 20.0]] * 50 + [[95.0, 0.0]] * 50)
+    with pytest.raises(simjoin.InvalidArgumentError, match="latitude"):
+        sjd.self_join(da.from_array(lat_bad, chunks=25), 100.0, metric="haversine").compute()
     with pytest.raises(simjoin.InvalidArgumentError, match="dimensions"):
         sjd.join(da.from_array(X, chunks=50), da.zeros((10, 3), chunks=5), 0.1)
     with pytest.raises(simjoin.InvalidArgumentError, match="column"):

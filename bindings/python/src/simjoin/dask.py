@@ -67,6 +67,17 @@ for float64 input, float32 for float32), with the same metric; they can differ f
 engine's own arithmetic in the last bits, so a pair at distance ~eps may show a distance a
 rounding error above eps.
 
+Cosine and haversine: the tree cuts the rows' unit vectors (cosine: each row over its
+norm; haversine: (latitude, longitude) in degrees as a point on the unit sphere), where a
+pair's coordinate differences are bounded by its Euclidean distance, which is bounded by
+the metric's own: sqrt(2 eps) for cosine distance eps (plus an absolute 1e-12 under the
+root, for the rounding of 1 - cos near 0), the chord 2 sin(eps / 2R) for eps metres on the
+sphere of radius R. The halo h is that bound widened as above, so the ownership rule holds
+unchanged; the workers route by the unit vectors but join the rows themselves, with the
+engine's cosine or haversine rule, so the pair set is exactly the single-machine one.
+Distances of these two metrics are the engine's own. ``Plan.boxes()`` then gives the
+leaves' boxes in the unit vectors' coordinates.
+
 The engine runs on the workers through the ordinary binding, which keeps one engine per
 process (``simjoin._Engine``); tasks carry only NumPy arrays and module-level functions,
 never a ctypes handle.
@@ -274,6 +285,34 @@ class _Tree:
         return lo, hi
 
 
+def _space(x, metric):
+    """The coordinates the tree cuts for `metric` (module docstring, "Cosine and
+    haversine"): the rows themselves, or their unit vectors in float64."""
+    if metric == "cosine":
+        x64 = np.asarray(x, np.float64)
+        norm = np.sqrt(np.einsum("ij,ij->i", x64, x64))[:, None]
+        # A zero row stays at the origin (the engine rejects it in the join).
+        return np.divide(x64, norm, out=np.zeros_like(x64), where=norm > 0)
+    if metric == "haversine":
+        if x.shape[1] != 2:
+            raise _invalid(
+                f"haversine points are 2 columns, (latitude, longitude) in degrees; the data have {x.shape[1]}"
+            )
+        lat, lon = np.radians(np.asarray(x[:, 0], np.float64)), np.radians(np.asarray(x[:, 1], np.float64))
+        return np.stack([np.cos(lat) * np.cos(lon), np.cos(lat) * np.sin(lon), np.sin(lat)], axis=1)
+    return x
+
+
+def _coordinate_bound(metric, eps):
+    """The largest coordinate difference (in `_space`) of a pair within eps, before the
+    halo's widening for rounding."""
+    if metric == "cosine":
+        return math.sqrt(2.0 * eps + 1e-12)
+    if metric == "haversine":
+        return 2.0 * math.sin(min(eps / _native.EARTH_RADIUS_M, math.pi) / 2.0)
+    return eps
+
+
 def _route_rows(tree, x, h, role):
     """(row, leaf, own?) for one chunk. role "self": own at home, halo in earlier leaves;
     "a": home only; "b": home and every other near leaf."""
@@ -289,11 +328,12 @@ def _route_rows(tree, x, h, role):
     return rows, leaves, own
 
 
-def _route(part, offset, dtype, tree, h, role):
+def _route(part, offset, dtype, tree, h, role, metric="euclidean"):
     """Worker task: one input chunk cut into per-leaf pieces, sorted by leaf; `starts`
-    indexes them (piece c is rows starts[c]:starts[c+1])."""
+    indexes them (piece c is rows starts[c]:starts[c+1]). Routed by `_space`'s coordinates,
+    the rows themselves carried."""
     x = _to_array(part, dtype)
-    rows, leaves, own = _route_rows(tree, x, h, role)
+    rows, leaves, own = _route_rows(tree, _space(x, metric), h, role)
     order = np.argsort(leaves, kind="stable")
     rows, leaves, own = rows[order], leaves[order], own[order]
     starts = np.searchsorted(leaves, np.arange(tree.n_leaves + 1))
@@ -367,12 +407,20 @@ def _block(data, i, j, spec):
     kw = dict(metric=metric, backend=backend, sorted=False, threads=threads)
     parts = []  # (ids left, ids right, points left, points right, local pairs)
 
+    # Cosine and haversine distances are the engine's (NumPy has not their rules).
+    engine_distances = return_distance and metric in ("cosine", "haversine")
+    if engine_distances:
+        kw["return_distance"] = True
+
     def run(ga, xa, gb, xb):
         if not len(ga) or not len(gb):
             return
         p = _sj_self_join(xa, eps, **kw) if xb is None else _sj_join(xa, xb, eps, **kw)
+        d = None
+        if engine_distances:
+            p, d = p
         if len(p):
-            parts.append((ga, gb if xb is not None else ga, xa, xa if xb is None else xb, p))
+            parts.append((ga, gb if xb is not None else ga, xa, xa if xb is None else xb, p, d))
 
     gi, xi = og[bounds[i] : bounds[i + 1]], ox[bounds[i] : bounds[i + 1]]
     if mode == "join":
@@ -384,7 +432,7 @@ def _block(data, i, j, spec):
         run(gi, xi, og[bounds[j] : bounds[j + 1]], ox[bounds[j] : bounds[j + 1]])
 
     cols_i, cols_j, dists = [], [], []
-    for ga, gb, xa, xb, p in parts:
+    for ga, gb, xa, xb, p, d in parts:
         la, lb = p[:, 0].astype(np.int64), p[:, 1].astype(np.int64)
         a, b = ga[la], gb[lb]
         if mode == "self":
@@ -392,7 +440,7 @@ def _block(data, i, j, spec):
         cols_i.append(a)
         cols_j.append(b)
         if return_distance:
-            dists.append(_distances(xa, xb, la, lb, metric))
+            dists.append(np.asarray(d, xa.dtype) if d is not None else _distances(xa, xb, la, lb, metric))
     frame = {
         "i": np.concatenate(cols_i) if cols_i else np.empty(0, np.int64),
         "j": np.concatenate(cols_j) if cols_j else np.empty(0, np.int64),
@@ -442,7 +490,7 @@ class Plan:
 
     def boxes(self):
         """Leaf boxes [lo, hi) as two (n_leaves, dims) arrays (+-inf where unbounded)."""
-        return self.tree.boxes(self.dims)
+        return self.tree.boxes(self.stats.get("space_dims", self.dims))
 
     def __repr__(self):
         s = self.stats
@@ -475,14 +523,6 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     if not (math.isfinite(eps) and eps > 0):
         raise _invalid("eps must be a finite number > 0")
     metric = str(metric).lower()
-    if metric == "cosine":
-        # The halos bound coordinates by eps, which cosine distance does not.
-        raise _invalid("simjoin.dask has no cosine metric yet: normalise the rows and join under "
-                       "euclidean at eps = sqrt(2 * cosine eps), then filter")
-    if metric == "haversine":
-        # The halos bound coordinates (degrees) by eps (metres), which they are not.
-        raise _invalid("simjoin.dask has no haversine metric yet: join the partitions' unit "
-                       "vectors under euclidean at the chord of eps, then filter")
     if metric not in _native.METRICS:
         raise _invalid(f"unknown metric {metric!r} (expected one of: {', '.join(_native.METRICS)})")
     if partitions is not None and int(partitions) < 1:
@@ -541,8 +581,10 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
         np.add.at(pc, Q, 0.5 * pair_cost * pw)
     else:
         np.add.at(pc, P, pair_cost * pw)
-    xs64 = xs.astype(np.float64)
-    h_rel = eps * (1.0 + 2.0**-10)
+    # The tree cuts `_space`'s coordinates (the rows, or their unit vectors).
+    xs64 = np.asarray(_space(xs, metric), np.float64)
+    space_dims = xs64.shape[1]
+    h_rel = _coordinate_bound(metric, eps) * (1.0 + 2.0**-10)
 
     # Tree growth. node_of: sample point -> leaf node; pair_owner: sample pair -> leaf node.
     dim_l, cut_l, left_l, right_l = [0], [0.0], [-1], [-1]
@@ -559,7 +601,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     max_leaves = max(4 * partitions, partitions + 64)
     heap = [(-cost[0], 0)]
     leaves, skew_splits, unsplittable = 1, 0, set()
-    cut_dims = np.zeros(dims, np.int64)
+    cut_dims = np.zeros(space_dims, np.int64)
 
     def evaluate(node, k, c):
         """Children's estimated costs when node is cut at x_k = c (left: own + halo from
@@ -591,10 +633,10 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
         m = members[node]
         best = None
         if len(m) >= 2:
-            spread = np.ptp(xs64[m], axis=0) if len(m) else np.zeros(dims)
+            spread = np.ptp(xs64[m], axis=0) if len(m) else np.zeros(space_dims)
             q = np.percentile(xs64[m], [5, 95], axis=0)
             spread = np.where(q[1] - q[0] > 0, q[1] - q[0], spread)
-            for k in np.argsort(-spread, kind="stable")[: min(dims, 4)]:
+            for k in np.argsort(-spread, kind="stable")[: min(space_dims, 4)]:
                 if spread[k] <= 0:
                     continue
                 c = _weighted_cut(xs64[m, k], pc[m])
@@ -697,6 +739,8 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
         "mode": mode,
         "points": n_total[0] if mode == "self" else tuple(n_total),
         "dims": dims,
+        # The coordinates the tree cuts: the rows', or their unit vectors' (cosine, haversine).
+        "space_dims": space_dims,
         "eps": eps,
         "halo_width": h,
         "sample_size": int(len(xs)),
@@ -779,7 +823,7 @@ def _build(mode, inputs, eps, metric, backend, return_distance, partitions, thre
     for inp, role, lens in zip(inputs, roles, lengths):
         offsets = np.concatenate([[0], np.cumsum(lens)])[:-1]
         for part, off in zip(inp.parts, offsets):
-            routed = dask.delayed(_route, pure=False)(part, int(off), dtype, tree, h, role)
+            routed = dask.delayed(_route, pure=False)(part, int(off), dtype, tree, h, role, metric)
             for c in range(L):
                 per_leaf[c].append(dask.delayed(_piece, pure=False)(routed, c))
     n_a = None if mode == "self" else len(inputs[0].parts)
