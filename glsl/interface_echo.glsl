@@ -22,6 +22,7 @@ void main() {
     states[11] = uvec4(pc.rank_hi, pc.k, FLAG_KNN, FLAG_Q_IDS);
     states[12] = uvec4(TBITS(q_limits[0]), q_radii[0], 0u);
     states[13] = uvec4(link_core[0], link_parent[0], FLAG_LINK, FLAG_TILE);
-    states[14] = uvec4(FLAG_ROWS, FLAG_ABOVE, FLAG_NOT_SELF, 0u);
+    states[14] = uvec4(FLAG_ROWS, FLAG_ABOVE, FLAG_NOT_SELF, pc.lanes);
+    states[15] = uvec4(pc.reserved, 0u, 0u, 0u);
     results[0] = uvec2(0x5EE0u, 0x5EE1u);
 }

@@ -5,10 +5,11 @@
 
 void main() {
     uint thread = linear_invocation();
-    if (thread >= pc.q_count) return;
+    uint query = split_lanes(thread);
+    if (query >= pc.q_count) return;
     uvec4 state = states[thread];
     if (state.x == DONE) return;
-    uint qpos = pc.q_begin + thread * pc.q_stride;
+    uint qpos = pc.q_begin + query * pc.q_stride;
     load_query(qpos);
     q_id = qpos;
     matches_seen = state.w;

@@ -72,6 +72,8 @@ bool stopped;       // out of budget or of result slots
 uint stop_pos;      // where to resume the interrupted cell scan (position + 1)
 float qf[DIM];      // FLAG_DOT_FILTER: the query's centred f32 copy and its n2
 float qn2;
+uint lane = 0u;     // this thread's share of its query's candidates (pc.lanes)
+uint lanes = 1u;
 uint64_t dot_tested = 0ul;   // candidates through the filter in this dispatch
 uint64_t dot_rejected = 0ul; // ... and rejected by it
 
@@ -292,10 +294,12 @@ bool emit(uint rpos) {
     return true;
 }
 
-// Compares the query with candidate positions [begin, end); on a stop, stop_pos = the
-// position to resume at + 1.
+// Compares the query with candidate positions [begin, end), this lane's only (positions
+// congruent to `lane` modulo `lanes`); on a stop, stop_pos = the position to resume at + 1
+// (a position of this lane, so a resumed scan starts on the lane).
 void scan_positions(uint begin, uint end, bool windowed) {
-    for (uint p = begin; p < end && !stopped; p++) {
+    uint first = begin + (lane + lanes - begin % lanes) % lanes;
+    for (uint p = first; p < end && !stopped; p += lanes) {
         if (windowed) {
             T diff = r_coords[p * DIM + SORT_DIM] - qp[SORT_DIM];
             if (diff > pc.window) break;
@@ -306,6 +310,13 @@ void scan_positions(uint begin, uint end, bool windowed) {
             stop_pos = p + 1u;
         }
     }
+}
+
+// This thread's query (its index in the dispatch's queries) and lane, from pc.lanes.
+uint split_lanes(uint thread) {
+    lanes = max(pc.lanes, 1u);
+    lane = thread % lanes;
+    return thread / lanes;
 }
 
 void load_query(uint qpos) {

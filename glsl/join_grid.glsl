@@ -125,13 +125,15 @@ uint phase_combos(uint phase, bool self_join) {
     return total;
 }
 
-// One thread per query, each in its own cells.
+// One thread per query (or `lanes` threads, each scanning its share of every cell), each
+// in its own cells.
 void thread_main() {
     uint thread = linear_invocation();
-    if (thread >= pc.q_count) return;
+    uint query = split_lanes(thread);
+    if (query >= pc.q_count) return;
     uvec4 state = states[thread];
     if (state.x == DONE) return;
-    uint qpos = pc.q_begin + thread * pc.q_stride;
+    uint qpos = pc.q_begin + query * pc.q_stride;
     load_query(qpos);
     q_id = q_ids[qpos];
     if ((pc.flags & FLAG_DOT_FILTER) != 0u) load_query_dot(q_id);

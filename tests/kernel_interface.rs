@@ -89,6 +89,8 @@ where
         k: 24,
         stop_lo: 25,
         stop_hi: 26,
+        lanes: 27,
+        reserved: 28,
         thr: T::from_f64(0.1),
         window: T::from_f64(-2.5e-7),
         thr_reject: T::from_f64(3.75),
@@ -102,7 +104,7 @@ where
         .unwrap();
     stream.finish().unwrap();
     let states = &buffers[binding::STATES as usize];
-    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 15).unwrap();
+    let seen: Vec<[u32; 4]> = ctx.download(states, 0, 16).unwrap();
     (params, seen, buffers)
 }
 
@@ -154,6 +156,11 @@ where
         seen[14][..3],
         [flags::FLAG_ROWS, flags::FLAG_ABOVE, flags::FLAG_NOT_SELF],
         "FLAG_ROWS, FLAG_ABOVE, FLAG_NOT_SELF"
+    );
+    assert_eq!(
+        [seen[14][3], seen[15][0]],
+        [p.lanes, p.reserved],
+        "lanes, reserved"
     );
     assert_eq!(flags::ALL.len(), 13, "a new flag needs a line in this test");
     // Bindings: each GLSL buffer reads the buffer Rust bound at its binding number.

@@ -15,7 +15,7 @@ rm -rf "$out"; mkdir -p "$out/tests" "$out/debs"
 # The test binaries that open a Vulkan device (tests/*.rs using the GPU backend or vk::).
 tests=(vk_kernels kernel_interface gpu_lifetimes engine_lifecycle gpu_join gpu_join_2d_grid
   gpu_join_staging gpu_device_index gpu_dot_filter gpu_lss cpu_gpu_agreement dbscan auto_backend
-  control cosine haversine gpu_stop gpu_rows)
+  control cosine haversine gpu_stop gpu_rows gpu_lanes)
 cargo test --release --no-run -p simjoin "${tests[@]/#/--test=}" --message-format=json 2>/dev/null |
   python3 -c '
 import json, shutil, sys

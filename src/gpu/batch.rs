@@ -195,6 +195,29 @@ impl<T: Coord> Run<'_, T> {
     }
 }
 
+/// Threads a query gets in the dispatches that run one query a thread (`JoinParams::lanes`;
+/// not the tiled sweep): GPU-JOIN's several threads a point, for joins whose queries each
+/// scan many candidates. With one thread a query, a high-dimensional query's scan is long
+/// and serial: on an H200 (2M exponential 16-D points, BENCHMARKS.md) each dispatch ran
+/// about 3.6 s, and the estimation pass's 20,000 sampled queries could not fill the GPU.
+/// Split `LANES` ways, every thread scans an eighth of each cell, dispatches shorten and
+/// the GPU fills. By default on hardware GPUs where the high-dimensional filter runs
+/// (`high_dim`), else one; `SIMJOIN_GPU_LANES=N` (1 to 64) sets it on any device (tests,
+/// measurements). Not yet measured on a GPU.
+pub(super) fn lanes(software: bool, high_dim: bool) -> u32 {
+    match std::env::var("SIMJOIN_GPU_LANES")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok())
+    {
+        Some(n) => n.clamp(1, 64),
+        None if high_dim && !software => LANES,
+        None => 1,
+    }
+}
+
+/// Threads a high-dimensional query gets by default on a hardware GPU ([`lanes`]).
+const LANES: u32 = 8;
+
 /// The per-thread loop budget a paced hardware GPU's first dispatch gets.
 const PACE_START: u32 = 1 << 16;
 
@@ -310,14 +333,18 @@ where
     JoinParams<T>: bytemuck::Pod,
 {
     /// The push constants of one dispatch over `queries` (every `stride`-th position),
-    /// with the pace's current loop budget.
+    /// with the pace's current loop budget. Lanes (`params.lanes` threads a query) where the
+    /// dispatch runs one query a thread: not in the tiled sweep (FLAG_TILE over
+    /// consecutive queries), whose workgroups share their queries' candidates instead.
     fn push(&self, queries: &Range<u32>, q_count: u32, stride: u32, bits: u32) -> JoinParams<T> {
+        let tiled = bits & flags::FLAG_TILE != 0 && stride == 1;
         JoinParams {
             q_begin: queries.start,
             q_count,
             q_stride: stride,
             flags: bits,
             budget: self.pace.budget(),
+            lanes: if tiled { 1 } else { self.params.lanes.max(1) },
             ..self.params
         }
     }
@@ -328,10 +355,12 @@ fn new_slot(
     index: usize,
     capacity: u64,
     max_points: usize,
+    lanes: u32,
     counting: bool,
 ) -> Result<Slot> {
     let result_bytes = if counting { 8 } else { capacity * 8 };
-    let state_bytes = max_points as u64 * 16;
+    // A continuation state per thread: `lanes` a query.
+    let state_bytes = max_points as u64 * lanes.max(1) as u64 * 16;
     let results = Buffer::new(ctx, result_bytes, Memory::Device, "join results")?;
     let counter_bytes = 4 * COUNTER_WORDS as u64;
     let counters = Buffer::new(ctx, counter_bytes, Memory::Device, "join counters")?;
@@ -371,17 +400,26 @@ struct KeptSlots {
     slots: Vec<Slot>,
     capacity: u32,
     max_points: usize,
+    lanes: u32,
     counting: bool,
 }
 
 impl SlotPool {
     /// Keeps `slots` (every one idle: their batches have been waited for) for the next join.
-    pub(super) fn give(&self, slots: Vec<Slot>, capacity: u32, max_points: usize, counting: bool) {
+    pub(super) fn give(
+        &self,
+        slots: Vec<Slot>,
+        capacity: u32,
+        max_points: usize,
+        lanes: u32,
+        counting: bool,
+    ) {
         if slots.iter().all(|s| matches!(s.state, SlotState::Free)) {
             let kept = KeptSlots {
                 slots,
                 capacity,
                 max_points,
+                lanes,
                 counting,
             };
             *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
@@ -391,9 +429,18 @@ impl SlotPool {
     /// The kept set, when it has this `capacity`, room for `max_points` queries and the
     /// same kind (`counting`); a kept set that does not fit is dropped, so that its memory
     /// is back before new slots are allocated.
-    fn take(&self, capacity: u32, max_points: usize, counting: bool) -> Option<(Vec<Slot>, usize)> {
+    fn take(
+        &self,
+        capacity: u32,
+        max_points: usize,
+        lanes: u32,
+        counting: bool,
+    ) -> Option<(Vec<Slot>, usize)> {
         let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).take()?;
-        (kept.capacity == capacity && kept.max_points >= max_points && kept.counting == counting)
+        (kept.capacity == capacity
+            && kept.max_points >= max_points
+            && kept.lanes == lanes
+            && kept.counting == counting)
             .then_some((kept.slots, kept.max_points))
     }
 }
@@ -410,6 +457,7 @@ pub(super) fn make_slots(
     requested: Option<usize>,
     mut max_points: usize,
     min_points: usize,
+    lanes: u32,
     counting: bool,
 ) -> Result<(Vec<Slot>, u32, usize, bool)> {
     let limit_pairs = ctx.limits().max_storage_buffer_range / 8;
@@ -419,12 +467,12 @@ pub(super) fn make_slots(
     }
     .min(u32::MAX as u64 / 2)
     .max(1);
-    if let Some((slots, kept_points)) = pool.take(capacity as u32, max_points, counting) {
+    if let Some((slots, kept_points)) = pool.take(capacity as u32, max_points, lanes, counting) {
         return Ok((slots, capacity as u32, kept_points, true));
     }
     loop {
         match (0..SLOTS)
-            .map(|i| new_slot(ctx, i, capacity, max_points, counting))
+            .map(|i| new_slot(ctx, i, capacity, max_points, lanes, counting))
             .collect::<Result<Vec<_>>>()
         {
             Ok(slots) => return Ok((slots, capacity as u32, max_points, false)),
@@ -465,6 +513,8 @@ where
 {
     let n_samples = nq.div_ceil(stride);
     let mut fresh = true;
+    // Threads a sampled query, as the dispatches had them.
+    let mut lanes;
     loop {
         run.control.check()?;
         let push = run.push(
@@ -474,6 +524,7 @@ where
             run.params.flags | flags::FLAG_COUNT,
         );
         let t = Instant::now();
+        lanes = push.lanes;
         submit_search(run, slot, 0, &push, n_samples, fresh, true)?.wait()?;
         let mut took = t.elapsed().as_secs_f64();
         counts.dispatches += 1;
@@ -494,7 +545,7 @@ where
             break;
         }
     }
-    let sample_counts = read_matches(slot, n_samples, counts)?;
+    let sample_counts = read_matches(slot, n_samples, lanes, counts)?;
     Ok(plan_batches(
         nq,
         stride,
@@ -550,6 +601,8 @@ where
     let mut queue: VecDeque<Range<u32>> = ranges.into();
     let mut busy: VecDeque<usize> = VecDeque::new();
     let bits = run.params.flags | if counting { flags::FLAG_COUNT } else { 0 };
+    // Threads a query in these dispatches (`Run::push`).
+    let bits_lanes = run.push(&(0..0), 0, 1, bits).lanes;
     run.control.stage(stage, queue.len() as u64);
     let mut reported = counts.pairs;
     loop {
@@ -609,7 +662,7 @@ where
                     }
                     if counting {
                         if !incomplete {
-                            let matches = read_matches(slot, queries.len(), counts)?;
+                            let matches = read_matches(slot, queries.len(), bits_lanes, counts)?;
                             counts.pairs += matches.iter().map(|&c| c as u64).sum::<u64>();
                             if let Some(per_query) = counts.per_query.as_mut() {
                                 per_query[queries.start as usize..queries.end as usize]
@@ -813,9 +866,10 @@ fn deliver(
     Ok(())
 }
 
-/// Records and submits one search dispatch: zero the counters (and, for a new batch, the
-/// query states), dispatch, and copy counters (and states when counting) to the pinned
-/// buffers where device memory is not mapped.
+/// Records and submits one search dispatch over `threads` queries (`push.lanes` threads
+/// each): zero the counters (and, for a new batch, the query states), dispatch, and copy
+/// counters (and states when counting) to the pinned buffers where device memory is not
+/// mapped.
 fn submit_search<T: Coord>(
     run: &Run<'_, T>,
     slot: &mut Slot,
@@ -828,6 +882,7 @@ fn submit_search<T: Coord>(
 where
     JoinParams<T>: bytemuck::Pod,
 {
+    let threads = threads * push.lanes.max(1) as usize;
     // FLAG_ROWS: a resumed dispatch appends to its batch's pairs (word 0 kept).
     let kept = if !fresh && push.flags & flags::FLAG_ROWS != 0 {
         4
@@ -878,15 +933,21 @@ fn read_words(buffer: &Buffer, words: usize, counts: &mut Counts) -> Result<Vec<
     buffer.read_vec(0, words)
 }
 
-/// Matches per query of the last count-only batch (the states' fourth word).
-fn read_matches(slot: &Slot, threads: usize, counts: &mut Counts) -> Result<Vec<u32>> {
-    counts.bytes_down += threads as u64 * 16;
+/// Matches per query of the last count-only batch over `queries` queries (the states'
+/// fourth word, summed over each query's `lanes` threads).
+fn read_matches(slot: &Slot, queries: usize, lanes: u32, counts: &mut Counts) -> Result<Vec<u32>> {
+    let lanes = lanes.max(1) as usize;
+    counts.bytes_down += (queries * lanes) as u64 * 16;
     let states: Vec<[u32; 4]> = slot
         .states_host
         .as_ref()
         .unwrap_or(&slot.states)
-        .read_vec(0, threads)?;
-    Ok(states.iter().map(|s| s[3]).collect())
+        .read_vec(0, queries * lanes)?;
+    // A query's count is below 2^32 (its candidates are), so the sum of its lanes is too.
+    Ok(states
+        .chunks_exact(lanes)
+        .map(|l| l.iter().map(|s| s[3]).sum())
+        .collect())
 }
 
 #[cfg(test)]

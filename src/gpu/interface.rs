@@ -113,6 +113,8 @@ join_interface! {
         k: u32, "kNN: neighbours per query.";
         stop_lo: u32, "Device address of the job's stop word (host-visible, written by the host when the job is cancelled), low word; 0 with stop_hi: none.";
         stop_hi: u32, "... high word.";
+        lanes: u32, "Threads per query (grid without FLAG_TILE, brute force): thread t works on query t / lanes and, in every cell, on the candidate positions p = t mod lanes (mod lanes); 0 or 1: one thread a query.";
+        reserved: u32, "Unused (an even number of u32 fields keeps the T fields 8-aligned).";
     } then {
         thr: T, "metric::threshold(metric, eps).";
         window: T, "SORTIDU half-window: > any |q_u - r_u| of a matching pair.";

@@ -400,15 +400,28 @@ where
     let timer = GpuTimer::new(ctx, TIMER_SLOTS).ok();
     let gpu_clock = timer.as_ref().map(|_| 0.0);
     (times.gpu_search, times.gpu_estimate, times.gpu_copies) = (gpu_clock, gpu_clock, gpu_clock);
+    let lanes = super::batch::lanes(ctx.is_software(), prepared.dot_cutoff.is_some());
     let (mut slots, capacity, max_points, reused) = make_slots(
         ctx,
         &pools.slots,
         opts.result_buffer_pairs,
         max_points,
         n_samples,
+        lanes,
         counting,
     )?;
     times.setup = t_setup.elapsed().as_secs_f64();
+    if lanes > 1 {
+        report.notes.push(format!(
+            "{lanes} threads a query, each scanning its share of every cell (the dispatches \
+             with one query a thread{})",
+            if tiling.is_some() {
+                ": the estimation pass; the batches sweep in tiles"
+            } else {
+                ""
+            }
+        ));
+    }
     report.notes.push(format!(
         "result slots: {SLOTS} of {capacity} pairs, {}",
         if reused {
@@ -461,6 +474,8 @@ where
             k: 0,
             stop_lo: stop.device_address() as u32,
             stop_hi: (stop.device_address() >> 32) as u32,
+            lanes,
+            reserved: 0,
         },
         stop: Some(stop),
     };
@@ -555,7 +570,9 @@ where
         batches
     };
     // Every batch has completed: the next join reuses the slots.
-    pools.slots.give(slots, capacity, max_points, counting);
+    pools
+        .slots
+        .give(slots, capacity, max_points, lanes, counting);
 
     if let Some(g) = prepared.dot_cutoff {
         report.notes.push(format!(

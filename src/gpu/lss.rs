@@ -539,6 +539,8 @@ pub(super) fn params_zero<T: Coord>() -> JoinParams<T> {
         k: 0,
         stop_lo: 0,
         stop_hi: 0,
+        lanes: 1,
+        reserved: 0,
     }
 }
 
