@@ -80,7 +80,7 @@ uint64_t dot_rejected = 0ul; // ... and rejected by it
 // The job's stop word (pc.stop_lo/hi): host-visible memory the host sets to 1 when the
 // job is cancelled, so that a long dispatch ends early instead of running to its end. The
 // threads read it every 2^18 charged iterations on a GPU (tens of microseconds of work:
-// a stop waits that long, and the reads cost nothing measurable), every 2^10 on a
+// a stop waits that long, and the reads cost nothing measurable), every 2^8 on a
 // software device (pc.budget != 0), whose budget allows a few thousand a dispatch. A
 // stopped thread saves its state as for an exhausted budget; the host sees the job
 // cancelled and discards the batch.
@@ -93,7 +93,7 @@ bool stop_asked() {
 
 // Charging `cost` from `used` crosses a stop-word reading point.
 bool stop_check_due(uint cost) {
-    uint shift = pc.budget != 0u ? 10u : 18u;
+    uint shift = pc.budget != 0u ? 8u : 18u;
     return ((used + cost) >> shift) != (used >> shift);
 }
 

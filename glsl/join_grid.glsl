@@ -133,6 +133,11 @@ void thread_main() {
     if (query >= pc.q_count) return;
     uvec4 state = states[thread];
     if (state.x == DONE) return;
+    // A stopped job's queued dispatches end at once (their state kept, as for a stop).
+    if (stop_asked()) {
+        counters[1] = 1u;
+        return;
+    }
     uint qpos = pc.q_begin + query * pc.q_stride;
     load_query(qpos);
     q_id = q_ids[qpos];

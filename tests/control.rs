@@ -89,6 +89,45 @@ fn stop_after<R: Send + 'static>(
     )
 }
 
+/// As `stop_after`, stopping the job `after` past the moment it reached its batches
+/// (stage "join"): a software device compiles a kernel at its first dispatch, for a few
+/// hundred milliseconds nothing interrupts, before the batches begin.
+#[cfg(feature = "gpu")]
+fn stop_in_join<R: Send + 'static>(
+    control: &Control,
+    after: Duration,
+    job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
+) -> (simjoin::Result<R>, Duration) {
+    let watched = control.clone();
+    let wait = move || {
+        let reached = Instant::now();
+        while watched.progress().is_none_or(|p| p.stage != "join") {
+            assert!(
+                reached.elapsed() < Duration::from_secs(60),
+                "never reached its batches"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        std::thread::sleep(after);
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let r = job();
+        tx.send(Instant::now()).unwrap();
+        r
+    });
+    wait();
+    let asked = Instant::now();
+    control.cancel();
+    let ended = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the job ended");
+    (
+        worker.join().unwrap(),
+        ended.saturating_duration_since(asked),
+    )
+}
+
 fn assert_cancelled<R>(what: &str, out: (simjoin::Result<R>, Duration)) {
     let (r, latency) = out;
     eprintln!("{what}: stopped {latency:?} after the request");
@@ -314,7 +353,7 @@ fn gpu_jobs_stop_within_250_ms() {
         o.batch_points = Some(256);
         o.control = control.clone();
         let (e, x) = (e.clone(), x.clone());
-        let out = stop_after(&control, Duration::from_millis(400), move || {
+        let out = stop_in_join(&control, Duration::from_millis(100), move || {
             e.self_join(&Dataset::from_f32(&x, 16)?, &o)
         });
         assert_cancelled(&format!("gpu {algorithm} {output:?}"), out);

@@ -495,6 +495,20 @@ pub(super) fn wait_for(slots: &mut [Slot], ticket: &Ticket) {
     }
 }
 
+/// One dispatch over no query on `slot`, waited for: a software device (lavapipe) compiles
+/// a kernel at its first dispatch, for a good part of a second that nothing interrupts,
+/// and this moves that compile before the join's batches (and a stop waiting on them).
+pub(super) fn warm_up<T: Coord>(run: &Run<'_, T>, slot: &mut Slot) -> Result<()>
+where
+    JoinParams<T>: bytemuck::Pod,
+{
+    let push = JoinParams {
+        q_count: 0,
+        ..run.push(&(0..0), 0, 1, run.params.flags | flags::FLAG_COUNT)
+    };
+    submit_search(run, slot, 0, &push, 1, true, true)?.wait()
+}
+
 /// The estimation pass: count-only over every `stride`-th of `nq` queries (slot 0), then
 /// the batch plan.
 #[allow(clippy::too_many_arguments)]

@@ -483,6 +483,11 @@ where
         per_query: per_point.as_ref().map(|_| vec![0u32; nq]),
         ..Default::default()
     };
+    if ctx.is_software() {
+        // Its compile of the kernel, before the batches begin (`batch::warm_up`).
+        super::batch::warm_up(&run, &mut slots[0]).inspect_err(|_| drop(run.raise_stop()))?;
+        opts.control.check()?;
+    }
 
     let batches = if let Some((form, out)) = rows.as_mut() {
         // The point id of each query position.
