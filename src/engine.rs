@@ -234,27 +234,8 @@ impl Engine {
             });
         }
         // On a GPU, sorted pairs and the CSR come as rows sorted on the device.
-        if let Some((output, mut report)) = self.device_rows(a, b, opts)? {
-            opts.control.check()?;
-            report.seconds = start.elapsed().as_secs_f64();
-            let distances = if opts.distances {
-                let t = Instant::now();
-                let d = self
-                    .cpu
-                    .install(|| entry_distances(a, b.unwrap_or(a), opts.metric, &output))??;
-                report
-                    .phases
-                    .push(("distances".into(), t.elapsed().as_secs_f64()));
-                report.seconds = start.elapsed().as_secs_f64();
-                d
-            } else {
-                None
-            };
-            return Ok(JoinResult {
-                output,
-                report,
-                distances,
-            });
+        if let Some((output, report)) = self.device_rows(a, b, opts)? {
+            return self.with_distances(a, b, opts, start, report, output, None);
         }
         // Sorted pairs and the CSR are bucketed as they arrive (`SortingSink`, `CsrSink`)
         // rather than collected and then sorted.
@@ -293,7 +274,7 @@ impl Engine {
                 .push(("assemble output".into(), t.elapsed().as_secs_f64()))
         };
         let mut made_distances = None;
-        let (mut report, output) = if let Some((csr, distances, report)) = rows_csr {
+        let (report, output) = if let Some((csr, distances, report)) = rows_csr {
             made_distances = distances;
             (report, crate::result::JoinOutput::Csr(csr))
         } else if let Some(mut sink) = sorting {
@@ -326,10 +307,25 @@ impl Engine {
             assembled(&mut report, t);
             (report, output)
         };
+        self.with_distances(a, b, opts, start, report, output, made_distances)
+    }
+
+    /// A collected join's result: its distances (`made`, where the join produced them,
+    /// else computed for the output's entries when asked) and its total time from `start`.
+    #[expect(clippy::too_many_arguments, reason = "the parts of one collected join")]
+    fn with_distances(
+        &self,
+        a: &Dataset,
+        b: Option<&Dataset>,
+        opts: &JoinOptions,
+        start: Instant,
+        mut report: JoinReport,
+        output: crate::result::JoinOutput,
+        made: Option<crate::result::Distances>,
+    ) -> Result<JoinResult> {
         opts.control.check()?;
-        report.seconds = start.elapsed().as_secs_f64();
-        let distances = if made_distances.is_some() {
-            made_distances
+        let distances = if made.is_some() {
+            made
         } else if opts.distances {
             let t = Instant::now();
             let d = self
@@ -338,11 +334,11 @@ impl Engine {
             report
                 .phases
                 .push(("distances".into(), t.elapsed().as_secs_f64()));
-            report.seconds = start.elapsed().as_secs_f64();
             d
         } else {
             None
         };
+        report.seconds = start.elapsed().as_secs_f64();
         Ok(JoinResult {
             output,
             report,

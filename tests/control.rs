@@ -71,27 +71,11 @@ fn stop_after<R: Send + 'static>(
     after: Duration,
     job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
 ) -> (simjoin::Result<R>, Duration) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let r = job();
-        tx.send(Instant::now()).unwrap();
-        r
-    });
-    std::thread::sleep(after);
-    let asked = Instant::now();
-    control.cancel();
-    let ended = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the job ended");
-    (
-        worker.join().unwrap(),
-        ended.saturating_duration_since(asked),
-    )
+    common::stop_when(control, || std::thread::sleep(after), job)
 }
 
 /// As `stop_after`, stopping the job `after` past the moment it reached its batches
-/// (stage "join"): a software device compiles a kernel at its first dispatch, for a few
-/// hundred milliseconds nothing interrupts, before the batches begin.
+/// (stage "join").
 #[cfg(feature = "gpu")]
 fn stop_in_join<R: Send + 'static>(
     control: &Control,
@@ -99,32 +83,10 @@ fn stop_in_join<R: Send + 'static>(
     job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
 ) -> (simjoin::Result<R>, Duration) {
     let watched = control.clone();
-    let wait = move || {
-        let reached = Instant::now();
-        while watched.progress().is_none_or(|p| p.stage != "join") {
-            assert!(
-                reached.elapsed() < Duration::from_secs(60),
-                "never reached its batches"
-            );
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        std::thread::sleep(after);
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let r = job();
-        tx.send(Instant::now()).unwrap();
-        r
-    });
-    wait();
-    let asked = Instant::now();
-    control.cancel();
-    let ended = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the job ended");
-    (
-        worker.join().unwrap(),
-        ended.saturating_duration_since(asked),
+    common::stop_when(
+        control,
+        move || common::wait_for_stage(&watched, "join", after),
+        job,
     )
 }
 

@@ -11,7 +11,7 @@ mod common;
 use common::Rng;
 use simjoin::{Algorithm, Backend, Control, Dataset, Engine, ErrorKind, JoinOptions, OutputForm};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[test]
 fn a_stop_ends_the_dispatch_in_flight() {
@@ -33,33 +33,13 @@ fn a_stop_ends_the_dispatch_in_flight() {
         o.batch_points = Some(1 << 16);
         let control = Control::new();
         o.control = control.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let job = {
-            let (e, x) = (e.clone(), x.clone());
-            std::thread::spawn(move || {
-                let r = e.self_join(&Dataset::from_f32(&x, 16)?, &o).map(|_| ());
-                tx.send(Instant::now()).unwrap();
-                r
-            })
-        };
+        let e = e.clone();
+        let x = x.clone();
+        let job = move || e.self_join(&Dataset::from_f32(&x, 16)?, &o).map(|_| ());
         // Into the batches (stage "join"), then well into a dispatch: the stop must find
         // one in flight, not the planning before it.
-        let reached = Instant::now();
-        while control.progress().is_none_or(|p| p.stage != "join") {
-            assert!(
-                reached.elapsed() < Duration::from_secs(60),
-                "{algorithm} {output:?}: never reached its batches"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        std::thread::sleep(Duration::from_millis(300));
-        let asked = Instant::now();
-        control.cancel();
-        let ended = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the join ended");
-        let r = job.join().unwrap();
-        let latency = ended.saturating_duration_since(asked);
+        let wait = || common::wait_for_stage(&control, "join", Duration::from_millis(300));
+        let (r, latency) = common::stop_when(&control, wait, job);
         eprintln!("{algorithm} {output:?}: returned {latency:?} after the stop");
         assert_eq!(r.unwrap_err().kind(), ErrorKind::Cancelled);
         assert!(

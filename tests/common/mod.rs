@@ -200,3 +200,44 @@ impl simjoin::PairSink for SplitSink {
             .collect()
     }
 }
+
+/// Runs `job` on a thread, cancels `control` once `wait` returns, and gives the job's
+/// result with the time from the cancel to the job's end (its stop latency).
+pub fn stop_when<R: Send + 'static>(
+    control: &simjoin::Control,
+    wait: impl FnOnce(),
+    job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
+) -> (simjoin::Result<R>, std::time::Duration) {
+    use std::time::{Duration, Instant};
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let r = job();
+        tx.send(Instant::now()).unwrap();
+        r
+    });
+    wait();
+    let asked = Instant::now();
+    control.cancel();
+    let ended = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the job ended");
+    (
+        worker.join().unwrap(),
+        ended.saturating_duration_since(asked),
+    )
+}
+
+/// Waits until `control`'s job reports stage `stage` (a minute at most), then `after`
+/// more: a GPU job's stop should find its batches running, not its planning (a software
+/// device compiles a kernel at its first dispatch, which nothing interrupts).
+pub fn wait_for_stage(control: &simjoin::Control, stage: &str, after: std::time::Duration) {
+    let reached = std::time::Instant::now();
+    while control.progress().is_none_or(|p| p.stage != stage) {
+        assert!(
+            reached.elapsed() < std::time::Duration::from_secs(60),
+            "the job never reached stage {stage:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::thread::sleep(after);
+}
