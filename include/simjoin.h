@@ -31,6 +31,11 @@
 #define SIMJOIN_ABI_VERSION 2
 
 /**
+ * The mean Earth radius in metres: haversine's sphere unless `sphere_radius` says otherwise.
+ */
+#define SIMJOIN_EARTH_RADIUS_M 6371008.8
+
+/**
  * Status of a call. The numbers are fixed: new statuses are only ever appended.
  */
 enum simjoin_status
@@ -197,6 +202,11 @@ typedef struct simjoin_options {
    * `simjoin_control_new`); it must be live when the call starts. Added in 0.3.
    */
   const struct simjoin_control *control;
+  /**
+   * SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+   * SIMJOIN_EARTH_RADIUS_M); other metrics take only 0. Added in 0.3.
+   */
+  double sphere_radius;
 } simjoin_options;
 
 /**
@@ -260,6 +270,11 @@ typedef struct simjoin_knn_options {
    * NULL, or a control that can stop the call and reports its progress. Added in 0.3.
    */
   const struct simjoin_control *control;
+  /**
+   * SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+   * SIMJOIN_EARTH_RADIUS_M); other metrics take only 0. Added in 0.3.
+   */
+  double sphere_radius;
 } simjoin_knn_options;
 
 /**
@@ -342,15 +357,20 @@ typedef struct simjoin_dbscan_options {
    * NULL (the default: every weight 1) or one weight per row, read during the call
    * only (scikit-learn's `sample_weight`): a row is core when the weights within eps,
    * its own included, sum to at least `min_samples`. Finite, below 2^63 in magnitude;
-   * zero and negative weights allowed; summed exactly (see `dbscan_weighted`). The last
-   * field added: callers compiled against a header without it pass a smaller `size`
-   * and get NULL.
+   * zero and negative weights allowed; summed exactly (see `dbscan_weighted`). Callers
+   * compiled against a header without it pass a smaller `size` and get NULL.
    */
   const double *sample_weight;
   /**
    * NULL, or a control that can stop the call and reports its progress. Added in 0.3.
    */
   const struct simjoin_control *control;
+  /**
+   * SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+   * SIMJOIN_EARTH_RADIUS_M); eps is metres on it; other metrics
+   * take only 0. Added in 0.3.
+   */
+  double sphere_radius;
 } simjoin_dbscan_options;
 
 /**

@@ -65,6 +65,9 @@ pub struct DbscanOptions {
     /// Neighbours (the point itself included) that make a point a core point: >= 1.
     pub min_samples: usize,
     pub metric: Metric,
+    /// `Metric::Haversine`: the sphere's radius in metres (eps is metres on it);
+    /// [`crate::metric::EARTH_RADIUS_M`] by default.
+    pub sphere_radius: f64,
     pub backend: Backend,
     /// The join's algorithm (`JoinOptions::algorithm`): the answer is the same whichever
     /// runs; `Auto` lets the engine choose.
@@ -81,6 +84,7 @@ impl DbscanOptions {
             eps,
             min_samples,
             metric: Metric::default(),
+            sphere_radius: crate::metric::EARTH_RADIUS_M,
             backend: Backend::default(),
             algorithm: Algorithm::default(),
             control: crate::control::Control::default(),
@@ -661,6 +665,7 @@ fn run<T: Points>(
     let n = x.len() / dim;
     let mut join = JoinOptions::new(opts.eps);
     join.metric = opts.metric;
+    join.sphere_radius = opts.sphere_radius;
     join.backend = opts.backend;
     join.algorithm = opts.algorithm;
     join.control = opts.control.clone();

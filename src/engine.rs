@@ -180,6 +180,7 @@ impl Engine {
         k: usize,
         opts: &KnnOptions,
     ) -> Result<KnnResult> {
+        crate::options::check_sphere_radius(opts.metric, opts.sphere_radius)?;
         if opts.metric == crate::options::Metric::Haversine {
             // The Euclidean kNN of the f64 unit vectors, distances in metres (geo.rs).
             return crate::geo::knn(self, data, query, k, opts);
@@ -330,7 +331,7 @@ impl Engine {
             let t = Instant::now();
             let d = self
                 .cpu
-                .install(|| entry_distances(a, b.unwrap_or(a), opts.metric, &output))??;
+                .install(|| entry_distances(a, b.unwrap_or(a), opts, &output))??;
             report
                 .phases
                 .push(("distances".into(), t.elapsed().as_secs_f64()));
@@ -744,5 +745,9 @@ pub(crate) fn check_join(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -
             ));
         }
     }
-    crate::metric::check_eps(opts.metric, opts.eps, a.precision())
+    if opts.metric == crate::options::Metric::Haversine {
+        crate::metric::check_geo_eps(opts.eps, opts.sphere_radius, a.precision())
+    } else {
+        crate::metric::check_eps(opts.metric, opts.eps, a.precision())
+    }
 }

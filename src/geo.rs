@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::knn::{KnnOptions, KnnResult};
 use crate::metric::{
     check_geo, geo_chord2, geo_chord_threshold, geo_distance_m, geo_unit_vector, threshold, Coord,
+    EARTH_RADIUS_M,
 };
 use crate::options::{JoinOptions, Metric};
 use crate::result::{Confirm, Distances, JoinReport, Pair, PairSink};
@@ -89,9 +90,10 @@ pub(crate) fn run(
         Precision::F32 => f64::from(threshold::<f32>(Metric::Haversine, opts.eps)),
         Precision::F64 => opts.eps,
     };
-    let c_thr = geo_chord_threshold(e);
+    let c_thr = geo_chord_threshold(e, opts.sphere_radius);
     let mut euclid = opts.clone();
     euclid.metric = Metric::Euclidean;
+    euclid.sphere_radius = EARTH_RADIUS_M;
     euclid.eps = widened_eps(c_thr);
     let da = Dataset::from_f64(&va, 3)?;
     let db = vb.as_deref().map(|v| Dataset::from_f64(v, 3)).transpose()?;
@@ -143,11 +145,12 @@ pub(crate) fn knn(
     let dq = vq.as_deref().map(|v| Dataset::from_f64(v, 3)).transpose()?;
     let mut euclid = opts.clone();
     euclid.metric = Metric::Euclidean;
+    euclid.sphere_radius = EARTH_RADIUS_M;
     let mut result = engine.knn(&dd, dq.as_ref(), k, &euclid)?;
     let qv: &[f64] = vq.as_deref().unwrap_or(&vd);
     let metres = |e: usize| {
         let (r, j) = (e / k, result.indices[e] as usize);
-        geo_distance_m(geo_chord2(row(qv, r), row(&vd, j)))
+        geo_distance_m(geo_chord2(row(qv, r), row(&vd, j)), opts.sphere_radius)
     };
     let n = result.indices.len();
     let distances = engine.install(|| match data.precision() {

@@ -20,6 +20,9 @@ use crate::result::{Distances, JoinReport};
 #[derive(Clone, Debug, PartialEq)]
 pub struct KnnOptions {
     pub metric: Metric,
+    /// `Metric::Haversine`: the sphere's radius in metres (distances are metres on it);
+    /// [`crate::metric::EARTH_RADIUS_M`] by default.
+    pub sphere_radius: f64,
     pub backend: Backend,
     /// `Auto`, `KdTree` (CPU), `Grid` (CPU), `Lss` (GPU) or `Brute` (both).
     pub algorithm: Algorithm,
@@ -33,6 +36,7 @@ impl Default for KnnOptions {
     fn default() -> Self {
         KnnOptions {
             metric: Metric::Euclidean,
+            sphere_radius: crate::metric::EARTH_RADIUS_M,
             backend: Backend::Auto,
             algorithm: Algorithm::Auto,
             lss_lists: None,

@@ -27,8 +27,9 @@
 //! (`src/cosine.rs`), so every backend returns this set.
 //!
 //! Haversine (great-circle distance in metres between (latitude, longitude) points in
-//! degrees, on a sphere of radius `R` = [`EARTH_RADIUS_M`]) has its own rule too, all in
-//! f64 whatever the input precision (coordinates widened exactly):
+//! degrees, on a sphere of radius `R`: [`EARTH_RADIUS_M`] unless `JoinOptions::sphere_radius`
+//! says otherwise) has its own rule too, all in f64 whatever the input precision
+//! (coordinates widened exactly):
 //! - each point becomes a unit vector ([`geo_unit_vector`]): the longitude is reduced
 //!   exactly to [-180, 180) (`lon % 360`, then +-360; 180 becomes -180, so -180 and 180 are
 //!   the same meridian bit for bit), a pole's longitude (latitude exactly +-90) is taken as
@@ -162,22 +163,10 @@ pub fn threshold<T: Coord>(metric: Metric, eps: f64) -> T {
 /// squared distance would "match"; eps below about 1.5e-154 (f64; 1.1e-19 for f32)
 /// squares to zero or a subnormal, which every tiny squared distance that underflowed
 /// with it would match too. Both would be wrong answers, so they are errors.
+/// Haversine's eps is checked on the Earth's sphere here, on another by [`check_geo_eps`].
 pub fn check_eps(metric: Metric, eps: f64, precision: Precision) -> Result<()> {
     if metric == Metric::Haversine {
-        let e = match precision {
-            Precision::F32 => f64::from(threshold::<f32>(metric, eps)),
-            Precision::F64 => eps,
-        };
-        let c = geo_chord_threshold(e);
-        // The engine's Euclidean join of the vectors compares with a square near `c`.
-        return if e > 0.0 && (c.is_infinite() || c >= GEO_SMALLEST_CHORD2) {
-            Ok(())
-        } else {
-            Err(Error::invalid(format!(
-                "haversine eps = {eps:e} m is too small: its chord on the unit sphere squared \
-                 ({c:e}) is below {GEO_SMALLEST_CHORD2:e}, out of f64's exact range"
-            )))
-        };
+        return check_geo_eps(eps, EARTH_RADIUS_M, precision);
     }
     if metric == Metric::Cosine {
         // Compared in f64 (`cosine_within`): any positive eps is exact. eps rounded to an
@@ -285,7 +274,8 @@ pub fn within<T: Coord>(metric: Metric, a: &[T], b: &[T], thr: T) -> bool {
         return cosine_within(a, b, norm(a), norm(b), thr.to_f64());
     }
     if metric == Metric::Haversine {
-        return geo_chord2(&geo_row(a), &geo_row(b)) <= geo_chord_threshold(thr.to_f64());
+        return geo_chord2(&geo_row(a), &geo_row(b))
+            <= geo_chord_threshold(thr.to_f64(), EARTH_RADIUS_M);
     }
     let mut acc = T::ZERO;
     // Check every 4 dimensions: cheap enough, and exact (partial sums are monotone).
@@ -325,14 +315,15 @@ pub fn distance_acc<T: Coord>(metric: Metric, a: &[T], b: &[T]) -> T {
 pub fn finish<T: Coord>(metric: Metric, acc: T) -> T {
     match metric {
         Metric::Euclidean => acc.sqrt(),
-        Metric::Haversine => T::from_f64(geo_distance_m(acc.to_f64())),
+        Metric::Haversine => T::from_f64(geo_distance_m(acc.to_f64(), EARTH_RADIUS_M)),
         _ => acc,
     }
 }
 
-/// The sphere's radius of `Metric::Haversine`, in metres: the mean Earth radius
-/// (IUGG, 2 a + b over 3 of WGS 84). A join on another sphere of radius `r`: pass eps
-/// `eps * EARTH_RADIUS_M / r` and scale the reported distances by `r / EARTH_RADIUS_M`.
+/// The sphere's radius of `Metric::Haversine` by default, in metres: the mean Earth radius
+/// (IUGG, 2 a + b over 3 of WGS 84). `JoinOptions::sphere_radius` and
+/// `KnnOptions::sphere_radius` set another (the functions below take it as `r`); [`within`]
+/// and [`finish`], which take no options, use this one.
 pub const EARTH_RADIUS_M: f64 = 6_371_008.8;
 
 /// The smallest chord threshold squared a haversine join accepts (eps about 4e-118 m):
@@ -384,21 +375,55 @@ pub fn geo_chord2(u: &[f64; 3], v: &[f64; 3]) -> f64 {
 }
 
 /// The rule's chord threshold squared for `e` metres (eps rounded to the input precision,
-/// widened to f64): `(2 sin((e / R) / 2))^2`, +infinity at or past half the circumference.
+/// widened to f64) on a sphere of radius `r` metres: `(2 sin((e / r) / 2))^2`, +infinity
+/// at or past half the circumference.
 #[inline]
-pub fn geo_chord_threshold(e: f64) -> f64 {
-    if e >= std::f64::consts::PI * EARTH_RADIUS_M {
+pub fn geo_chord_threshold(e: f64, r: f64) -> f64 {
+    if e >= std::f64::consts::PI * r {
         return f64::INFINITY;
     }
-    let h = 2.0 * ((e / EARTH_RADIUS_M) / 2.0).sin();
+    let h = 2.0 * ((e / r) / 2.0).sin();
     h * h
 }
 
-/// The rule's distance in metres of a chord squared `c`: `2 R asin(min(sqrt(c) / 2, 1))`.
+/// The rule's distance in metres of a chord squared `c` on a sphere of radius `r` metres:
+/// `2 r asin(min(sqrt(c) / 2, 1))`.
 #[inline]
-pub fn geo_distance_m(c: f64) -> f64 {
+pub fn geo_distance_m(c: f64, r: f64) -> f64 {
     let h = (c.sqrt() / 2.0).min(1.0);
-    (2.0 * EARTH_RADIUS_M) * h.asin()
+    (2.0 * r) * h.asin()
+}
+
+/// [`check_eps`] for a haversine join on a sphere of `radius` metres: the chord of eps
+/// squared must be at least [`GEO_SMALLEST_CHORD2`] (or every pair's, past half the
+/// circumference).
+pub fn check_geo_eps(eps: f64, radius: f64, precision: Precision) -> Result<()> {
+    let e = match precision {
+        Precision::F32 => f64::from(threshold::<f32>(Metric::Haversine, eps)),
+        Precision::F64 => eps,
+    };
+    let c = geo_chord_threshold(e, radius);
+    // The engine's Euclidean join of the vectors compares with a square near `c`.
+    if e > 0.0 && (c.is_infinite() || c >= GEO_SMALLEST_CHORD2) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "haversine eps = {eps:e} m is too small: its chord on the unit sphere squared \
+             ({c:e}) is below {GEO_SMALLEST_CHORD2:e}, out of f64's exact range"
+        )))
+    }
+}
+
+/// `Ok` when `radius` (metres) can be a haversine join's sphere: finite and positive, and
+/// normal so that `e / radius` is exact to f64's precision.
+pub fn check_sphere_radius(radius: f64) -> Result<()> {
+    if radius.is_normal() && radius > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "sphere_radius = {radius:e} m: it must be a finite, positive number of metres"
+        )))
+    }
 }
 
 /// `Ok` when row `row`'s (latitude, longitude) can take part in a haversine join: both

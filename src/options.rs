@@ -92,6 +92,9 @@ pub struct JoinOptions {
     /// Distance threshold; must be finite and > 0.
     pub eps: f64,
     pub metric: Metric,
+    /// `Metric::Haversine`: the sphere's radius in metres (eps and distances are metres
+    /// on it); [`crate::metric::EARTH_RADIUS_M`] by default. Other metrics take only that.
+    pub sphere_radius: f64,
     pub backend: Backend,
     pub algorithm: Algorithm,
     pub output: OutputForm,
@@ -121,6 +124,7 @@ impl JoinOptions {
         JoinOptions {
             eps,
             metric: Metric::default(),
+            sphere_radius: crate::metric::EARTH_RADIUS_M,
             backend: Backend::default(),
             algorithm: Algorithm::default(),
             output: OutputForm::default(),
@@ -144,6 +148,7 @@ impl JoinOptions {
                 self.eps
             )));
         }
+        check_sphere_radius(self.metric, self.sphere_radius)?;
         if self.indexed_dims == Some(0) {
             return Err(Error::invalid("indexed_dims must be >= 1 when given"));
         }
@@ -157,6 +162,20 @@ impl JoinOptions {
             ));
         }
         Ok(())
+    }
+}
+
+/// `Ok` for a sphere radius the metric can take: any valid radius for haversine, only the
+/// default for the others (a radius set on them is a mistake worth saying).
+pub(crate) fn check_sphere_radius(metric: Metric, radius: f64) -> Result<()> {
+    if metric == Metric::Haversine {
+        crate::metric::check_sphere_radius(radius)
+    } else if radius == crate::metric::EARTH_RADIUS_M {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "sphere_radius ({radius} m) applies to metric haversine only, not {metric}"
+        )))
     }
 }
 

@@ -98,7 +98,7 @@ pub fn knn(
                 // from the f64 chord squared for haversine.
                 let d = match metric {
                     Metric::Euclidean => T::from_f64(a).to_f64().sqrt(),
-                    Metric::Haversine => geo_distance_m(a),
+                    Metric::Haversine => geo_distance_m(a, crate::metric::EARTH_RADIUS_M),
                     _ => a,
                 };
                 dist.push(if std::mem::size_of::<T>() == 4 {

@@ -30,6 +30,7 @@ fn opts(eps: f64, min_samples: usize, metric: Metric, backend: Backend) -> Dbsca
         backend,
         algorithm: Algorithm::Auto,
         control: Default::default(),
+        sphere_radius: simjoin::metric::EARTH_RADIUS_M,
     }
 }
 

@@ -415,6 +415,7 @@ fn tiles_with_stops_everywhere() {
             backend,
             algorithm: Algorithm::Auto,
             control: Default::default(),
+            sphere_radius: simjoin::metric::EARTH_RADIUS_M,
         };
         let gpu = simjoin::dbscan(engine(), a, &opts(Backend::Gpu)).unwrap();
         let cpu = simjoin::dbscan(engine(), a, &opts(Backend::Cpu)).unwrap();

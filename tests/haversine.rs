@@ -6,13 +6,13 @@
 //! every pair (half the circumference and past it); f32 and f64; every CPU algorithm and,
 //! with the `gpu` feature, the GPU on lavapipe (validation on); pairs, counts, CSR with
 //! distances in metres, A ⋈ B (one side at the pole), streams, neighbour counts, kNN and
-//! DBSCAN; bad input refused clearly; and where the rule and the plain haversine formula
+//! DBSCAN; spheres of other radii (`sphere_radius`); bad input refused clearly; and where the rule and the plain haversine formula
 //! disagree, counted (only at pairs within a hair of eps).
 
 mod common;
 
 use common::Rng;
-use simjoin::metric::{geo_chord2, geo_distance_m, geo_row, EARTH_RADIUS_M};
+use simjoin::metric::{geo_chord2, geo_chord_threshold, geo_distance_m, geo_row, EARTH_RADIUS_M};
 use simjoin::{
     dbscan, oracle, Algorithm, Backend, Coords, Dataset, DbscanOptions, Engine, ErrorKind,
     JoinOptions, KnnOptions, Metric, OutputForm, Precision,
@@ -139,7 +139,10 @@ fn row(data: &Dataset, i: usize) -> [f64; 2] {
 /// The rule's distance in metres of rows `i` of `a` and `j` of `b`, rounded to the data's
 /// precision (what every result form reports).
 fn metres(a: &Dataset, i: usize, b: &Dataset, j: usize) -> f64 {
-    let d = geo_distance_m(geo_chord2(&geo_row(&row(a, i)), &geo_row(&row(b, j))));
+    let d = geo_distance_m(
+        geo_chord2(&geo_row(&row(a, i)), &geo_row(&row(b, j))),
+        EARTH_RADIUS_M,
+    );
     match a.precision() {
         Precision::F32 => d as f32 as f64,
         Precision::F64 => d,
@@ -550,9 +553,18 @@ fn knn_matches_the_oracle() {
 /// clusters by search over core-core edges, a border point to its nearest core neighbour
 /// by (`distance_acc`, index), clusters numbered by smallest member.
 fn reference(data: &Dataset, eps: f64, min_samples: usize) -> (Vec<i64>, Vec<bool>) {
+    reference_of(
+        data,
+        &oracle::self_join(data, Metric::Haversine, eps),
+        min_samples,
+    )
+}
+
+/// [`reference`] from the self-join's pairs `pairs`.
+fn reference_of(data: &Dataset, pairs: &[[u32; 2]], min_samples: usize) -> (Vec<i64>, Vec<bool>) {
     let n = data.len();
     let mut adj = vec![Vec::new(); n];
-    for [i, j] in oracle::self_join(data, Metric::Haversine, eps) {
+    for &[i, j] in pairs {
         adj[i as usize].push(j as usize);
         adj[j as usize].push(i as usize);
     }
@@ -644,6 +656,7 @@ fn dbscan_matches_the_reference() {
                     backend,
                     algorithm: Algorithm::Auto,
                     control: Default::default(),
+                    sphere_radius: simjoin::metric::EARTH_RADIUS_M,
                 };
                 for reorder in [false, true] {
                     let r =
@@ -653,6 +666,121 @@ fn dbscan_matches_the_reference() {
                     assert_eq!(r.labels, labels, "{what}");
                 }
                 assert_eq!(dbscan(engine(), &data, &o).unwrap().labels, labels);
+            }
+        }
+    }
+    #[cfg(feature = "gpu")]
+    common::assert_no_validation_errors();
+}
+
+/// Spheres other than the Earth's (`sphere_radius`): the Moon's, the unit sphere (eps in
+/// radians, scikit-learn's haversine convention) and a huge one. The rule on radius `r`
+/// is the Earth's with `r` for `R`: a pair matches when `c <= geo_chord_threshold(e, r)`
+/// and its distance is `geo_distance_m(c, r)`. Against a brute-force oracle of that rule:
+/// pairs, counts, the CSR's distances, A ⋈ B, kNN (ranked by `c` whatever the radius, so
+/// the Earth's oracle's indices, the radius's metres) and DBSCAN.
+#[test]
+fn another_sphere_radius() {
+    let mut rng = Rng(91);
+    let mut x = global(&mut rng, 500);
+    x.extend(gps(&mut rng, 300, 30_000.0));
+    let q = gps(&mut rng, 80, 50_000.0);
+    let (x32, q32) = (as_f32(&x), as_f32(&q));
+    let mut backends = vec![Backend::Cpu];
+    if cfg!(feature = "gpu") {
+        common::gpu_test_setup();
+        backends.push(Backend::Gpu);
+    }
+    // (radius, eps): 60 km on the Moon, 0.004 rad on the unit sphere, 2,000 km on a
+    // sphere of 10^9 m: each about as selective as 220 km, 25 km and 13 km on the Earth.
+    for (r, eps) in [(1_737_400.0, 60_000.0), (1.0, 0.004), (1e9, 2e6)] {
+        for (data, other) in [
+            (
+                Dataset::from_f64(&x, 2).unwrap(),
+                Dataset::from_f64(&q, 2).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, 2).unwrap(),
+                Dataset::from_f32(&q32, 2).unwrap(),
+            ),
+        ] {
+            let what = format!("r {r} eps {eps} {:?}", data.precision());
+            // The oracle: eps rounded to the input precision, the chord on radius r.
+            let e = match data.precision() {
+                Precision::F32 => eps as f32 as f64,
+                Precision::F64 => eps,
+            };
+            let thr = geo_chord_threshold(e, r);
+            let v = |d: &Dataset, i: usize| geo_row(&row(d, i));
+            let c = |a: &Dataset, i: usize, b: &Dataset, j: usize| geo_chord2(&v(a, i), &v(b, j));
+            let round = |m: f64| match data.precision() {
+                Precision::F32 => m as f32 as f64,
+                Precision::F64 => m,
+            };
+            let n = data.len();
+            let want: Vec<[u32; 2]> = (0..n)
+                .flat_map(|i| (i + 1..n).map(move |j| [i as u32, j as u32]))
+                .filter(|&[i, j]| c(&data, i as usize, &data, j as usize) <= thr)
+                .collect();
+            let want_ab: Vec<[u32; 2]> = (0..n)
+                .flat_map(|i| (0..other.len()).map(move |j| [i as u32, j as u32]))
+                .filter(|&[i, j]| c(&data, i as usize, &other, j as usize) <= thr)
+                .collect();
+            assert!(
+                want.len() > 300 && want_ab.len() > 50 && want.len() < n * n / 20,
+                "{what}: {} pairs, {} A x B",
+                want.len(),
+                want_ab.len()
+            );
+            for &backend in &backends {
+                let what = format!("{what} {backend}");
+                let mut o = hav(eps, backend, Algorithm::Auto);
+                o.sphere_radius = r;
+                o.distances = true;
+                let got = engine().self_join(&data, &o).unwrap();
+                assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
+                let d = got.distances.as_ref().unwrap();
+                for (k, &[i, j]) in want.iter().enumerate() {
+                    let m = round(geo_distance_m(c(&data, i as usize, &data, j as usize), r));
+                    assert_eq!(d.get(k), m, "{what}: distance {i} {j}");
+                    assert!(m <= e * (1.0 + 1e-6), "{what}: {m} m");
+                }
+                let ab = engine().join(&data, &other, &o).unwrap();
+                assert_eq!(ab.pairs().unwrap(), &want_ab[..], "{what} A x B");
+                o.output = OutputForm::Count;
+                o.distances = false;
+                let count = engine().self_join(&data, &o).unwrap().count();
+                assert_eq!(count, want.len() as u64, "{what} count");
+                // kNN: the Earth's ranking, the radius's distances.
+                let ko = KnnOptions {
+                    metric: Metric::Haversine,
+                    sphere_radius: r,
+                    backend,
+                    algorithm: if backend == Backend::Gpu {
+                        Algorithm::Brute
+                    } else {
+                        Algorithm::Auto
+                    },
+                    ..Default::default()
+                };
+                let k = 4;
+                let (idx, _) = oracle::knn(&data, Some(&other), k, Metric::Haversine);
+                let kr = engine().knn(&data, Some(&other), k, &ko).unwrap();
+                assert_eq!(kr.indices, idx, "{what} kNN");
+                for (e, &j) in idx.iter().enumerate() {
+                    let m = round(geo_distance_m(c(&other, e / k, &data, j as usize), r));
+                    assert_eq!(kr.distance(e / k, e % k), m, "{what} kNN distance");
+                }
+                // DBSCAN at the same eps on the same sphere.
+                let min_samples = 4;
+                let (labels, core) = reference_of(&data, &want, min_samples);
+                let mut dopts = DbscanOptions::new(eps, min_samples);
+                dopts.metric = Metric::Haversine;
+                dopts.sphere_radius = r;
+                dopts.backend = backend;
+                let got = dbscan(engine(), &data, &dopts).unwrap();
+                assert_eq!(got.core, core, "{what} DBSCAN core");
+                assert_eq!(got.labels, labels, "{what} DBSCAN");
             }
         }
     }
@@ -707,6 +835,29 @@ fn bad_input_is_refused_clearly() {
         .self_join(&g, &hav(1e-140, Backend::Cpu, Algorithm::Auto))
         .unwrap_err();
     assert!(e.to_string().contains("too small"), "{e}");
+    // A sphere radius that is no radius, or one set on another metric.
+    for r in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e-310] {
+        let mut o = hav(100.0, Backend::Cpu, Algorithm::Auto);
+        o.sphere_radius = r;
+        let e = engine().self_join(&g, &o).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("sphere_radius"), "{e}");
+        let ko = KnnOptions {
+            sphere_radius: r,
+            ..ko.clone()
+        };
+        let e = engine().knn(&g, None, 1, &ko).unwrap_err();
+        assert!(e.to_string().contains("sphere_radius"), "{e}");
+        let mut dopts = DbscanOptions::new(100.0, 2);
+        dopts.metric = Metric::Haversine;
+        dopts.sphere_radius = r;
+        let e = dbscan(engine(), &g, &dopts).unwrap_err();
+        assert!(e.to_string().contains("sphere_radius"), "{e}");
+    }
+    let mut o = JoinOptions::new(0.5);
+    o.sphere_radius = 1.0;
+    let e = engine().self_join(&g, &o).unwrap_err();
+    assert!(e.to_string().contains("haversine only"), "{e}");
     let g32 = [10.0f32, 0.0];
     let e = engine()
         .knn(&g, Some(&Dataset::from_f32(&g32, 2).unwrap()), 1, &ko)

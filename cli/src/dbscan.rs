@@ -90,6 +90,7 @@ pub fn run(args: &DbscanArgs) -> Result<()> {
         eps: args.eps,
         min_samples: usize::try_from(args.min_samples)?,
         metric: args.run.metric,
+        sphere_radius: args.run.sphere_radius,
         backend: args.run.backend,
         algorithm: args.algorithm,
         control: crate::control().clone(),

@@ -62,9 +62,12 @@ enum Command {
 pub(crate) struct RunArgs {
     /// euclidean, manhattan, chebyshev, cosine (1 - cos(a, b); joins and dbscan) or
     /// haversine (2 columns, latitude and longitude in degrees; eps and distances in metres,
-    /// great circle on a sphere of 6,371,008.8 m).
+    /// great circle on a sphere of 6,371,008.8 m unless --sphere-radius says otherwise).
     #[arg(long, default_value = "euclidean")]
     pub metric: Metric,
+    /// haversine: the sphere's radius in metres (eps and distances are metres on it).
+    #[arg(long, default_value_t = simjoin::metric::EARTH_RADIUS_M)]
+    pub sphere_radius: f64,
     /// auto, gpu or cpu.
     #[arg(long, default_value = "auto")]
     pub backend: Backend,
@@ -333,6 +336,7 @@ fn progress_line(what: &str, p: &simjoin::Progress) -> String {
 fn options(args: &JoinArgs) -> JoinOptions {
     let mut opts = JoinOptions::new(args.eps);
     opts.metric = args.run.metric;
+    opts.sphere_radius = args.run.sphere_radius;
     opts.backend = args.run.backend;
     opts.algorithm = args.algorithm;
     opts.lss_lists = args.lss_lists;
@@ -434,6 +438,7 @@ fn join_once(
 fn run_knn(args: &KnnArgs) -> Result<()> {
     let opts = simjoin::KnnOptions {
         metric: args.run.metric,
+        sphere_radius: args.run.sphere_radius,
         backend: args.run.backend,
         algorithm: args.algorithm,
         lss_lists: args.lss_lists,
@@ -580,7 +585,7 @@ fn write_join(
     let mut emit = |pairs: &[Pair]| -> Result<()> {
         let d = if args.distances {
             let b = b.unwrap_or(a);
-            Some(simjoin::result::pair_distances(a, b, opts.metric, pairs)?)
+            Some(simjoin::result::pair_distances(a, b, opts, pairs)?)
         } else {
             None
         };

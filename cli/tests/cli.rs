@@ -830,7 +830,9 @@ fn distances_in_csv_and_parquet() {
     for metric in [Metric::Euclidean, Metric::Chebyshev] {
         let want = oracle::self_join(&data, metric, 0.1);
         assert!(want.len() > 1000);
-        let exact = simjoin::result::pair_distances(&data, &data, metric, &want).unwrap();
+        let mut o = simjoin::JoinOptions::new(0.1);
+        o.metric = metric;
+        let exact = simjoin::result::pair_distances(&data, &data, &o, &want).unwrap();
         for sorted in [true, false] {
             for ext in ["csv", "parquet"] {
                 let name = format!("d.{ext}");
@@ -1186,4 +1188,105 @@ fn columns_pick_latitude_and_longitude() {
             needle,
         );
     }
+}
+
+/// `--sphere-radius` sets haversine's sphere: on the unit sphere eps is in radians, the
+/// pairs are the rule's on that sphere, and a radius on another metric is refused.
+#[test]
+fn sphere_radius_sets_the_sphere() {
+    use simjoin::metric::{geo_chord2, geo_chord_threshold, geo_row};
+    let dir = scratch("sphere-radius");
+    // Places around Paris, a few km apart: (lat, lon) in degrees.
+    let coords: Vec<f64> = lcg_points(400, 2, 43)
+        .chunks(2)
+        .flat_map(|p| [48.80 + 0.1 * p[0], 2.25 + 0.15 * p[1]])
+        .collect();
+    let text: String = coords
+        .chunks(2)
+        .map(|p| format!("{:?},{:?}\n", p[0], p[1]))
+        .collect();
+    std::fs::write(dir.join("places.csv"), text).unwrap();
+    // 1.5 km on the Earth is 2.35e-4 rad.
+    let eps = 2.35e-4;
+    let thr = geo_chord_threshold(eps, 1.0);
+    let v: Vec<[f64; 3]> = coords.chunks(2).map(geo_row).collect();
+    let want: Vec<[u32; 2]> = (0..v.len())
+        .flat_map(|i| (i + 1..v.len()).map(move |j| [i as u32, j as u32]))
+        .filter(|&[i, j]| geo_chord2(&v[i as usize], &v[j as usize]) <= thr)
+        .collect();
+    assert!(want.len() > 100, "{}", want.len());
+    let eps_arg = format!("{eps:e}");
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "self-join",
+            "places.csv",
+            "--metric",
+            "haversine",
+            "--eps",
+            &eps_arg,
+            "--sphere-radius",
+            "1",
+            "--backend",
+            "cpu",
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let run_args = |a: Vec<String>| run(&dir, &a.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    stdout_ok(&run_args(args(&["-o", "pairs.npy"])));
+    assert_eq!(read_npy_pairs(&dir.join("pairs.npy")), want);
+    // The Earth's sphere at the same eps: hardly a pair (eps would be 0.2 mm).
+    stdout_ok(&run(
+        &dir,
+        &[
+            "self-join",
+            "places.csv",
+            "--metric",
+            "haversine",
+            "--eps",
+            &eps_arg,
+            "-o",
+            "earth.npy",
+        ],
+    ));
+    assert!(read_npy_pairs(&dir.join("earth.npy")).len() < want.len() / 10);
+    // Distances in radians, at most eps.
+    stdout_ok(&run_args(args(&["--distances", "-o", "d.csv"])));
+    let text = std::fs::read_to_string(dir.join("d.csv")).unwrap();
+    let d: Vec<f64> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.rsplit(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(d.len(), want.len());
+    assert!(d.iter().all(|&x| x <= eps) && d.iter().any(|&x| x > eps / 2.0));
+    assert_error(
+        &run(
+            &dir,
+            &[
+                "self-join",
+                "places.csv",
+                "--eps",
+                "0.1",
+                "--sphere-radius",
+                "2",
+            ],
+        ),
+        "haversine only",
+    );
+    assert_error(
+        &run(
+            &dir,
+            &[
+                "self-join",
+                "places.csv",
+                "--metric",
+                "haversine",
+                "--eps",
+                "1",
+                "--sphere-radius=-3",
+            ],
+        ),
+        "sphere_radius",
+    );
 }

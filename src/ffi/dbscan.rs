@@ -28,12 +28,15 @@ pub struct simjoin_dbscan_options {
     /// NULL (the default: every weight 1) or one weight per row, read during the call
     /// only (scikit-learn's `sample_weight`): a row is core when the weights within eps,
     /// its own included, sum to at least `min_samples`. Finite, below 2^63 in magnitude;
-    /// zero and negative weights allowed; summed exactly (see `dbscan_weighted`). The last
-    /// field added: callers compiled against a header without it pass a smaller `size`
-    /// and get NULL.
+    /// zero and negative weights allowed; summed exactly (see `dbscan_weighted`). Callers
+    /// compiled against a header without it pass a smaller `size` and get NULL.
     pub sample_weight: *const f64,
     /// NULL, or a control that can stop the call and reports its progress. Added in 0.3.
     pub control: *const simjoin_control,
+    /// SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+    /// SIMJOIN_EARTH_RADIUS_M); eps is metres on it; other metrics
+    /// take only 0. Added in 0.3.
+    pub sphere_radius: f64,
 }
 
 impl simjoin_dbscan_options {
@@ -46,6 +49,7 @@ impl simjoin_dbscan_options {
             algorithm: d.algorithm as u32,
             sample_weight: std::ptr::null(),
             control: std::ptr::null(),
+            sphere_radius: 0.0,
         }
     }
 }
@@ -158,6 +162,7 @@ pub unsafe extern "C" fn simjoin_dbscan(
                 Error::invalid(format!("min_samples {min_samples} does not fit in size_t"))
             })?,
             metric: enum_value("metric", o.metric, &METRICS)?,
+            sphere_radius: super::options::sphere_radius(o.sphere_radius),
             backend: enum_value("backend", o.backend, &BACKENDS)?,
             algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
             // SAFETY: NULL or a live control (header contract).

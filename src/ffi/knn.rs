@@ -31,6 +31,9 @@ pub struct simjoin_knn_options {
     pub lss_lists: u64,
     /// NULL, or a control that can stop the call and reports its progress. Added in 0.3.
     pub control: *const simjoin_control,
+    /// SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+    /// SIMJOIN_EARTH_RADIUS_M); other metrics take only 0. Added in 0.3.
+    pub sphere_radius: f64,
 }
 
 impl simjoin_knn_options {
@@ -43,6 +46,7 @@ impl simjoin_knn_options {
             algorithm: d.algorithm as u32,
             lss_lists: 0,
             control: std::ptr::null(),
+            sphere_radius: 0.0,
         }
     }
 }
@@ -141,6 +145,7 @@ pub unsafe extern "C" fn simjoin_knn(
         };
         let options = KnnOptions {
             metric: enum_value("metric", o.metric, &METRICS)?,
+            sphere_radius: super::options::sphere_radius(o.sphere_radius),
             backend: enum_value("backend", o.backend, &BACKENDS)?,
             algorithm: enum_value("algorithm", o.algorithm, &ALGORITHMS)?,
             lss_lists: optional_count("lss_lists", o.lss_lists)?,

@@ -87,6 +87,23 @@ pub struct simjoin_options {
     /// NULL, or a control that can stop the call and reports its progress (see
     /// `simjoin_control_new`); it must be live when the call starts. Added in 0.3.
     pub control: *const simjoin_control,
+    /// SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (0 = the mean Earth radius,
+    /// SIMJOIN_EARTH_RADIUS_M); other metrics take only 0. Added in 0.3.
+    pub sphere_radius: f64,
+}
+
+/// The mean Earth radius in metres: haversine's sphere unless `sphere_radius` says otherwise.
+pub const SIMJOIN_EARTH_RADIUS_M: f64 = 6371008.8;
+// A literal for cbindgen, the engine's value by construction.
+const _: () = assert!(SIMJOIN_EARTH_RADIUS_M == crate::metric::EARTH_RADIUS_M);
+
+/// A C `sphere_radius` as the engine's: 0 is the Earth's.
+pub(crate) fn sphere_radius(value: f64) -> f64 {
+    if value == 0.0 {
+        crate::metric::EARTH_RADIUS_M
+    } else {
+        value
+    }
 }
 
 impl simjoin_options {
@@ -107,6 +124,7 @@ impl simjoin_options {
             lss_lists: 0,
             distances: 0,
             control: std::ptr::null(),
+            sphere_radius: 0.0,
         }
     }
 }
@@ -307,6 +325,7 @@ pub(crate) unsafe fn read_options(opts: *const simjoin_options) -> Result<JoinOp
     j.result_buffer_pairs = optional_count("result_buffer_pairs", o.result_buffer_pairs)?;
     j.lss_lists = optional_count("lss_lists", o.lss_lists)?;
     j.distances = o.distances != 0;
+    j.sphere_radius = sphere_radius(o.sphere_radius);
     // SAFETY: NULL or a live control (header contract).
     j.control = unsafe { control_of(o.control) };
     j.validate()?;

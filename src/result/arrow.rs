@@ -48,10 +48,7 @@ impl PairSink for QueueSink {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         let distances = if self.opts.distances {
             Some(crate::result::pair_distances(
-                &self.a,
-                &self.b,
-                self.opts.metric,
-                chunk,
+                &self.a, &self.b, &self.opts, chunk,
             )?)
         } else {
             None

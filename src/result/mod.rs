@@ -357,17 +357,17 @@ enum Entries<'a> {
 pub fn pair_distances(
     a: &crate::dataset::Dataset,
     b: &crate::dataset::Dataset,
-    metric: crate::options::Metric,
+    opts: &crate::options::JoinOptions,
     pairs: &[Pair],
 ) -> Result<Distances> {
-    distances_of(a, b, metric, Entries::Pairs(pairs))
+    distances_of(a, b, opts, Entries::Pairs(pairs))
 }
 
 /// The distances of a join output's entries (None for a count).
 pub(crate) fn entry_distances(
     a: &crate::dataset::Dataset,
     b: &crate::dataset::Dataset,
-    metric: crate::options::Metric,
+    opts: &crate::options::JoinOptions,
     output: &JoinOutput,
 ) -> Result<Option<Distances>> {
     let entries = match output {
@@ -375,18 +375,20 @@ pub(crate) fn entry_distances(
         JoinOutput::Csr(c) => Entries::Csr(c),
         JoinOutput::Count(_) => return Ok(None),
     };
-    distances_of(a, b, metric, entries).map(Some)
+    distances_of(a, b, opts, entries).map(Some)
 }
 
 /// The distance of each result entry: pair e is `(a[i], b[j])`, or CSR row r's neighbour n
 /// is `(a[r], b[n])` (`b` is `a` for a self-join). Canonical arithmetic (`metric.rs`):
-/// the accumulator in the input precision, square-rooted in that precision for Euclidean.
+/// the accumulator in the input precision, square-rooted in that precision for Euclidean;
+/// haversine's metres on `opts.sphere_radius`.
 fn distances_of(
     a: &crate::dataset::Dataset,
     b: &crate::dataset::Dataset,
-    metric: crate::options::Metric,
+    opts: &crate::options::JoinOptions,
     output: Entries,
 ) -> Result<Distances> {
+    let (metric, radius) = (opts.metric, opts.sphere_radius);
     use crate::dataset::Coords;
     fn fill<T: crate::metric::Coord>(
         a: &[T],
@@ -479,6 +481,7 @@ fn distances_of(
         b: &[T],
         dim: usize,
         metric: crate::options::Metric,
+        radius: f64,
         output: &Entries,
     ) -> Result<Vec<T>> {
         use crate::metric::{distance_acc, finish};
@@ -496,14 +499,18 @@ fn distances_of(
             // Metres from the f64 chord squared, rounded to T once.
             Haversine => fill(a, b, dim, output, |p, q| {
                 use crate::metric::{geo_chord2, geo_distance_m, geo_row};
-                T::from_f64(geo_distance_m(geo_chord2(&geo_row(p), &geo_row(q))))
+                T::from_f64(geo_distance_m(geo_chord2(&geo_row(p), &geo_row(q)), radius))
             }),
         }
     }
     let dim = a.dim();
     Ok(match (a.coords(), b.coords()) {
-        (Coords::F32(x), Coords::F32(y)) => Distances::F32(by_metric(x, y, dim, metric, &output)?),
-        (Coords::F64(x), Coords::F64(y)) => Distances::F64(by_metric(x, y, dim, metric, &output)?),
+        (Coords::F32(x), Coords::F32(y)) => {
+            Distances::F32(by_metric(x, y, dim, metric, radius, &output)?)
+        }
+        (Coords::F64(x), Coords::F64(y)) => {
+            Distances::F64(by_metric(x, y, dim, metric, radius, &output)?)
+        }
         _ => return Err(Error::invalid("A and B must have the same precision")),
     })
 }

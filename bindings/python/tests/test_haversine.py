@@ -134,3 +134,61 @@ def test_bad_input_is_refused():
     with pytest.raises(simjoin.InvalidArgumentError, match="latitude"):
         # Radians past pi/2: a latitude past 90 degrees.
         simjoin.dbscan(np.array([[1.6, 0.0], [0.0, 0.0]]), 0.1, 2, metric="haversine")
+
+
+@pytest.mark.parametrize("radius, eps", [(1737400.0, 900.0), (1.0, 3e-4)])
+def test_sphere_radius(radius, eps):
+    """sphere_radius sets the sphere: the Moon's, and the unit sphere (eps and distances in
+    radians, scikit-learn's haversine units), against BallTree's haversine on that sphere."""
+    x = gps(2500, seed=8)
+    q = gps(200, seed=9)
+    got, dist = simjoin.self_join(x, eps, metric="haversine", backend="cpu", return_distance=True,
+                                  sphere_radius=radius)
+    tree = BallTree(np.radians(x), metric="haversine")
+    ind = tree.query_radius(np.radians(x), r=eps / radius)
+    theirs = {(i, int(j)) for i, js in enumerate(ind) for j in js if i < j}
+    mine = {(int(i), int(j)) for i, j in got}
+    assert len(mine) > len(x) // 9
+    # Only pairs within rounding of eps may differ (as on the Earth's sphere).
+    differ = mine ^ theirs
+    assert len(differ) <= 2
+    assert differ == near_eps(x, differ, eps * R / radius, 1e-13 * eps * R / radius + 5e-9)
+    # Distances on that sphere: the Earth's scaled by radius / R.
+    _, on_earth = simjoin.self_join(x, eps * R / radius, metric="haversine", backend="cpu",
+                                    return_distance=True)
+    common = min(len(dist), len(on_earth))
+    assert common > 0
+    earth = dict(zip(map(tuple, simjoin.self_join(x, eps * R / radius, metric="haversine",
+                                                    backend="cpu").tolist()), on_earth))
+    for (i, j), d in zip(got.tolist(), dist):
+        if (i, j) in earth:
+            assert d == pytest.approx(earth[(i, j)] * radius / R, rel=1e-12, abs=1e-300)
+    assert dist.max() <= eps
+    # A x B, counts and kNN take it too.
+    ab = simjoin.join(q, x, eps, metric="haversine", sphere_radius=radius)
+    ind = tree.query_radius(np.radians(q), r=eps / radius)
+    assert abs(len(ab) - sum(len(i) for i in ind)) <= 2
+    counts = simjoin.neighbour_counts(x, eps, metric="haversine", sphere_radius=radius)
+    assert int(counts.sum()) == len(x) + 2 * len(mine)
+    d, idx = simjoin.knn(x, 4, query=q, metric="haversine", sphere_radius=radius)
+    sd, _ = tree.query(np.radians(q), k=4)
+    np.testing.assert_allclose(d, sd * radius, rtol=1e-9, atol=1e-12 * radius)
+    # The CSR and Arrow forms carry it as well.
+    csr = simjoin.self_join(x, eps, metric="haversine", output="csr", return_distance=True,
+                            sphere_radius=radius)
+    assert csr.nnz == 2 * len(mine) and csr.data.max() <= eps
+    pytest.importorskip("pyarrow")
+    table = simjoin.self_join(x, eps, metric="haversine", output="arrow", return_distance=True,
+                              sphere_radius=radius)
+    assert table.num_rows == len(mine) and max(table.column("distance").to_pylist()) <= eps
+
+
+def test_sphere_radius_is_checked():
+    x = np.array([[0.0, 0.0], [0.0, 1.0]])
+    for bad in [0, -1.0, float("nan"), float("inf"), "big", True]:
+        with pytest.raises(simjoin.InvalidArgumentError, match="sphere_radius"):
+            simjoin.self_join(x, 10.0, metric="haversine", sphere_radius=bad)
+        with pytest.raises(simjoin.InvalidArgumentError, match="sphere_radius"):
+            simjoin.knn(x, 1, metric="haversine", sphere_radius=bad)
+    with pytest.raises(simjoin.InvalidArgumentError, match="haversine only"):
+        simjoin.self_join(x, 10.0, sphere_radius=1.0)

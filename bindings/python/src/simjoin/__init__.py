@@ -101,7 +101,7 @@ def _lookup(table, what, value):
         ) from None
 
 
-def _options(eps, metric, backend, algorithm, output, sorted, return_distance=False):
+def _options(eps, metric, backend, algorithm, output, sorted, return_distance=False, sphere_radius=None):
     opts = _native.Options()
     _check(lib.simjoin_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     opts.eps = float(eps)
@@ -111,7 +111,21 @@ def _options(eps, metric, backend, algorithm, output, sorted, return_distance=Fa
     opts.output = _lookup(_native.OUTPUTS, "output", output)
     opts.sorted = 1 if sorted else 0
     opts.distances = 1 if return_distance else 0
+    opts.sphere_radius = _sphere_radius(sphere_radius)
     return opts
+
+
+def _sphere_radius(value):
+    """A sphere_radius argument as the C options take it (0: the Earth's mean radius)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidArgumentError(_native.INVALID_ARGUMENT, f"sphere_radius must be a number of metres (got {value!r})")
+    value = float(value)
+    if value == 0.0:
+        # 0 means the default in C; here it is a radius, and no radius.
+        raise InvalidArgumentError(_native.INVALID_ARGUMENT, "sphere_radius = 0 m: it must be a finite, positive number of metres")
+    return value
 
 
 class _Engine:
@@ -210,13 +224,13 @@ class _Keep:
         self.arrays = arrays
 
 
-def _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads):
+def _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads, sphere_radius):
     """The join as Arrow record batches (columns i, j and optionally distance), produced
     while the join runs: a pyarrow.Table (output="arrow") or a pyarrow.RecordBatchReader
     (output="arrow_stream", for results larger than memory)."""
     import pyarrow as pa
 
-    opts = _options(eps, metric, backend, algorithm, "pairs", False, return_distance)
+    opts = _options(eps, metric, backend, algorithm, "pairs", False, return_distance, sphere_radius)
     stream = _native.ArrowArrayStream()
     ma = _matrix(a)
     engine = _Engine.get(threads)
@@ -243,7 +257,7 @@ def _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threa
 
 
 def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-              sorted=True, return_distance=False, threads=None, progress=None):
+              sorted=True, return_distance=False, threads=None, progress=None, sphere_radius=None):
     """All pairs of rows of X within distance `eps` (dist <= eps).
 
     output="pairs": unique pairs (i < j) as an (m, 2) uint32 array (sorted unless
@@ -255,7 +269,8 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     output="count": the number of pairs as an int. metric: "euclidean", "manhattan",
     "chebyshev", "cosine" (1 - cos(a, b), as SciPy defines it; a zero row raises
     InvalidArgumentError) or "haversine" (X is 2 columns, latitude and longitude in
-    degrees; eps and distances in metres on a sphere of radius 6,371,008.8 m; a latitude
+    degrees; eps and distances in metres on a sphere of radius 6,371,008.8 m, or of
+    `sphere_radius` metres (sphere_radius=1: eps and distances in radians); a latitude
     outside [-90, 90] raises InvalidArgumentError); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "grid",
     "ego", "brute" or "lss". Arrays view the engine's memory (no copy).
     output="arrow": a pyarrow.Table with columns i, j (uint32) and, with return_distance,
@@ -274,8 +289,9 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
     """
     points = _as_points(X, "X")
     if str(output).lower() in _ARROW_OUTPUTS:
-        return _arrow(output, points, None, eps, metric, backend, algorithm, return_distance, threads)
-    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
+        return _arrow(output, points, None, eps, metric, backend, algorithm, return_distance, threads,
+                      sphere_radius)
+    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance, sphere_radius)
     m = _matrix(points)
     result = ctypes.c_void_p()
     engine = _Engine.get(threads)
@@ -288,15 +304,15 @@ def self_join(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", o
 
 
 def neighbour_counts(X, eps, *, metric="euclidean", backend="auto", algorithm="auto", threads=None,
-                     progress=None):
+                     progress=None, sphere_radius=None):
     """Each row's number of rows of X within distance `eps`, the row itself included (the
     count behind DBSCAN's core samples; a density score for outlier detection), as a
     uint32 array of len(X). On a GPU the counts are made on the device (no pair leaves
     it); on the CPU they are counted from the join's streamed pairs, never collected.
-    metric, backend, algorithm and progress as for self_join.
+    metric, backend, algorithm, progress and sphere_radius as for self_join.
     """
     points = _as_points(X, "X")
-    opts = _options(eps, metric, backend, algorithm, "count", False)
+    opts = _options(eps, metric, backend, algorithm, "count", False, sphere_radius=sphere_radius)
     m = _matrix(points)
     counts = np.empty(points.shape[0], dtype=np.uint32)
     engine = _Engine.get(threads)
@@ -315,14 +331,14 @@ def neighbour_counts(X, eps, *, metric="euclidean", backend="auto", algorithm="a
 
 
 def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", output="pairs",
-         sorted=True, return_distance=False, threads=None, progress=None):
+         sorted=True, return_distance=False, threads=None, progress=None, sphere_radius=None):
     """All pairs (i, j), row i of A and row j of B, within distance `eps`.
 
     output="pairs": an (m, 2) uint32 array of (i, j); output="csr": an (len(A), len(B))
     scipy.sparse.csr_matrix (boolean, or distances with return_distance=True, which also
     makes output="pairs" return `(pairs, distances)`); output="count": an int. A float32
-    array joined with a float64 one is joined in float64. Ctrl-C and progress as for
-    self_join.
+    array joined with a float64 one is joined in float64. Ctrl-C, progress and
+    sphere_radius as for self_join.
     """
     a, b = np.asarray(A), np.asarray(B)
     common = None
@@ -331,8 +347,8 @@ def join(A, B, eps, *, metric="euclidean", backend="auto", algorithm="auto", out
         common = common if common in _FLOATS else np.float64
     a, b = _as_points(a, "A", common), _as_points(b, "B", common)
     if str(output).lower() in _ARROW_OUTPUTS:
-        return _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads)
-    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance)
+        return _arrow(output, a, b, eps, metric, backend, algorithm, return_distance, threads, sphere_radius)
+    opts = _options(eps, metric, backend, algorithm, output, sorted, return_distance, sphere_radius)
     ma, mb = _matrix(a), _matrix(b)
     result = ctypes.c_void_p()
     engine = _Engine.get(threads)
@@ -364,7 +380,7 @@ def _view(owner, address, ctype, count, dtype, shape):
 
 
 def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto", output="arrays",
-        threads=None, progress=None):
+        threads=None, progress=None, sphere_radius=None):
     """The exact k nearest neighbours of every row of `query` among the rows of X, or, when
     `query` is None, of every row of X among the others (a point is not its own neighbour;
     an exact duplicate of it is, at distance 0).
@@ -374,8 +390,8 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     `indices` are uint32 row numbers of X; `distances` have X's float type (float32 or
     float64; float16 input is computed and answered in float32). With output="graph", an (m, len(X)) `scipy.sparse.csr_matrix` of distances,
     like `kneighbors_graph(mode="distance")`. metric: "euclidean", "manhattan",
-    "chebyshev" or "haversine" (latitude and longitude in degrees, distances in metres, as
-    for self_join); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
+    "chebyshev", "cosine" or "haversine" (latitude and longitude in degrees, distances in
+    metres on the Earth or on a sphere of `sphere_radius` metres, as for self_join); backend: "auto", "cpu" or "gpu"; algorithm: "auto", "kdtree" (CPU),
     "grid" (CPU), "lss" (GPU) or "brute". k larger than the candidates raises InvalidArgumentError.
     The arrays view the engine's memory (no copy); it is freed with the last of them.
     Ctrl-C and progress as for self_join.
@@ -402,6 +418,7 @@ def knn(X, k, *, query=None, metric="euclidean", backend="auto", algorithm="auto
     opts.metric = _lookup(_native.METRICS, "metric", metric)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
     opts.algorithm = _lookup(_native.ALGORITHMS, "algorithm", algorithm)
+    opts.sphere_radius = _sphere_radius(sphere_radius)
     md = _matrix(data)
     mq = _matrix(q) if q is not None else None
     handle = ctypes.c_void_p()

@@ -36,6 +36,7 @@ class _DbscanOptions(ctypes.Structure):
         ("algorithm", c_uint32),
         ("sample_weight", POINTER(c_double)),
         ("control", c_void_p),
+        ("sphere_radius", c_double),
     ]
 
 
@@ -84,17 +85,17 @@ def _run(X, eps, min_samples, metric, backend, threads, algorithm="auto", sample
     data = _as_points(X, "X")
     metric_name = _METRIC_ALIASES.get(str(metric).lower(), metric)
     engine_data = data
+    opts = _DbscanOptions()
+    _check(lib.simjoin_dbscan_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
     if str(metric_name).lower() == "haversine":
-        # scikit-learn's convention: (latitude, longitude) in radians, eps in radians (on
-        # the unit sphere). The engine's: degrees and metres on the Earth's sphere.
+        # scikit-learn's convention: (latitude, longitude) in radians, eps in radians. The
+        # engine's: degrees, and eps in the sphere's units; on the unit sphere eps is the
+        # angle itself.
         if data.ndim != 2 or data.shape[1] != 2:
             raise _invalid(f"haversine points are 2 columns, (latitude, longitude) in radians; "
                            f"X has shape {data.shape}")
         engine_data = np.ascontiguousarray(np.degrees(data.astype(np.float64)))
-        if isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, bool):
-            eps = float(eps) * _native.EARTH_RADIUS_M
-    opts = _DbscanOptions()
-    _check(lib.simjoin_dbscan_options_init_sized(ctypes.byref(opts), ctypes.sizeof(opts)))
+        opts.sphere_radius = 1.0
     opts.metric = _lookup(_native.METRICS, "metric", metric_name)
     opts.backend = _lookup(_native.BACKENDS, "backend", backend)
     algorithm_name = _ALGORITHM_ALIASES.get(str(algorithm).lower(), algorithm)
@@ -151,8 +152,9 @@ def dbscan(X, eps, min_samples=5, *, metric="euclidean", backend="auto", algorit
     "manhattan", "chebyshev", "cosine" (or scikit-learn's "l2", "l1", "cityblock", "infinity")
     or "haversine" in scikit-learn's convention: X is (latitude, longitude) in radians and
     eps in radians (a great-circle angle), as sklearn.cluster.DBSCAN(metric="haversine")
-    takes them (the engine joins them as degrees and eps * 6371008.8 metres; pairs within
-    about 1e-14 of eps may differ from scikit-learn's, see src/metric.rs);
+    takes them (the engine joins them as degrees on the unit sphere, sphere_radius 1, where
+    eps is the angle; pairs within about 1e-14 of eps may differ from scikit-learn's, see
+    src/metric.rs);
     backend: "auto", "cpu" or "gpu"; algorithm: the join's, "auto", "grid", "ego",
     "brute" or "lss" (GPU) -- the labels are the same whichever runs (scikit-learn's
     "kd_tree" and "ball_tree" mean "auto"). float32 inputs are clustered in float32 arithmetic,

@@ -10,7 +10,8 @@ LIBRARY = {"darwin": "libsimjoin.dylib", "win32": "simjoin.dll"}.get(sys.platfor
 # Fixed numbers from simjoin.h.
 OK, INVALID_ARGUMENT, CANCELLED = 0, 1, 7
 METRICS = {"euclidean": 0, "manhattan": 1, "chebyshev": 2, "cosine": 3, "haversine": 4}
-# metric="haversine": the sphere's radius in metres (src/metric.rs EARTH_RADIUS_M).
+# metric="haversine": the sphere's radius in metres unless sphere_radius= says otherwise
+# (src/metric.rs EARTH_RADIUS_M).
 EARTH_RADIUS_M = 6371008.8
 BACKENDS = {"auto": 0, "cpu": 1, "gpu": 2}
 ALGORITHMS = {"auto": 0, "grid": 1, "ego": 2, "brute": 3, "lss": 4, "kdtree": 5}
@@ -35,6 +36,7 @@ class Options(ctypes.Structure):
         ("lss_lists", c_uint64),
         ("distances", c_uint32),
         ("control", c_void_p),
+        ("sphere_radius", c_double),
     ]
 
 
@@ -55,6 +57,7 @@ class KnnOptions(ctypes.Structure):
         ("algorithm", c_uint32),
         ("lss_lists", c_uint64),
         ("control", c_void_p),
+        ("sphere_radius", c_double),
     ]
 
 
