@@ -62,6 +62,8 @@ class Options {
   Options &output(simjoin_output o) { raw_.output = o; return *this; }
   Options &sorted(bool on = true) { raw_.sorted = on; return *this; }
   Options &include_self(bool on = true) { raw_.include_self = on; return *this; }
+  /// SIMJOIN_METRIC_HAVERSINE: the sphere's radius in metres (default: the Earth's).
+  Options &sphere_radius(double metres) { raw_.sphere_radius = metres; return *this; }
   const simjoin_options *get() const noexcept { return &raw_; }
 
  private:

@@ -66,6 +66,15 @@ int main() {
   auto ab = engine.join(grid.data(), n, shifted.data(), n, 2, simjoin::Options(0.5));
   CHECK(ab.count() == 10 * (10 + 9));
 
+  // Haversine on the unit sphere: (0, 0) and (0, 1) are one degree (pi / 180) apart.
+  std::vector<double> places = {0, 0, 0, 1};
+  auto on = [&](double eps) {
+    return engine.self_join(places.data(), 2, 2,
+                            simjoin::Options(eps).metric(SIMJOIN_METRIC_HAVERSINE).sphere_radius(1.0))
+        .count();
+  };
+  CHECK(on(0.01746) == 1 && on(0.01745) == 0);
+
   // Streaming collects the same pairs.
   PairSet streamed;
   auto counted = engine.self_join_stream(grid.data(), n, 2, simjoin::Options(1.0),
