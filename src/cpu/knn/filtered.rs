@@ -215,15 +215,19 @@ fn search_with<T: Coord>(
         }
         *m = lo + (hi - lo) / 2.0;
     }
+    control.check()?;
     let ptree = Tree::build_with(data, dim, ORDER_LEAF);
+    control.check()?;
     let Some(points) = Side::new(&ptree, PB, &center, true) else {
         return Ok(None);
     };
+    control.check()?;
     let qtree_own = query.map(|q| Tree::build_with(q, dim, ORDER_LEAF));
     let qtree = qtree_own.as_ref().unwrap_or(&ptree);
     let Some(queries) = Side::new(qtree, QB, &center, false) else {
         return Ok(None);
     };
+    control.check()?;
     let self_join = query.is_none();
     let (margin, slack) = super::prune_margins::<T>(dim);
     // The point side's largest centring error and norm: one per join, so a query's cutoff
@@ -243,6 +247,11 @@ fn search_with<T: Coord>(
         .par_iter()
         .enumerate()
         .map(|(qb, qr)| {
+            // Once stopped, the remaining blocks end before their setup (sorting every
+            // point block by distance, the tiles' boxes): together it is tens of ms.
+            if control.is_cancelled() {
+                return Vec::new();
+            }
             let qn = qr.len();
             let mut heaps: Vec<Heap<T>> = (0..qn).map(|_| Heap::new(k)).collect();
             let (qblock, q_err, _) = queries.fp.block(qb);
