@@ -37,6 +37,10 @@ struct sj_pipe {
 
   double *a, *b;
   size_t na, nb, dim;
+  /* Haversine: the points' unit vectors (3 doubles a row; ub NULL for a self-join), made
+   * once so that a pair's distance is a chord and an asin rather than six sines and
+   * cosines; NULL when not haversine or out of memory (sj_distance then). */
+  double *ua, *ub;
   simjoin_options opts;
   simjoin_control *control; /* this join's stop flag and progress */
   int engine;               /* index into `engines`; its `users` counts this join */
@@ -142,17 +146,34 @@ static void geo_unit_vector(double lat, double lon, double v[3]) {
   v[2] = sin(p);
 }
 
+/* src/metric.rs's geo_chord2 and geo_distance_m on the Earth: 2 R asin(min(chord / 2, 1)),
+ * R = 6,371,008.8 m, the chord squared summed in order. */
+static double geo_metres(const double u[3], const double v[3]) {
+  double c = 0.0, h;
+  size_t k;
+  for (k = 0; k < 3; k++) c += (u[k] - v[k]) * (u[k] - v[k]);
+  h = sqrt(c) / 2.0;
+  return 2.0 * 6371008.8 * asin(h < 1.0 ? h : 1.0);
+}
+
+/* The unit vectors of `n` (latitude, longitude) rows, or NULL out of memory. */
+static double *geo_vectors(const double *x, size_t n) {
+  double *u = malloc((n ? n : 1) * 3 * sizeof *u);
+  size_t i;
+  if (u)
+    for (i = 0; i < n; i++) geo_unit_vector(x[2 * i], x[2 * i + 1], u + 3 * i);
+  return u;
+}
+
 double sj_distance(int metric, const double *x, const double *y, size_t dim) {
   double acc = 0.0;
   size_t k;
   if (metric == SIMJOIN_METRIC_HAVERSINE && dim == 2) {
     /* The rule's metres: 2 R asin(min(chord / 2, 1)), R = 6,371,008.8 m. */
-    double u[3], v[3], c = 0.0, h;
+    double u[3], v[3];
     geo_unit_vector(x[0], x[1], u);
     geo_unit_vector(y[0], y[1], v);
-    for (k = 0; k < 3; k++) c += (u[k] - v[k]) * (u[k] - v[k]);
-    h = sqrt(c) / 2.0;
-    return 2.0 * 6371008.8 * asin(h < 1.0 ? h : 1.0);
+    return geo_metres(u, v);
   }
   if (metric == SIMJOIN_METRIC_COSINE) {
     /* src/metric.rs's rule: f64 sums in dimension order, 1 - dot / (|x| |y|). */
@@ -210,6 +231,8 @@ static void destroy(sj_pipe *p) {
   free(p->current);
   free(p->a);
   free(p->b);
+  free(p->ua);
+  free(p->ub);
   simjoin_control_free(p->control);
   pthread_cond_destroy(&p->cv);
   pthread_mutex_destroy(&p->mu);
@@ -330,8 +353,23 @@ int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, siz
     engine_done(engine);
     return -1;
   }
+  /* While the join runs (its thread reads only a and b): the unit vectors, on this thread,
+   * the only one that reads them. */
+  if (metric == SIMJOIN_METRIC_HAVERSINE && dim == 2) {
+    p->ua = geo_vectors(a, na);
+    p->ub = b && p->ua ? geo_vectors(b, nb) : NULL;
+    if (b && !p->ub) {
+      free(p->ua);
+      p->ua = NULL;
+    }
+  }
   *out = p;
   return 0;
+}
+
+double sj_pipe_distance(const sj_pipe *p, size_t i, size_t j) {
+  if (p->ua) return geo_metres(p->ua + 3 * i, (p->ub ? p->ub : p->ua) + 3 * j);
+  return sj_distance((int)p->opts.metric, p->a + i * p->dim, sj_pipe_b(p) + j * p->dim, p->dim);
 }
 
 const double *sj_pipe_a(const sj_pipe *p) { return p->a; }

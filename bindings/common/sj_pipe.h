@@ -53,6 +53,11 @@ int sj_pipe_start(sj_pipe **out, double *a, size_t na, double *b, size_t nb, siz
                   double eps, int metric, int backend, uint64_t threads, char *err,
                   size_t errlen);
 
+/* The distance of pair (i, j) of this join (row i of a, row j of b or a), as sj_distance
+ * gives it; haversine's from unit vectors made once (valid until sj_pipe_close; call it from
+ * the thread that started the pipe). */
+double sj_pipe_distance(const sj_pipe *p, size_t i, size_t j);
+
 /* The coordinates given to sj_pipe_start (valid until sj_pipe_close). */
 const double *sj_pipe_a(const sj_pipe *p);
 const double *sj_pipe_b(const sj_pipe *p);

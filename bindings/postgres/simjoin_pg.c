@@ -302,9 +302,7 @@ typedef struct join_state {
   sj_pipe *pipe; /* NULL once closed */
   points *pa, *pb;
   bool self;
-  int metric;
   size_t dim;
-  const double *ca, *cb;
   const uint32_t *pairs; /* the current chunk */
   size_t count, pos;
   TupleDesc tupdesc;
@@ -365,7 +363,6 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
     elog(ERROR, "simjoin: the function must return a composite type");
   st->tupdesc = BlessTupleDesc(td);
   st->self = self;
-  st->metric = metric;
   st->pa = palloc0(sizeof(points));
   st->pb = palloc0(sizeof(points));
   st->pa->what = self ? "points" : "points_a";
@@ -409,8 +406,6 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
     ereport(ERROR, (errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION), errmsg("simjoin: %s", err)));
   }
   st->pa->coords = st->pb->coords = NULL;
-  st->ca = sj_pipe_a(st->pipe);
-  st->cb = sj_pipe_b(st->pipe);
   return st;
 }
 
@@ -477,8 +472,7 @@ static Datum run_join(FunctionCallInfo fcinfo, bool self) {
   }
   values[0] = Int64GetDatum(x);
   values[1] = Int64GetDatum(y);
-  values[2] = Float8GetDatum(sj_distance(st->metric, st->ca + (size_t)i * st->dim,
-                                         st->cb + (size_t)j * st->dim, st->dim));
+  values[2] = Float8GetDatum(sj_pipe_distance(st->pipe, i, j));
   SRF_RETURN_NEXT(funcctx, HeapTupleGetDatum(heap_form_tuple(st->tupdesc, values, nulls)));
 }
 

@@ -52,9 +52,7 @@ typedef struct sj_cursor {
   sj_pipe *pipe;
   sqlite3_stmt *probe; /* PROBE_SQL, prepared at the first wait */
   int64_t *ids_a, *ids_b;
-  const double *ca, *cb;
-  size_t dim;
-  int metric, self;
+  int self;
   const uint32_t *pairs;
   size_t count, pos;
   sqlite3_int64 rowid;
@@ -342,10 +340,6 @@ static int sj_filter(sqlite3_vtab_cursor *cur, int idxNum, const char *idxStr, i
   /* The pipe owns ca and cb from here on. */
   if (sj_pipe_start(&c->pipe, ca, na, cb, nb, dima, eps, metric, backend, threads, err, sizeof err) != 0)
     return fail(c, "simjoin: %s%s", err, "");
-  c->ca = sj_pipe_a(c->pipe);
-  c->cb = sj_pipe_b(c->pipe);
-  c->dim = dima;
-  c->metric = metric;
   c->eof = 0;
   c->rowid = 0;
   return advance(c);
@@ -372,8 +366,7 @@ static int sj_column(sqlite3_vtab_cursor *cur, sqlite3_context *ctx, int col) {
     case COL_ID_A: sqlite3_result_int64(ctx, x); break;
     case COL_ID_B: sqlite3_result_int64(ctx, y); break;
     case COL_DISTANCE:
-      sqlite3_result_double(ctx, sj_distance(c->metric, c->ca + (size_t)i * c->dim,
-                                             c->cb + (size_t)j * c->dim, c->dim));
+      sqlite3_result_double(ctx, sj_pipe_distance(c->pipe, i, j));
       break;
     default: sqlite3_result_null(ctx); break; /* hidden arguments */
   }
