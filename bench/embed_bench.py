@@ -10,7 +10,7 @@ Workloads (unit vectors; the structure is stated in each row's name):
 - dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector).
 eps is a cosine distance (1 - cos); each row's gives a few neighbours per vector.
 
-    python3 bench/embed_bench.py [--quick] [--threads N] [--knn]
+    python3 bench/embed_bench.py [--quick] [--threads N] [--knn | --dbscan]
 """
 import argparse
 import os
@@ -99,12 +99,52 @@ def knn_rows(work, threads, k=10):
     return out
 
 
+def dbscan_rows(work, threads, min_samples=5):
+    """Cosine DBSCAN against scikit-learn's (metric="cosine", brute force, the same eps and
+    min_samples): (name, n, dim, eps, clusters, simjoin s, scikit-learn s, share of points
+    whose label agrees up to cluster numbering)."""
+    from sklearn.cluster import DBSCAN
+
+    out = []
+    for name, n, dim, centres, spread, eps in work:
+        x = make(name, n, dim, centres, spread)
+        sj_s, mine = timed(lambda: simjoin.dbscan(x, eps, min_samples, metric="cosine", threads=threads))
+        sk_s, model = timed(lambda: DBSCAN(eps=eps, min_samples=min_samples, metric="cosine",
+                                           algorithm="brute", n_jobs=threads).fit(x))
+        theirs = model.labels_
+        # Labels agree up to numbering: map each of ours to the most common of theirs.
+        agree = 0
+        for c in np.unique(mine):
+            sel = theirs[mine == c]
+            if c < 0:
+                agree += int(np.sum(sel < 0))
+            else:
+                vals, counts = np.unique(sel, return_counts=True)
+                agree += int(counts.max()) if vals[counts.argmax()] >= 0 else 0
+        clusters = int(mine.max()) + 1
+        out.append((name, n, dim, eps, clusters, sj_s, sk_s, agree / n))
+        print(f"{name} DBSCAN: simjoin {sj_s:.2f} s ({clusters} clusters), scikit-learn {sk_s:.2f} s",
+              file=sys.stderr, flush=True)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="the first two workloads, no scikit-learn")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--knn", action="store_true", help="cosine kNN (k = 10) instead of joins")
+    ap.add_argument("--dbscan", action="store_true",
+                    help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
     args = ap.parse_args()
+    if args.dbscan:
+        work = [w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "dups-384d", "sphere-384d")]
+        print(f"{args.threads} threads for every system; seconds of one run, labels as NumPy arrays.\n")
+        print("| workload | n | dims | eps (1 - cos) | clusters | simjoin s | scikit-learn s | scikit-learn / simjoin | labels agreeing |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for name, n, dim, eps, clusters, sj_s, sk_s, agree in dbscan_rows(work, args.threads):
+            print(f"| {name} | {n:,} | {dim} | {eps} | {clusters} | {sj_s:.2f} | {sk_s:.2f} | "
+                  f"{sk_s / sj_s:.1f}x | {agree:.4f} |")
+        return
     if args.knn:
         work = [w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "sphere-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
