@@ -28,12 +28,7 @@ fn widened_eps<T: Coord>(e: f64, dim: usize) -> f64 {
     let d = dim as f64;
     let u64_ = f64::EPSILON / 2.0;
     let delta = (2.0 * d + 16.0) * u64_ * (1.0 + (1.0 - e).abs());
-    let min_t = if T::UNIT_ROUNDOFF > 1e-10 {
-        f32::MIN_POSITIVE as f64
-    } else {
-        f64::MIN_POSITIVE
-    };
-    let slack = 4.0 * T::UNIT_ROUNDOFF + 2.0 * d.sqrt() * min_t;
+    let slack = 4.0 * T::UNIT_ROUNDOFF + 2.0 * d.sqrt() * min_normal::<T>();
     ((2.0 * e + 2.0 * delta).max(0.0).sqrt() + slack) * (1.0 + (d + 8.0) * T::UNIT_ROUNDOFF)
 }
 
@@ -292,6 +287,215 @@ fn knn_extra(k: usize) -> usize {
     (k / 2).max(16)
 }
 
+/// T's smallest normal number (the bound on a coordinate's error where rounding to T
+/// underflows).
+fn min_normal<T: Coord>() -> f64 {
+    if T::UNIT_ROUNDOFF > 1e-10 {
+        f32::MIN_POSITIVE as f64
+    } else {
+        f64::MIN_POSITIVE
+    }
+}
+
+/// How far the rule's computed cosine distance (`metric::cosine_distance`, f64 sums of
+/// `dim` terms, any cosine in [-1, 1]) can fall below the real one (module doc's delta).
+fn knn_delta(dim: usize) -> f64 {
+    (4.0 * dim as f64 + 32.0) * (f64::EPSILON / 2.0)
+}
+
+/// A lower bound on the rule's computed cosine distance of two rows whose normalised copies
+/// (in a precision of unit roundoff `u` and smallest normal `min`; the copies of copies
+/// that `cpu/partition.rs` indexes count as f32's) are at least `apart` apart (real
+/// Euclidean distance). Each copy is within `2 u + (dim + 4) u64 + sqrt(dim) min` of its
+/// real unit vector (rounding to T, the f64 norm and division, underflow), so the real
+/// unit vectors are at least `l = apart - 2 (that)` apart, their real cosine distance is at
+/// least l^2 / 2, and the rule computes at least that less `knn_delta`. The bound's own f64
+/// roundings (a few u64) are covered by the `1 - 4 u64` and the copies' generous error.
+/// Non-decreasing in `apart`; -inf where it proves nothing.
+fn rule_floor(apart: f64, dim: usize, u: f64, min: f64) -> f64 {
+    let d = dim as f64;
+    let u64_ = f64::EPSILON / 2.0;
+    let copy = 2.0 * u + (d + 4.0) * u64_ + d.sqrt() * min;
+    let l = apart - 2.0 * copy;
+    if l <= 0.0 {
+        f64::NEG_INFINITY
+    } else {
+        l * l / 2.0 * (1.0 - 4.0 * u64_) - knn_delta(dim)
+    }
+}
+
+/// Offers `c` (distance, index) to `best`, the k nearest so far in the kNN's order
+/// (distance, then index), kept sorted.
+fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
+    let at = best.partition_point(|e| e.0.total_cmp(&c.0).then(e.1.cmp(&c.1)).is_lt());
+    if at < k {
+        best.insert(at, c);
+        best.truncate(k);
+    }
+}
+
+/// Each query's k nearest rows by the rule (ties by index) through the grouped index of
+/// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
+/// exact by construction; None where the index declines (no clusters, too few rows).
+///
+/// A query measures every leader (an f32 dot product: `dist_floor` bounds its real
+/// distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a lower
+/// bound on its distance from every member (triangle inequality). In a group it skips the
+/// members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest by their
+/// f32 dot products and computes the rule's distance, in increasing bound, for those whose
+/// bound (`rule_floor`) does not exceed the current k-th distance. It stops at the first
+/// group whose bound exceeds it: every row not computed has a rule distance above the k-th
+/// (or equal to none: ties are visited), so the k kept are the rule's k nearest.
+type Ranked = Vec<Vec<(f64, u32)>>;
+#[allow(clippy::too_many_arguments)]
+fn knn_grouped<T: Coord>(
+    engine: &Engine,
+    x: &[T],
+    rows_q: &[T],
+    self_knn: bool,
+    dim: usize,
+    k: usize,
+    nx: &[f64],
+    nq: &[f64],
+    cx: &[T],
+    cq: Option<&[T]>,
+    control: &crate::control::Control,
+) -> Result<Option<(Ranked, String, usize)>> {
+    use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
+    engine.install(|| -> Result<Option<(Ranked, String, usize)>> {
+        let Some(index) = knn_index(&f32s(cx), dim, control) else {
+            control.check()?;
+            return Ok(None);
+        };
+        let fq = cq.map(f32s);
+        let g = &index.groups;
+        let groups = index.leaders.len() / dim;
+        let slack = dot_slack(dim);
+        let u32_ = f32::EPSILON as f64 / 2.0;
+        let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
+        let dist = |r: usize, j: usize| {
+            crate::metric::cosine_distance(
+                &rows_q[r * dim..(r + 1) * dim],
+                &x[j * dim..(j + 1) * dim],
+                nq[r],
+                nx[j],
+            )
+        };
+        let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
+        // Query `r` (f32 copy `qv`); `me` is its own row in a self-kNN. Counts its f32 dot
+        // products and rule distances.
+        let search = |r: usize, qv: &[f32], me: Option<u32>| -> (Vec<(f64, u32)>, u64, u64) {
+            let mut lb: Vec<(f64, f64, u32)> = (0..groups)
+                .filter(|&h| g.start[h + 1] > g.start[h])
+                .map(|h| {
+                    let l = dist_floor(dot(qv, &index.leaders[h * dim..(h + 1) * dim]), slack);
+                    (l - g.radius[h], l, h as u32)
+                })
+                .collect();
+            lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
+            let kth = |best: &Vec<(f64, u32)>| {
+                if best.len() < k {
+                    f64::INFINITY
+                } else {
+                    best[k - 1].0
+                }
+            };
+            let mut near: Vec<(f64, u32)> = Vec::new();
+            let (mut n_dots, mut n_exact) = (lb.len() as u64, 0u64);
+            for &(group_lb, to_leader, h) in &lb {
+                let limit = kth(&best);
+                if floor(group_lb) > limit {
+                    break;
+                }
+                near.clear();
+                for s in g.start[h as usize]..g.start[h as usize + 1] {
+                    if floor(to_leader - g.to_leader[s]) > limit || me == Some(g.order[s]) {
+                        continue;
+                    }
+                    let a = dist_floor(dot(qv, &g.rows[s * dim..(s + 1) * dim]), slack);
+                    near.push((a, s as u32));
+                }
+                n_dots += near.len() as u64;
+                near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                for &(a, s) in &near {
+                    if floor(a) > kth(&best) {
+                        break;
+                    }
+                    let j = g.order[s as usize];
+                    n_exact += 1;
+                    offer(&mut best, k, (dist(r, j as usize), j));
+                }
+            }
+            (best, n_dots, n_exact)
+        };
+        // The p-th query: self-kNN's in group order (neighbouring queries visit the same
+        // groups), A ⋈ B's in input order.
+        let query = |p: usize| match &fq {
+            None => {
+                let r = g.order[p];
+                let qv = &g.rows[p * dim..(p + 1) * dim];
+                (r, search(r as usize, qv, self_knn.then_some(r)))
+            }
+            Some(fq) => (p as u32, search(p, &fq[p * dim..(p + 1) * dim], None)),
+        };
+        let rows = nq.len();
+        let n = nx.len();
+        // Clusters that prune little (spread-out data in a few dozen dimensions: the sample
+        // finds "groups" at radius 1 that are no real clusters) make the search a slower
+        // brute force: a probe of evenly spread queries declines it where they measure
+        // more than half the rows on average.
+        let probe = rows.min(64);
+        let probed: u64 = (0..probe)
+            .into_par_iter()
+            .map(|i| query(i * rows / probe).1 .1)
+            .sum();
+        if probed as f64 > probe as f64 * n as f64 / 2.0 {
+            control.check()?;
+            return Ok(None);
+        }
+        const CHUNK: usize = 64;
+        control.stage("cosine kNN", rows.div_ceil(CHUNK) as u64);
+        let found: Vec<Vec<(u32, Vec<(f64, u32)>)>> = (0..rows.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
+                if control.is_cancelled() {
+                    return Vec::new();
+                }
+                let out = (c * CHUNK..((c + 1) * CHUNK).min(rows))
+                    .map(|p| {
+                        let (r, (best, d, e)) = query(p);
+                        dots.fetch_add(d, Relaxed);
+                        exact.fetch_add(e, Relaxed);
+                        (r, best)
+                    })
+                    .collect();
+                control.advance(1, 0);
+                out
+            })
+            .collect();
+        control.check()?;
+        let mut ranked: Ranked = vec![Vec::new(); rows];
+        for (r, f) in found.into_iter().flatten() {
+            debug_assert_eq!(f.len(), k);
+            ranked[r as usize] = f;
+        }
+        let per = |v: &AtomicU64| v.load(Relaxed) as f64 / rows.max(1) as f64;
+        let note = format!(
+            "cosine kNN: grouped leaders index, {groups} groups (leaders' radius {:.3}) over {} \
+             rows; per query {:.0} f32 dot products (leaders included) and {:.1} rule \
+             distances on average",
+            index.radius,
+            n,
+            per(&dots),
+            per(&exact)
+        );
+        Ok(Some((ranked, note, rayon::current_num_threads())))
+    })?
+}
+
 fn knn_typed<T: Coord>(
     engine: &Engine,
     x: &[T],
@@ -303,7 +507,6 @@ fn knn_typed<T: Coord>(
 where
     for<'x> Dataset<'x>: FromRows<'x, T>,
 {
-    use crate::result::Distances;
     let start = std::time::Instant::now();
     let (nx, nq, cx, cq) = prepare(engine, x, q, dim)?;
     opts.control.check()?;
@@ -313,6 +516,41 @@ where
     let n = nx.len();
     let rows = norms_q.len();
     let candidates = n - usize::from(q.is_none() && n > 0);
+    let on_cpu = opts.backend == crate::options::Backend::Cpu
+        || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
+    if on_cpu && opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates {
+        let t = std::time::Instant::now();
+        if let Some((ranked, note, threads)) = knn_grouped(
+            engine,
+            x,
+            rows_q,
+            q.is_none(),
+            dim,
+            k,
+            &nx,
+            norms_q,
+            &cx,
+            cq.as_deref(),
+            &opts.control,
+        )? {
+            let report = JoinReport {
+                backend: "cpu".into(),
+                device: format!("cpu ({threads} threads)"),
+                algorithm: crate::options::Algorithm::Auto,
+                batches: 1,
+                notes: vec![note],
+                phases: vec![
+                    ("cosine: norms and normalised copies".into(), prepared),
+                    (
+                        "cosine kNN: grouped search".into(),
+                        t.elapsed().as_secs_f64(),
+                    ),
+                ],
+                ..Default::default()
+            };
+            return Ok(knn_result::<T>(ranked, k, report, start));
+        }
+    }
     // The Euclidean pass checks k against the candidates, dimensions, k = 0 and the like.
     let wide = (k + knn_extra(k)).min(candidates.max(k));
     let dx = Dataset::from_rows(&cx, dim)?;
@@ -334,22 +572,11 @@ where
     // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
     // as reported: sqrt of the accumulator in T) apart.
     let d = dim as f64;
-    let u64_ = f64::EPSILON / 2.0;
-    let min_t = if T::UNIT_ROUNDOFF > 1e-10 {
-        f32::MIN_POSITIVE as f64
-    } else {
-        f64::MIN_POSITIVE
-    };
-    let delta = (4.0 * d + 32.0) * u64_;
+    let delta = knn_delta(dim);
     let reach = |far: f64| -> f64 {
         let acc = far * far * (1.0 - 4.0 * T::UNIT_ROUNDOFF);
         let real = (acc / (1.0 + (d + 4.0) * T::UNIT_ROUNDOFF)).sqrt();
-        let l = real - 2.0 * (2.0 * T::UNIT_ROUNDOFF + (d + 4.0) * u64_ + d.sqrt() * min_t);
-        if l <= 0.0 {
-            f64::NEG_INFINITY
-        } else {
-            l * l / 2.0 - delta
-        }
+        rule_floor(real, dim, T::UNIT_ROUNDOFF, min_normal::<T>())
     };
     let all_candidates = wide >= candidates;
     // Each row: its k nearest among the candidates, exactly ranked, and whether certain.
@@ -434,8 +661,24 @@ where
             unsure.len()
         ));
     }
+    let mut report = first.report;
+    report
+        .phases
+        .insert(0, ("cosine: norms and normalised copies".into(), prepared));
+    report.notes.extend(notes);
+    Ok(knn_result::<T>(ranked, k, report, start))
+}
+
+/// The kNN's answer from each row's k nearest (distance, index), distances reported in
+/// the input precision as every kNN's are.
+fn knn_result<T: Coord>(
+    ranked: Vec<Vec<(f64, u32)>>,
+    k: usize,
+    mut report: JoinReport,
+    start: std::time::Instant,
+) -> crate::knn::KnnResult {
+    use crate::result::Distances;
     let indices: Vec<u32> = ranked.iter().flat_map(|c| c.iter().map(|e| e.1)).collect();
-    // Reported in the input precision, as every kNN's distances are.
     let distances = if T::UNIT_ROUNDOFF > 1e-10 {
         Distances::F32(
             ranked
@@ -446,19 +689,14 @@ where
     } else {
         Distances::F64(ranked.iter().flat_map(|c| c.iter().map(|e| e.0)).collect())
     };
-    let mut report = first.report;
-    report
-        .phases
-        .insert(0, ("cosine: norms and normalised copies".into(), prepared));
-    report.notes.extend(notes);
     report.seconds = start.elapsed().as_secs_f64();
-    Ok(crate::knn::KnnResult {
-        rows,
+    crate::knn::KnnResult {
+        rows: ranked.len(),
         k,
         indices,
         distances,
         report,
-    })
+    }
 }
 
 /// A dataset over rows of `T` (f32 or f64).

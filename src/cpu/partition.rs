@@ -30,7 +30,7 @@ const MIN_POINTS: usize = 4096;
 /// `sum a_i b_i` in f32, in any order (the bounds below hold for any): with AVX2 and FMA
 /// where the CPU has them, else over eight lanes.
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if fma() {
         // SAFETY: AVX2 and FMA were detected at run time.
@@ -113,16 +113,78 @@ fn dist64(a: &[f32], b: &[f32]) -> f64 {
         .sqrt()
 }
 
+/// The slack of a comparison through an f32 dot product of two f32 copies of unit vectors:
+/// their squared norms are within (dim + 2) u_f32 of 1 (rounded unit vectors) and the f32
+/// dot product (any order) within (dim + 2) u_f32 |a| |b| of the real one, so
+/// `|a - b|^2 >= 2 - 2 dot - 2 slack` with room (the slack covers each error twice, and
+/// the f64 arithmetic that evaluates the bound).
+pub(crate) fn dot_slack(dim: usize) -> f64 {
+    let u = f32::EPSILON as f64 / 2.0;
+    4.0 * (dim as f64 + 4.0) * u
+}
+
+/// A lower bound on the real Euclidean distance of two f32 copies of unit vectors whose
+/// f32 dot product (by [`dot`]) is `dot` (see [`dot_slack`]).
+#[inline]
+pub(crate) fn dist_floor(dot: f32, slack: f64) -> f64 {
+    (2.0 - 2.0 * dot as f64 - 2.0 * slack).max(0.0).sqrt()
+}
+
 /// Groups of vectors: `order` lists the vectors group by group (`start[g]..start[g + 1]`),
 /// `rows` holds them in that order, and `radius[g]` is the largest distance of group g's
 /// vectors from its leader (f64, rounded up).
-struct Groups {
-    order: Vec<u32>,
-    start: Vec<usize>,
-    rows: Vec<f32>,
-    radius: Vec<f64>,
+pub(crate) struct Groups {
+    pub(crate) order: Vec<u32>,
+    pub(crate) start: Vec<usize>,
+    pub(crate) rows: Vec<f32>,
+    pub(crate) radius: Vec<f64>,
     /// Each vector's distance from its leader (in `order`'s order), rounded up.
-    to_leader: Vec<f64>,
+    pub(crate) to_leader: Vec<f64>,
+}
+
+/// A grouped index of unit vectors for the kNN: the leaders (`dim` wide, row-major) and
+/// the groups around them.
+pub(crate) struct Index {
+    pub(crate) leaders: Vec<f32>,
+    pub(crate) groups: Groups,
+    /// The leaders' radius (the sample's covering distance).
+    pub(crate) radius: f64,
+}
+
+/// The grouped index of the unit vectors `x` (f32 copies, `dim` wide) for a kNN, or None
+/// where grouping does not pay (too few vectors or dimensions, no clusters) or `control`
+/// stopped it. No eps sets the leaders' radius here: it steps down from 1 until the sample
+/// has about sqrt(n) / 2 leaders (a query then measures about as many leaders as members
+/// of the groups it visits), keeping the last radius before the sample stops showing
+/// clusters (`leaders` declines); declines where even radius 1 finds none.
+pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Index> {
+    let n = x.len() / dim;
+    if n < MIN_POINTS || dim < 16 {
+        return None;
+    }
+    let target = ((n as f64).sqrt() / 2.0) as usize;
+    let mut radius = 1.0f64;
+    let mut best: Option<(Vec<f32>, f64)> = None;
+    while radius > 0.05 {
+        match leaders(x, dim, radius) {
+            None => break,
+            Some(l) => {
+                let enough = l.len() / dim >= target;
+                best = Some((l, radius));
+                if enough {
+                    break;
+                }
+            }
+        }
+        radius *= 0.8;
+    }
+    let (leaders, radius) = best?;
+    let groups = group(x, dim, &leaders, control)?;
+    Some(Index {
+        leaders,
+        groups,
+        radius,
+    })
 }
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
@@ -241,11 +303,9 @@ pub(crate) fn candidates(
     };
     let gb_ref = gb.as_ref().unwrap_or(&ga);
     let k = lead.len() / dim;
-    // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2; the copies' squared norms
-    // are within (dim + 2) u_f32 of 1 (rounded unit vectors) and the f32 dot product
-    // within (dim + 2) u_f32 |a| |b| of the real one: `slack` covers both, twice.
-    let u = f32::EPSILON as f64 / 2.0;
-    let slack = 4.0 * (dim as f64 + 4.0) * u;
+    // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2 >= 1 - eps^2 / 2 - slack
+    // (`dot_slack`).
+    let slack = dot_slack(dim);
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
     let lead = &lead[..];
     let ga = &ga;
