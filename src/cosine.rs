@@ -260,6 +260,10 @@ fn grouped<'d, T: Coord>(
 /// The rows that are not certain (near-duplicates and ties at the k'-th place) are answered
 /// by a cosine join of those queries at eps c_k (widened for rounding) with the data: it
 /// holds every row within c_k, so their k nearest among its candidates are exact.
+///
+/// On the CPU (algorithm `Auto`) clustered rows go through the grouped leaders' index
+/// instead (`knn_grouped`), the same answer with far fewer distances; where it declines,
+/// the path above runs. The report's notes say which ran.
 pub(crate) fn knn(
     engine: &Engine,
     data: &Dataset,
@@ -338,14 +342,22 @@ fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
 /// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
 /// exact by construction; None where the index declines (no clusters, too few rows).
 ///
-/// A query measures every leader (an f32 dot product: `dist_floor` bounds its real
-/// distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a lower
-/// bound on its distance from every member (triangle inequality). In a group it skips the
-/// members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest by their
-/// f32 dot products and computes the rule's distance, in increasing bound, for those whose
-/// bound (`rule_floor`) does not exceed the current k-th distance. It stops at the first
-/// group whose bound exceeds it: every row not computed has a rule distance above the k-th
-/// (or equal to none: ties are visited), so the k kept are the rule's k nearest.
+/// A query (A ⋈ B) measures every leader (an f32 dot product: `dist_floor` bounds its
+/// real distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a
+/// lower bound on its distance from every member (triangle inequality). In a group it
+/// skips the members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest
+/// by their f32 dot products and computes the rule's distance, in increasing bound, for
+/// those whose bound (`rule_floor`) does not exceed the current k-th distance. It stops at
+/// the first group whose bound exceeds it: every row not computed has a rule distance
+/// above the k-th (ties are visited), so the k kept are the rule's k nearest.
+///
+/// A self-kNN's query knows its own group g and its distance from L_g: it visits g first,
+/// then the other groups in increasing `|L_g - L_h| - |q - L_g| - r_h` (the leaders'
+/// distances bounded once), measuring a leader only for the groups that bound leaves in,
+/// and skipping those that the measured `|q - L_h| - r_h` rules out; the same stop.
+///
+/// A probe of 64 evenly spread queries declines the search (None) where they take more
+/// f32 dot products than half the rows on average: "clusters" that prune little.
 type Ranked = Vec<Vec<(f64, u32)>>;
 #[allow(clippy::too_many_arguments)]
 fn knn_grouped<T: Coord>(
@@ -360,15 +372,17 @@ fn knn_grouped<T: Coord>(
     cx: &[T],
     cq: Option<&[T]>,
     control: &crate::control::Control,
-) -> Result<Option<(Ranked, String, usize)>> {
+) -> Result<Option<(Ranked, String, usize, f64)>> {
     use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
-    engine.install(|| -> Result<Option<(Ranked, String, usize)>> {
+    engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
+        let t = std::time::Instant::now();
         let Some(index) = knn_index(&f32s(cx), dim, control) else {
             control.check()?;
             return Ok(None);
         };
+        let built = t.elapsed().as_secs_f64();
         let fq = cq.map(f32s);
         let g = &index.groups;
         let groups = index.leaders.len() / dim;
@@ -384,49 +398,134 @@ fn knn_grouped<T: Coord>(
             )
         };
         let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
-        // Query `r` (f32 copy `qv`); `me` is its own row in a self-kNN. Counts its f32 dot
-        // products and rule distances.
-        let search = |r: usize, qv: &[f32], me: Option<u32>| -> (Vec<(f64, u32)>, u64, u64) {
-            let mut lb: Vec<(f64, f64, u32)> = (0..groups)
-                .filter(|&h| g.start[h + 1] > g.start[h])
-                .map(|h| {
-                    let l = dist_floor(dot(qv, &index.leaders[h * dim..(h + 1) * dim]), slack);
-                    (l - g.radius[h], l, h as u32)
+        let kth = |best: &Vec<(f64, u32)>| {
+            if best.len() < k {
+                f64::INFINITY
+            } else {
+                best[k - 1].0
+            }
+        };
+        // Lower bounds on the leaders' distances from each other (f32, rounded down), for
+        // the self-kNN where they fit: a query's own leader and its distance from it then
+        // bound every other group's distance (`|L_g - L_h| - |q - L_g| - r_h`) before its
+        // leader is measured.
+        let between: Option<Vec<f32>> = (self_knn && fq.is_none() && groups <= 2048).then(|| {
+            (0..groups * groups)
+                .into_par_iter()
+                .with_min_len(256)
+                .map(|c| {
+                    let (a, b) = (c / groups, c % groups);
+                    let l = dist_floor(
+                        dot(
+                            &index.leaders[a * dim..(a + 1) * dim],
+                            &index.leaders[b * dim..(b + 1) * dim],
+                        ),
+                        slack,
+                    );
+                    (l * (1.0 - 1e-6)) as f32
                 })
-                .collect();
-            lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
-            let kth = |best: &Vec<(f64, u32)>| {
-                if best.len() < k {
-                    f64::INFINITY
-                } else {
-                    best[k - 1].0
+                .collect()
+        });
+        // Query `r` (f32 copy `qv`; `me` its own row in a self-kNN) visits group h, whose
+        // leader is at least `to_leader` from it: the members not ruled out by
+        // `to_leader - |x - L_h|` are bounded by their f32 dot products and, in increasing
+        // bound, measured by the rule while the bound does not exceed the k-th distance.
+        // Returns the dot products taken and the rule distances computed.
+        let visit = |r: usize,
+                     qv: &[f32],
+                     me: Option<u32>,
+                     h: usize,
+                     to_leader: f64,
+                     best: &mut Vec<(f64, u32)>,
+                     near: &mut Vec<(f64, u32)>|
+         -> (u64, u64) {
+            let limit = kth(best);
+            near.clear();
+            for s in g.start[h]..g.start[h + 1] {
+                if floor(to_leader - g.to_leader[s]) > limit || me == Some(g.order[s]) {
+                    continue;
                 }
-            };
-            let mut near: Vec<(f64, u32)> = Vec::new();
-            let (mut n_dots, mut n_exact) = (lb.len() as u64, 0u64);
-            for &(group_lb, to_leader, h) in &lb {
-                let limit = kth(&best);
-                if floor(group_lb) > limit {
+                let a = dist_floor(dot(qv, &g.rows[s * dim..(s + 1) * dim]), slack);
+                near.push((a, s as u32));
+            }
+            near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            let mut n_exact = 0;
+            for &(a, s) in near.iter() {
+                if floor(a) > kth(best) {
                     break;
                 }
-                near.clear();
-                for s in g.start[h as usize]..g.start[h as usize + 1] {
-                    if floor(to_leader - g.to_leader[s]) > limit || me == Some(g.order[s]) {
-                        continue;
+                let j = g.order[s as usize];
+                n_exact += 1;
+                offer(best, k, (dist(r, j as usize), j));
+            }
+            (near.len() as u64, n_exact)
+        };
+        let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
+        // Query `r` (f32 copy `qv`); `home`: in a self-kNN, its position in the groups'
+        // order. Visits the groups in increasing lower bound, stopping where the rule's
+        // floor of it exceeds the k-th distance. Counts its f32 dot products and rule
+        // distances.
+        let search = |r: usize,
+                      qv: &[f32],
+                      me: Option<u32>,
+                      home: Option<usize>|
+         -> (Vec<(f64, u32)>, u64, u64) {
+            let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
+            let mut near: Vec<(f64, u32)> = Vec::new();
+            let (mut n_dots, mut n_exact) = (0u64, 0u64);
+            let mut tally = |(d, e): (u64, u64)| {
+                n_dots += d;
+                n_exact += e;
+            };
+            match (home, &between) {
+                (Some(p), Some(between)) => {
+                    // Its own group first, then the others by the leaders' bound.
+                    let own = g.start.partition_point(|&st| st <= p) - 1;
+                    let mine = g.to_leader[p];
+                    let l = dist_floor(dot(qv, leader(own)), slack);
+                    tally((1, 0));
+                    tally(visit(r, qv, me, own, l, &mut best, &mut near));
+                    let limit = kth(&best);
+                    let mut lb: Vec<(f64, u32)> = (0..groups)
+                        .filter(|&h| h != own && g.start[h + 1] > g.start[h])
+                        .filter_map(|h| {
+                            let b = between[own * groups + h] as f64 - mine - g.radius[h];
+                            (floor(b) <= limit).then_some((b, h as u32))
+                        })
+                        .collect();
+                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                    for &(b, h) in &lb {
+                        let limit = kth(&best);
+                        if floor(b) > limit {
+                            break;
+                        }
+                        let h = h as usize;
+                        let l = dist_floor(dot(qv, leader(h)), slack)
+                            .max(between[own * groups + h] as f64 - mine);
+                        tally((1, 0));
+                        if floor(l - g.radius[h]) > limit {
+                            continue;
+                        }
+                        tally(visit(r, qv, me, h, l, &mut best, &mut near));
                     }
-                    let a = dist_floor(dot(qv, &g.rows[s * dim..(s + 1) * dim]), slack);
-                    near.push((a, s as u32));
                 }
-                n_dots += near.len() as u64;
-                near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-                for &(a, s) in &near {
-                    if floor(a) > kth(&best) {
-                        break;
+                _ => {
+                    // Every leader measured, the groups by `|q - L_h| - r_h`.
+                    let mut lb: Vec<(f64, f64, u32)> = (0..groups)
+                        .filter(|&h| g.start[h + 1] > g.start[h])
+                        .map(|h| {
+                            let l = dist_floor(dot(qv, leader(h)), slack);
+                            (l - g.radius[h], l, h as u32)
+                        })
+                        .collect();
+                    tally((lb.len() as u64, 0));
+                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                    for &(group_lb, l, h) in &lb {
+                        if floor(group_lb) > kth(&best) {
+                            break;
+                        }
+                        tally(visit(r, qv, me, h as usize, l, &mut best, &mut near));
                     }
-                    let j = g.order[s as usize];
-                    n_exact += 1;
-                    offer(&mut best, k, (dist(r, j as usize), j));
                 }
             }
             (best, n_dots, n_exact)
@@ -437,9 +536,9 @@ fn knn_grouped<T: Coord>(
             None => {
                 let r = g.order[p];
                 let qv = &g.rows[p * dim..(p + 1) * dim];
-                (r, search(r as usize, qv, self_knn.then_some(r)))
+                (r, search(r as usize, qv, self_knn.then_some(r), Some(p)))
             }
-            Some(fq) => (p as u32, search(p, &fq[p * dim..(p + 1) * dim], None)),
+            Some(fq) => (p as u32, search(p, &fq[p * dim..(p + 1) * dim], None, None)),
         };
         let rows = nq.len();
         let n = nx.len();
@@ -492,7 +591,7 @@ fn knn_grouped<T: Coord>(
             per(&dots),
             per(&exact)
         );
-        Ok(Some((ranked, note, rayon::current_num_threads())))
+        Ok(Some((ranked, note, rayon::current_num_threads(), built)))
     })?
 }
 
@@ -520,7 +619,7 @@ where
         || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
     if on_cpu && opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates {
         let t = std::time::Instant::now();
-        if let Some((ranked, note, threads)) = knn_grouped(
+        if let Some((ranked, note, threads, built)) = knn_grouped(
             engine,
             x,
             rows_q,
@@ -541,9 +640,10 @@ where
                 notes: vec![note],
                 phases: vec![
                     ("cosine: norms and normalised copies".into(), prepared),
+                    ("cosine kNN: leaders and groups".into(), built),
                     (
                         "cosine kNN: grouped search".into(),
-                        t.elapsed().as_secs_f64(),
+                        t.elapsed().as_secs_f64() - built,
                     ),
                 ],
                 ..Default::default()
