@@ -358,7 +358,9 @@ fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
 ///
 /// A probe of 64 evenly spread queries declines the search (None) where they take more
 /// f32 dot products than half the rows on average: "clusters" that prune little.
-type Ranked = Vec<Vec<(f64, u32)>>;
+/// A query's nearest (rule distance, row), nearest first; every query's.
+type Neighbours = Vec<(f64, u32)>;
+type Ranked = Vec<Neighbours>;
 #[allow(clippy::too_many_arguments)]
 fn knn_grouped<T: Coord>(
     engine: &Engine,
@@ -557,7 +559,7 @@ fn knn_grouped<T: Coord>(
         }
         const CHUNK: usize = 64;
         control.stage("cosine kNN", rows.div_ceil(CHUNK) as u64);
-        let found: Vec<Vec<(u32, Vec<(f64, u32)>)>> = (0..rows.div_ceil(CHUNK))
+        let found: Vec<Vec<(u32, Neighbours)>> = (0..rows.div_ceil(CHUNK))
             .into_par_iter()
             .map(|c| {
                 if control.is_cancelled() {

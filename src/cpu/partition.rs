@@ -203,17 +203,23 @@ pub(crate) struct Index {
 /// stopped it. No eps sets the leaders' radius here: it steps down from 1 until the sample
 /// has about sqrt(n) / 2 leaders (a query then measures about as many leaders as members
 /// of the groups it visits), keeping the last radius before the sample stops showing
-/// clusters (`leaders` declines); declines where even radius 1 finds none.
+/// clusters (`leaders` declines, or more than 16 times the target would lead); declines
+/// where even radius 1 finds none.
 pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Index> {
     let n = x.len() / dim;
     if n < MIN_POINTS || dim < 16 {
         return None;
     }
     let target = ((n as f64).sqrt() / 2.0) as usize;
+    // Many more leaders than the target cost every vector's assignment and buy nothing.
+    let most = (16 * target).max(1024);
     let mut radius = 1.0f64;
     let mut best: Option<(Vec<f32>, f64)> = None;
     while radius > 0.05 {
-        match leaders(x, dim, radius) {
+        if control.is_cancelled() {
+            return None;
+        }
+        match leaders_capped(x, dim, radius, most) {
             None => break,
             Some(l) => {
                 let enough = l.len() / dim >= target;
@@ -237,10 +243,15 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
 fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
+    leaders_capped(x, dim, radius, usize::MAX)
+}
+
+/// [`leaders`], declining also where more than `most` would lead.
+fn leaders_capped(x: &[f32], dim: usize, radius: f64, most: usize) -> Option<Vec<f32>> {
     let n = x.len() / dim;
     let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
     let step = (n / sample).max(1);
-    let cap = (sample as f64 * MAX_LEADER_SHARE) as usize;
+    let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
     let mut out: Vec<f32> = Vec::new();
     // Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2
     // (a rough choice: the bounds below use the exact distances).
