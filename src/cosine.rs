@@ -619,6 +619,7 @@ where
     let candidates = n - usize::from(q.is_none() && n > 0);
     let on_cpu = opts.backend == crate::options::Backend::Cpu
         || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
+    let mut declined = None;
     if on_cpu && opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates {
         let t = std::time::Instant::now();
         if let Some((ranked, note, threads, built)) = knn_grouped(
@@ -652,6 +653,7 @@ where
             };
             return Ok(knn_result::<T>(ranked, k, report, start));
         }
+        declined = Some(t.elapsed().as_secs_f64());
     }
     // The Euclidean pass checks k against the candidates, dimensions, k = 0 and the like.
     let wide = (k + knn_extra(k)).min(candidates.max(k));
@@ -702,9 +704,17 @@ where
     let unsure: Vec<usize> = (0..rows).filter(|&r| !ranked[r].1).collect();
     let mut ranked: Vec<Vec<(f64, u32)>> = ranked.into_iter().map(|(c, _)| c).collect();
     let mut notes = vec![format!(
-        "cosine kNN: a Euclidean kNN of the normalised vectors at k' = {wide} ranked by the          cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
+        "cosine kNN: a Euclidean kNN of the normalised vectors at k' = {wide} ranked by the cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
         rows - unsure.len()
     )];
+    if let Some(s) = declined {
+        notes.insert(
+            0,
+            format!(
+                "cosine kNN: the grouped leaders' index declined (too few rows or dimensions, no clusters, or little pruning), {s:.3} s"
+            ),
+        );
+    }
     if !unsure.is_empty() {
         // One cosine join of the uncertain queries at the largest of their k-th distances.
         let worst = unsure

@@ -502,5 +502,6 @@ fn grouped_knn_matches_the_rule() {
     let got = engine().knn(&data, None, 5, &o).unwrap();
     let notes = got.report.notes.join("; ");
     assert!(!notes.contains("grouped leaders index"), "{notes}");
+    assert!(notes.contains("grouped leaders' index declined"), "{notes}");
     assert!(notes.contains("Euclidean kNN"), "{notes}");
 }
