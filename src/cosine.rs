@@ -830,6 +830,58 @@ impl<'x> FromRows<'x, f64> for Dataset<'x> {
 mod tests {
     use super::*;
 
+    /// The grouped kNN's chain of bounds (an f32 dot product of the f32 copies, `dist_floor`,
+    /// `rule_floor`) never exceeds the rule's computed distance: pairs from identical to
+    /// far apart, scalar multiples, f32 and f64 rows, 16 to 384 dimensions.
+    #[test]
+    fn grouped_knn_bounds_stay_below_the_rule() {
+        use crate::cpu::partition::{dist_floor, dot, dot_slack};
+        use crate::metric::{cosine_distance, norm};
+        fn check<T: Coord>(a: &[T], b: &[T]) -> bool {
+            let dim = a.len();
+            let (na, nb) = (norm(a), norm(b));
+            let copy = |x: &[T], n: f64| -> Vec<f32> {
+                x.iter()
+                    .map(|v| T::from_f64(v.to_f64() / n).to_f64() as f32)
+                    .collect()
+            };
+            let (ca, cb) = (copy(a, na), copy(b, nb));
+            let apart = dist_floor(dot(&ca, &cb), dot_slack(dim));
+            let bound = rule_floor(
+                apart,
+                dim,
+                f32::EPSILON as f64 / 2.0,
+                f32::MIN_POSITIVE as f64,
+            );
+            let rule = cosine_distance(a, b, na, nb);
+            assert!(bound <= rule, "{dim}-D: bound {bound} > rule {rule}");
+            bound > f64::NEG_INFINITY
+        }
+        let mut s = 7u64;
+        let mut rnd = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let mut proved = 0;
+        for dim in [16usize, 64, 384] {
+            for t in 0..3000 {
+                let a: Vec<f64> = (0..dim).map(|_| rnd()).collect();
+                let step = [0.0, 1e-9, 1e-6, 1e-4, 1e-2, 0.1, 1.0, 10.0][t % 8];
+                let f = [1.0, 0.5, 3.0][t % 3];
+                let b: Vec<f64> = a.iter().map(|v| (v + step * rnd()) * f).collect();
+                let (a32, b32): (Vec<f32>, Vec<f32>) = (
+                    a.iter().map(|&v| v as f32).collect(),
+                    b.iter().map(|&v| v as f32).collect(),
+                );
+                proved += usize::from(check(&a, &b)) + usize::from(check(&a32, &b32));
+            }
+        }
+        // The bound proves something for most pairs (the far ones), not only -inf.
+        assert!(proved > 6000, "{proved}");
+    }
+
     #[test]
     fn widened_eps_covers_the_rule_and_is_close_to_it() {
         for dim in [2usize, 64, 1024] {
