@@ -186,7 +186,8 @@ impl Engine {
             return crate::geo::knn(self, data, query, k, opts);
         }
         if opts.metric == crate::options::Metric::Cosine {
-            // The Euclidean kNN of the normalised vectors, re-ranked by the rule (cosine.rs).
+            // Through the grouped leaders' index on clustered rows, else the Euclidean kNN of
+            // the normalised vectors re-ranked by the rule (cosine.rs).
             return crate::cosine::knn(self, data, query, k, opts);
         }
         let start = Instant::now();

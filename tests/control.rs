@@ -82,10 +82,20 @@ fn stop_in_join<R: Send + 'static>(
     after: Duration,
     job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
 ) -> (simjoin::Result<R>, Duration) {
+    stop_in_stage(control, "join", after, job)
+}
+
+/// As `stop_after`, stopping the job `after` past the moment it reached `stage`.
+fn stop_in_stage<R: Send + 'static>(
+    control: &Control,
+    stage: &'static str,
+    after: Duration,
+    job: impl FnOnce() -> simjoin::Result<R> + Send + 'static,
+) -> (simjoin::Result<R>, Duration) {
     let watched = control.clone();
     common::stop_when(
         control,
-        move || common::wait_for_stage(&watched, "join", after),
+        move || common::wait_for_stage(&watched, stage, after),
         job,
     )
 }
@@ -238,6 +248,41 @@ fn knn_and_dbscan_stop_within_250_ms() {
         simjoin::dbscan(&e2, &Dataset::from_f32(&x2, 32)?, &o)
     });
     assert_cancelled("dbscan", out);
+    assert_usual_speed(&e, Backend::Cpu, before);
+}
+
+/// The cosine kNN through the grouped leaders' index (clustered directions) stops in its
+/// search (stage "cosine kNN", which only that path enters).
+#[test]
+fn grouped_cosine_knn_stops_within_250_ms() {
+    let _one = serial();
+    let e = engine();
+    let before = small_join_seconds(&e, Backend::Cpu);
+    let (n, d, centres) = (200_000usize, 32usize, 400usize);
+    let mut rng = Rng(12);
+    let cs: Vec<f64> = (0..centres * d).map(|_| rng.normal()).collect();
+    let mut x: Vec<f32> = Vec::with_capacity(n * d);
+    for _ in 0..n {
+        let c = (rng.next() as usize) % centres;
+        for t in 0..d {
+            x.push((cs[c * d + t] + 0.05 * rng.normal()) as f32);
+        }
+    }
+    let control = Control::new();
+    let o = KnnOptions {
+        metric: simjoin::Metric::Cosine,
+        backend: Backend::Cpu,
+        control: control.clone(),
+        ..Default::default()
+    };
+    let e2 = e.clone();
+    let out = stop_in_stage(
+        &control,
+        "cosine kNN",
+        Duration::from_millis(100),
+        move || e2.knn(&Dataset::from_f32(&x, d)?, None, 100, &o),
+    );
+    assert_cancelled("grouped cosine knn", out);
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 

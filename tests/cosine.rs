@@ -423,3 +423,85 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
         }
     }
 }
+
+/// The kNN through the grouped leaders' index (`cpu/partition.rs`, clustered rows, enough
+/// of them for grouping) equals the brute-force kNN under the rule exactly: self and
+/// A ⋈ B, f32 and f64, k = 1, 10 and k larger than a cluster; exact duplicates, scalar
+/// multiples (cosine 1 under the rule) and near-duplicates (a relative nudge of 1e-9, a
+/// tie in f32 copies) among the rows, so the ranking rests on the rule and ties by index.
+/// The notes prove the grouped path ran; uniform directions decline it.
+#[test]
+fn grouped_knn_matches_the_rule() {
+    let mut rng = Rng(47);
+    let n = 5000;
+    // 48-D: clusters of about 200 rows and k = 300 beyond them; 32-D: groups of about 90.
+    for (dim, centres, spread, kmax) in [(48usize, 25usize, 0.1, 300usize), (32, 20, 0.2, 100)] {
+        // The queries (the last 200 rows) around the same centres as the data.
+        let mut x = directions(&mut rng, n + 200, dim, centres, spread);
+        for i in (13..n + 200).step_by(13) {
+            let j = (rng.next() as usize) % i;
+            for c in 0..dim {
+                x[i * dim + c] = x[j * dim + c] * (1.0 + 1e-9 * rng.normal());
+            }
+        }
+        let q = x.split_off(n * dim);
+        let (x32, q32) = (as_f32(&x), as_f32(&q));
+        let ks = [1usize, 10, kmax];
+        for (data, query) in [
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&q, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&q32, dim).unwrap(),
+            ),
+        ] {
+            for query in [None, Some(&query)] {
+                // The k nearest are the prefix of the kmax nearest (one total order).
+                let (idx, dist) = oracle::knn(&data, query, kmax, Metric::Cosine);
+                for k in ks {
+                    let what = format!(
+                        "{dim}-D {:?} k={k} ab={}",
+                        data.precision(),
+                        query.is_some()
+                    );
+                    let o = KnnOptions {
+                        metric: Metric::Cosine,
+                        backend: Backend::Cpu,
+                        ..Default::default()
+                    };
+                    let got = engine().knn(&data, query, k, &o).unwrap();
+                    let notes = got.report.notes.join("; ");
+                    assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
+                    let rows = got.rows;
+                    let want_idx: Vec<u32> = (0..rows)
+                        .flat_map(|r| idx[r * kmax..r * kmax + k].iter().copied())
+                        .collect();
+                    let want_dist: Vec<f64> = (0..rows)
+                        .flat_map(|r| dist[r * kmax..r * kmax + k].iter().copied())
+                        .collect();
+                    assert_eq!(got.indices, want_idx, "{what}: indices");
+                    let d: Vec<f64> = (0..rows)
+                        .flat_map(|r| (0..k).map(move |c| (r, c)))
+                        .map(|(r, c)| got.distance(r, c))
+                        .collect();
+                    assert_eq!(d, want_dist, "{what}: distances");
+                }
+            }
+        }
+    }
+    // Uniform directions: no clusters, the grouped index declines (the Euclidean path runs).
+    let x = directions(&mut rng, n, 24, 40, 5.0);
+    let data = Dataset::from_f64(&x, 24).unwrap();
+    let o = KnnOptions {
+        metric: Metric::Cosine,
+        backend: Backend::Cpu,
+        ..Default::default()
+    };
+    let got = engine().knn(&data, None, 5, &o).unwrap();
+    let notes = got.report.notes.join("; ");
+    assert!(!notes.contains("grouped leaders index"), "{notes}");
+    assert!(notes.contains("grouped leaders' index declined"), "{notes}");
+    assert!(notes.contains("Euclidean kNN"), "{notes}");
+}

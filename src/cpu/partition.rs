@@ -30,7 +30,7 @@ const MIN_POINTS: usize = 4096;
 /// `sum a_i b_i` in f32, in any order (the bounds below hold for any): with AVX2 and FMA
 /// where the CPU has them, else over eight lanes.
 #[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if fma() {
         // SAFETY: AVX2 and FMA were detected at run time.
@@ -83,6 +83,53 @@ unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
+/// [`dot`] of `p` with four rows at once (the same sums in another order, so the same
+/// bounds hold): `p` is loaded once for the four, and the four sums run side by side.
+#[inline]
+pub(crate) fn dot4(p: &[f32], r: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { dot4_fma(p, r) };
+    }
+    r.map(|x| dot_lanes(p, x))
+}
+
+/// [`dot4`] with 256-bit fused multiply-adds.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4_fma(p: &[f32], r: [&[f32]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let n = r.iter().fold(p.len(), |n, x| n.min(x.len()));
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n, within `p` and every row of `r`.
+        unsafe {
+            let x = _mm256_loadu_ps(p.as_ptr().add(i));
+            for j in 0..4 {
+                acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(r[j].as_ptr().add(i)), acc[j]);
+            }
+        }
+        i += 8;
+    }
+    let mut out = [0.0f32; 4];
+    for j in 0..4 {
+        let mut lanes = [0.0f32; 8];
+        // SAFETY: `lanes` holds 8 floats.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[j]) };
+        let mut s = lanes.iter().sum::<f32>();
+        for t in i..n {
+            s += p[t] * r[j][t];
+        }
+        out[j] = s;
+    }
+    out
+}
+
 /// [`dot`] over eight lanes (vectorised by the compiler).
 #[inline]
 fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
@@ -113,25 +160,98 @@ fn dist64(a: &[f32], b: &[f32]) -> f64 {
         .sqrt()
 }
 
+/// The slack of a comparison through an f32 dot product of two f32 copies of unit vectors:
+/// their squared norms are within (dim + 2) u_f32 of 1 (rounded unit vectors) and the f32
+/// dot product (any order) within (dim + 2) u_f32 |a| |b| of the real one, so
+/// `|a - b|^2 >= 2 - 2 dot - 2 slack` with room (the slack covers each error twice, and
+/// the f64 arithmetic that evaluates the bound).
+pub(crate) fn dot_slack(dim: usize) -> f64 {
+    let u = f32::EPSILON as f64 / 2.0;
+    4.0 * (dim as f64 + 4.0) * u
+}
+
+/// A lower bound on the real Euclidean distance of two f32 copies of unit vectors whose
+/// f32 dot product (by [`dot`]) is `dot` (see [`dot_slack`]).
+#[inline]
+pub(crate) fn dist_floor(dot: f32, slack: f64) -> f64 {
+    (2.0 - 2.0 * dot as f64 - 2.0 * slack).max(0.0).sqrt()
+}
+
 /// Groups of vectors: `order` lists the vectors group by group (`start[g]..start[g + 1]`),
 /// `rows` holds them in that order, and `radius[g]` is the largest distance of group g's
 /// vectors from its leader (f64, rounded up).
-struct Groups {
-    order: Vec<u32>,
-    start: Vec<usize>,
-    rows: Vec<f32>,
-    radius: Vec<f64>,
+pub(crate) struct Groups {
+    pub(crate) order: Vec<u32>,
+    pub(crate) start: Vec<usize>,
+    pub(crate) rows: Vec<f32>,
+    pub(crate) radius: Vec<f64>,
     /// Each vector's distance from its leader (in `order`'s order), rounded up.
-    to_leader: Vec<f64>,
+    pub(crate) to_leader: Vec<f64>,
+}
+
+/// A grouped index of unit vectors for the kNN: the leaders (`dim` wide, row-major) and
+/// the groups around them.
+pub(crate) struct Index {
+    pub(crate) leaders: Vec<f32>,
+    pub(crate) groups: Groups,
+    /// The leaders' radius (the sample's covering distance).
+    pub(crate) radius: f64,
+}
+
+/// The grouped index of the unit vectors `x` (f32 copies, `dim` wide) for a kNN, or None
+/// where grouping does not pay (too few vectors or dimensions, no clusters) or `control`
+/// stopped it. No eps sets the leaders' radius here: it steps down from 1 until the sample
+/// has about sqrt(n) / 2 leaders (a query then measures about as many leaders as members
+/// of the groups it visits), keeping the last radius before the sample stops showing
+/// clusters (`leaders` declines, or more than 16 times the target would lead); declines
+/// where even radius 1 finds none.
+pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Index> {
+    let n = x.len() / dim;
+    if n < MIN_POINTS || dim < 16 {
+        return None;
+    }
+    let target = ((n as f64).sqrt() / 2.0) as usize;
+    // Many more leaders than the target cost every vector's assignment and buy nothing.
+    let most = (16 * target).max(1024);
+    let mut radius = 1.0f64;
+    let mut best: Option<(Vec<f32>, f64)> = None;
+    while radius > 0.05 {
+        if control.is_cancelled() {
+            return None;
+        }
+        match leaders_capped(x, dim, radius, most) {
+            None => break,
+            Some(l) => {
+                let enough = l.len() / dim >= target;
+                best = Some((l, radius));
+                if enough {
+                    break;
+                }
+            }
+        }
+        radius *= 0.8;
+    }
+    let (leaders, radius) = best?;
+    let groups = group(x, dim, &leaders, control)?;
+    Some(Index {
+        leaders,
+        groups,
+        radius,
+    })
 }
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
 fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
+    leaders_capped(x, dim, radius, usize::MAX)
+}
+
+/// [`leaders`], declining also where more than `most` would lead.
+fn leaders_capped(x: &[f32], dim: usize, radius: f64, most: usize) -> Option<Vec<f32>> {
     let n = x.len() / dim;
     let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
     let step = (n / sample).max(1);
-    let cap = (sample as f64 * MAX_LEADER_SHARE) as usize;
+    let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
     let mut out: Vec<f32> = Vec::new();
     // Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2
     // (a rough choice: the bounds below use the exact distances).
@@ -151,22 +271,47 @@ fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
 fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Groups> {
     let n = x.len() / dim;
     let k = leaders.len() / dim;
-    // Each vector's nearest leader (largest dot product).
+    // Each vector's nearest leader (largest dot product; the first of equals), in tiles of
+    // TILE vectors that meet every leader while four of them stay in the L1 cache.
+    const TILE: usize = 32;
     let nearest: Vec<u32> = x
-        .par_chunks_exact(dim)
+        .par_chunks(TILE * dim)
         .enumerate()
-        .map(|(i, p)| {
-            if i % 4096 == 0 && control.is_cancelled() {
-                return 0;
-            }
-            let mut best = (f32::NEG_INFINITY, 0u32);
-            for (g, l) in leaders.chunks_exact(dim).enumerate() {
-                let d = dot(l, p);
-                if d > best.0 {
-                    best = (d, g as u32);
+        .flat_map_iter(|(c, tile)| {
+            let m = tile.len() / dim;
+            let mut best: Vec<(f32, u32)> = vec![(f32::NEG_INFINITY, 0u32); m];
+            let quads = leaders.chunks_exact(4 * dim);
+            let rest = quads.remainder();
+            // Stopped: every leader skipped (the caller discards the answer).
+            let quads = quads.take(if c % 128 == 0 && control.is_cancelled() {
+                0
+            } else {
+                usize::MAX
+            });
+            for (q, l) in quads.enumerate() {
+                let ls = [
+                    &l[..dim],
+                    &l[dim..2 * dim],
+                    &l[2 * dim..3 * dim],
+                    &l[3 * dim..],
+                ];
+                for (p, b) in tile.chunks_exact(dim).zip(best.iter_mut()) {
+                    for (t, d) in dot4(p, ls).into_iter().enumerate() {
+                        if d > b.0 {
+                            *b = (d, (4 * q + t) as u32);
+                        }
+                    }
                 }
             }
-            best.1
+            for (g, l) in rest.chunks_exact(dim).enumerate() {
+                for (p, b) in tile.chunks_exact(dim).zip(best.iter_mut()) {
+                    let d = dot(l, p);
+                    if d > b.0 {
+                        *b = (d, (k - rest.len() / dim + g) as u32);
+                    }
+                }
+            }
+            best.into_iter().map(|b| b.1)
         })
         .collect();
     control.check().ok()?;
@@ -241,11 +386,9 @@ pub(crate) fn candidates(
     };
     let gb_ref = gb.as_ref().unwrap_or(&ga);
     let k = lead.len() / dim;
-    // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2; the copies' squared norms
-    // are within (dim + 2) u_f32 of 1 (rounded unit vectors) and the f32 dot product
-    // within (dim + 2) u_f32 |a| |b| of the real one: `slack` covers both, twice.
-    let u = f32::EPSILON as f64 / 2.0;
-    let slack = 4.0 * (dim as f64 + 4.0) * u;
+    // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2 >= 1 - eps^2 / 2 - slack
+    // (`dot_slack`).
+    let slack = dot_slack(dim);
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
     let lead = &lead[..];
     let ga = &ga;
