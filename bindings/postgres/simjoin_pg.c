@@ -45,6 +45,9 @@
 
 /* Ends the points query of a geography column: only metric 'haversine' may join it. */
 #define SJ_GEOGRAPHY_MARK "/* simjoin: geography (latitude, longitude) */"
+/* Ends the points query of a single geometry column, (x, y): metric 'haversine' takes it as
+ * (longitude, latitude) in degrees, as ST_DistanceSphere does, and swaps it. */
+#define SJ_GEOMETRY_MARK "/* simjoin: geometry (x, y) */"
 
 PG_MODULE_MAGIC;
 
@@ -297,6 +300,17 @@ static void check_unique(const points *p) {
                     errhint("Each point needs its own id.")));
 }
 
+/* Swaps each 2-column row's coordinates when `swap`. */
+static void swap_columns(points *p, bool swap) {
+  size_t i;
+  if (!swap || p->dim != 2 || !p->coords) return;
+  for (i = 0; i < p->n; i++) {
+    double t = p->coords[2 * i];
+    p->coords[2 * i] = p->coords[2 * i + 1];
+    p->coords[2 * i + 1] = t;
+  }
+}
+
 /* One call's state, in the multi-call memory context. */
 typedef struct join_state {
   sj_pipe *pipe; /* NULL once closed */
@@ -373,6 +387,12 @@ static join_state *start_join(FunctionCallInfo fcinfo, bool self, MemoryContext 
   read_points(qa, st->pa, mcxt);
   if (!self) read_points(qb, st->pb, mcxt);
   SPI_finish();
+  if (metric == sj_parse_metric("haversine")) {
+    /* A geometry column's (x, y) is (longitude, latitude): the engine takes (latitude,
+     * longitude). */
+    swap_columns(st->pa, strstr(qa, SJ_GEOMETRY_MARK) != NULL);
+    if (!self) swap_columns(st->pb, strstr(qb, SJ_GEOMETRY_MARK) != NULL);
+  }
   check_unique(st->pa);
   if (!self) check_unique(st->pb);
 
@@ -505,7 +525,7 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
   bool *elem_nulls;
   int n, k;
   StringInfoData buf;
-  bool geography = false;
+  bool geography = false, geometry = false;
   static const char *const names[] = {"the table", "the id column", "coords"};
   for (k = 0; k < 3; k++)
     if (PG_ARGISNULL(k))
@@ -536,6 +556,7 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
       if (OidIsValid(typ) && postgis_type(typ, "geometry", &gis)) {
         const char *g = quote_identifier(gis), *c = quote_identifier(col);
         appendStringInfo(&buf, ", %s.ST_X(%s), %s.ST_Y(%s)", g, c, g, c);
+        geometry = n == 1;
       } else if (OidIsValid(typ) && postgis_type(typ, "geography", &gis)) {
         /* Latitude and longitude in degrees, for metric 'haversine' (metres on the sphere,
          * as ST_DWithin(geography, geography, eps, false)); the marker lets the join refuse
@@ -550,6 +571,7 @@ Datum simjoin_points_query_pg(PG_FUNCTION_ARGS) {
   }
   appendStringInfo(&buf, " FROM %s", quote_qualified_identifier(nsp, rel));
   if (geography) appendStringInfoString(&buf, " " SJ_GEOGRAPHY_MARK);
+  if (geometry) appendStringInfoString(&buf, " " SJ_GEOMETRY_MARK);
   PG_RETURN_TEXT_P(cstring_to_text(buf.data));
 }
 

@@ -108,14 +108,17 @@ impl<T: Coord> EgoIndex<T> {
             hi: Vec::new(),
         };
         if n > 0 {
-            index.build_node(0..n);
+            index.build_node(0..n, control);
         }
         control.check()?;
         Ok(index)
     }
 
     /// Appends the subtree over `r` (same halving as the join's recursion); returns its id.
-    fn build_node(&mut self, r: Range<usize>) -> u32 {
+    /// Once `control` is stopped the subtrees of 2^14 points or more are left empty (the
+    /// caller then returns the stop; the index is never used): a stop need not wait for the
+    /// whole serial build.
+    fn build_node(&mut self, r: Range<usize>, control: &Control) -> u32 {
         let id = self.nodes.len();
         let dim = self.store.dim;
         self.nodes.push(Node {
@@ -125,6 +128,9 @@ impl<T: Coord> EgoIndex<T> {
         });
         self.lo.extend(std::iter::repeat_n(T::ZERO, dim));
         self.hi.extend(std::iter::repeat_n(T::ZERO, dim));
+        if r.len() >= 1 << 14 && control.is_cancelled() {
+            return id as u32;
+        }
         if r.len() <= LEAF {
             let mut p = vec![T::ZERO; dim];
             self.store.point(r.start, &mut p);
@@ -144,8 +150,8 @@ impl<T: Coord> EgoIndex<T> {
             self.hi[id * dim..(id + 1) * dim].copy_from_slice(&hi);
         } else {
             let mid = r.start + r.len() / 2;
-            let left = self.build_node(r.start..mid) as usize;
-            let right = self.build_node(mid..r.end) as usize;
+            let left = self.build_node(r.start..mid, control) as usize;
+            let right = self.build_node(mid..r.end, control) as usize;
             self.nodes[id].children = Some((left as u32, right as u32));
             for c in 0..dim {
                 let (l1, l2) = (self.lo[left * dim + c], self.lo[right * dim + c]);

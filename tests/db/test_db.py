@@ -861,6 +861,17 @@ def test_pg_postgis(rng):
     check(ours == theirs, f"pg geography: ST_DWithin's pairs on the sphere ({len(ours)} vs {len(theirs)})")
     bad = [(a, b) for a, b, m in rows if abs(m - metres[a - 1, b - 1]) > 1e-6]
     check(not bad, f"pg geography: distances in metres differ at {bad[:3]}")
+    # A longitude/latitude geometry column (x = longitude, y = latitude, as
+    # ST_DistanceSphere takes it) under metric 'haversine': the geography's pairs, in metres.
+    psql("DROP TABLE IF EXISTS gmet; CREATE TABLE gmet AS SELECT id, g::geometry AS geom FROM ggeo")
+    rows = pg_rows(f"SELECT * FROM simjoin_self_join('gmet', 'id', ARRAY['geom'], {eps!r}, 'haversine')")
+    check({(a, b) for a, b, _ in rows} == want, f"pg lon/lat geometry, haversine: the oracle's pairs ({len(rows)})")
+    bad = [(a, b) for a, b, m in rows if abs(m - metres[a - 1, b - 1]) > 1e-6]
+    check(not bad, f"pg lon/lat geometry, haversine: distances in metres differ at {bad[:3]}")
+    theirs = {(a, b) for a, b, _ in pg_rows(
+        f"SELECT a.id, b.id, 0.0 FROM gmet a JOIN gmet b ON a.id < b.id AND "
+        f"ST_DistanceSphere(a.geom, b.geom) <= {eps!r}")}
+    check(theirs == want, f"pg lon/lat geometry: ST_DistanceSphere's pairs ({len(theirs)} vs {len(want)})")
     r = psql("SELECT * FROM simjoin_self_join('ggeo', 'id', ARRAY['g'], 1)", check_rc=False)
     check(r.returncode != 0 and "haversine" in r.stderr, f"pg geography needs haversine: {r.stderr.strip()!r}")
     r = psql("DROP TABLE IF EXISTS gline; CREATE TABLE gline AS SELECT 1 AS id, "
