@@ -10,7 +10,10 @@ Workloads (unit vectors; the structure is stated in each row's name):
 - dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector).
 eps is a cosine distance (1 - cos); each row's gives a few neighbours per vector.
 
-    python3 bench/embed_bench.py [--quick] [--threads N] [--knn | --dbscan]
+    python3 bench/embed_bench.py [--quick | --large] [--threads N] [--knn | --dbscan]
+
+--large: 100,000 vectors (clustered 384-D and 768-D) instead of the 20-50k rows; FAISS's
+brute force then takes minutes a row on 2 cores.
 """
 import argparse
 import os
@@ -29,6 +32,12 @@ WORKLOADS = [
     ("clusters-768d", 20_000, 768, 400, 0.011, 0.1),
     ("dups-384d", 30_000, 384, 600, 0.03, 0.001),
     ("sphere-384d", 20_000, 384, 0, 0.0, 0.1),
+]
+
+# --large: the same structure at 100k vectors (2000 centres, about 50 vectors each).
+LARGE = [
+    ("clusters-384d-100k", 100_000, 384, 2000, 0.016, 0.1),
+    ("clusters-768d-100k", 100_000, 768, 2000, 0.011, 0.1),
 ]
 
 
@@ -133,11 +142,13 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first two workloads, no scikit-learn")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--knn", action="store_true", help="cosine kNN (k = 10) instead of joins")
+    ap.add_argument("--large", action="store_true", help="100k-vector workloads (minutes on 2 cores)")
     ap.add_argument("--dbscan", action="store_true",
                     help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
     args = ap.parse_args()
     if args.dbscan:
-        work = [w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "dups-384d", "sphere-384d")]
+        work = LARGE if args.large else [
+            w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "dups-384d", "sphere-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, labels as NumPy arrays.\n")
         print("| workload | n | dims | eps (1 - cos) | clusters | simjoin s | scikit-learn s | scikit-learn / simjoin | labels agreeing |")
         print("|---|---|---|---|---|---|---|---|---|")
@@ -146,7 +157,8 @@ def main():
                   f"{sk_s / sj_s:.1f}x | {agree:.4f} |")
         return
     if args.knn:
-        work = [w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "sphere-384d")]
+        work = LARGE if args.large else [
+            w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "sphere-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
         print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
         print("|---|---|---|---|---|---|---|")
@@ -154,7 +166,7 @@ def main():
             print(f"| {name} | {n:,} | {dim} | {sj_s:.2f} | {fa_s:.2f} | {fa_s / sj_s:.2f}x | {agree:.4f} |")
         return
     rows = []
-    work = WORKLOADS[:2] if args.quick else WORKLOADS
+    work = LARGE if args.large else WORKLOADS[:2] if args.quick else WORKLOADS
     for name, n, dim, centres, spread, eps in work:
         x = make(name, n, dim, centres, spread)
         sj_s, sj = timed(lambda: simjoin.self_join(x, eps, metric="cosine", threads=args.threads))
