@@ -143,9 +143,13 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--knn", action="store_true", help="cosine kNN (k = 10) instead of joins")
     ap.add_argument("--large", action="store_true", help="100k-vector workloads (minutes on 2 cores)")
+    ap.add_argument("--only", help="run only the workloads whose name contains this")
     ap.add_argument("--dbscan", action="store_true",
                     help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
     args = ap.parse_args()
+    if args.only:
+        keep = lambda ws: [w for w in ws if args.only in w[0]]  # noqa: E731
+        WORKLOADS[:], LARGE[:] = keep(WORKLOADS), keep(LARGE)
     if args.dbscan:
         work = LARGE if args.large else [
             w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "dups-384d", "sphere-384d")]
