@@ -46,7 +46,8 @@ fn fma() -> bool {
     *ON.get_or_init(super::dot_filter::fma_available)
 }
 
-/// [`dot`] with 256-bit fused multiply-adds, two accumulators.
+/// [`dot`] with 256-bit fused multiply-adds, four accumulators (enough to hide the
+/// multiply-add's latency).
 ///
 /// # Safety
 /// AVX2 and FMA must be available.
@@ -55,27 +56,40 @@ fn fma() -> bool {
 unsafe fn dot_fma(a: &[f32], b: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let n = a.len().min(b.len());
-    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut s = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    while i + 16 <= n {
-        // SAFETY: i + 16 <= n, so both 8-float loads at i and i + 8 are in bounds.
+    while i + 32 <= n {
+        for (t, acc) in s.iter_mut().enumerate() {
+            // SAFETY: i + 32 <= n, so the 8 floats at i + 8t (t < 4) are within both.
+            unsafe {
+                *acc = _mm256_fmadd_ps(
+                    _mm256_loadu_ps(a.as_ptr().add(i + 8 * t)),
+                    _mm256_loadu_ps(b.as_ptr().add(i + 8 * t)),
+                    *acc,
+                );
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        // SAFETY: i + 8 <= n.
         unsafe {
-            s0 = _mm256_fmadd_ps(
+            s[0] = _mm256_fmadd_ps(
                 _mm256_loadu_ps(a.as_ptr().add(i)),
                 _mm256_loadu_ps(b.as_ptr().add(i)),
-                s0,
-            );
-            s1 = _mm256_fmadd_ps(
-                _mm256_loadu_ps(a.as_ptr().add(i + 8)),
-                _mm256_loadu_ps(b.as_ptr().add(i + 8)),
-                s1,
+                s[0],
             );
         }
-        i += 16;
+        i += 8;
     }
     let mut lanes = [0.0f32; 8];
     // SAFETY: `lanes` holds 8 floats.
-    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_add_ps(s0, s1)) };
+    unsafe {
+        _mm256_storeu_ps(
+            lanes.as_mut_ptr(),
+            _mm256_add_ps(_mm256_add_ps(s[0], s[1]), _mm256_add_ps(s[2], s[3])),
+        )
+    };
     let mut s = lanes.iter().sum::<f32>();
     for k in i..n {
         s += a[k] * b[k];
@@ -247,74 +261,290 @@ fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
 }
 
 /// [`leaders`], declining also where more than `most` would lead.
+///
+/// The same leaders as a serial pass over the sample (a sampled vector leads when no earlier
+/// leader is within `radius`), found in chunks: a chunk's vectors meet the leaders so far
+/// in parallel, then the unmatched ones meet each other in order.
 fn leaders_capped(x: &[f32], dim: usize, radius: f64, most: usize) -> Option<Vec<f32>> {
     let n = x.len() / dim;
     let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
     let step = (n / sample).max(1);
     let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
-    let mut out: Vec<f32> = Vec::new();
     // Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2
     // (a rough choice: the bounds below use the exact distances).
     let near = (1.0 - radius * radius / 2.0) as f32;
-    for i in (0..n).step_by(step) {
-        let p = &x[i * dim..(i + 1) * dim];
-        if !out.chunks_exact(dim).any(|l| dot(l, p) >= near) {
-            if out.len() / dim >= cap {
-                return None;
+    let split = Split::new(dim);
+    let mut out = Prefixed::new(split);
+    let picked: Vec<usize> = (0..n).step_by(step).collect();
+    for chunk in picked.chunks(512) {
+        let open: Vec<usize> = chunk
+            .par_iter()
+            .copied()
+            .filter(|&i| !out.any_at_least(&x[i * dim..(i + 1) * dim], near, 0))
+            .collect();
+        let old = out.len();
+        for i in open {
+            let p = &x[i * dim..(i + 1) * dim];
+            if !out.any_at_least(p, near, old) {
+                if out.len() >= cap {
+                    return None;
+                }
+                out.push(p);
             }
-            out.extend_from_slice(p);
         }
     }
-    Some(out)
+    Some(out.rows)
+}
+
+/// Where dot products of unit vectors split so that most can stop early: the first `pre`
+/// coordinates are summed first, then the next `pre`, then twice as many, ... (`cuts`),
+/// and by Cauchy-Schwarz the coordinates after a cut add at most the product of the two
+/// rows' norms over them. Only the choice of leaders uses this (a heuristic: the join's
+/// bounds are measured on whatever leader a vector gets), so f32's rounding of the bound
+/// needs only a small margin, not a proof.
+#[derive(Clone)]
+struct Split {
+    dim: usize,
+    pre: usize,
+    /// The cuts after `pre`, increasing, each below `dim`.
+    cuts: Vec<usize>,
+}
+
+/// Added to a Cauchy-Schwarz bound for the f32 rounding of its terms.
+const SPLIT_MARGIN: f32 = 1e-4;
+
+impl Split {
+    /// A quarter of the coordinates first (a multiple of 8), at most 96 (enough for the
+    /// bound to rule out most leaders of clustered data), or all of them in few dimensions
+    /// (the split then saves nothing).
+    fn new(dim: usize) -> Split {
+        let pre = if dim >= 64 {
+            (dim / 4 / 8 * 8).min(96)
+        } else {
+            dim
+        };
+        let mut cuts = vec![pre];
+        while *cuts.last().unwrap() < dim {
+            let c = *cuts.last().unwrap();
+            cuts.push((2 * c).min(dim));
+        }
+        cuts.pop();
+        Split { dim, pre, cuts }
+    }
+    /// The norms of `p`'s coordinates after each cut.
+    fn rest_norms(&self, p: &[f32]) -> Vec<f32> {
+        self.cuts
+            .iter()
+            .map(|&c| dot(&p[c..], &p[c..]).max(0.0).sqrt())
+            .collect()
+    }
+    /// `head` (the dot product of `p` and `l` over the first `pre` coordinates) completed,
+    /// or None once a cut's bound shows it below `at_least`; `rp`, `rl`: the two rows'
+    /// [`Split::rest_norms`].
+    #[inline]
+    fn complete(
+        &self,
+        p: &[f32],
+        l: &[f32],
+        mut head: f32,
+        rp: &[f32],
+        rl: impl Fn(usize) -> f32,
+        at_least: f32,
+    ) -> Option<f32> {
+        for (t, &c) in self.cuts.iter().enumerate() {
+            if head + rp[t] * rl(t) + SPLIT_MARGIN < at_least {
+                return None;
+            }
+            let end = self.cuts.get(t + 1).copied().unwrap_or(self.dim);
+            head += dot(&p[c..end], &l[c..end]);
+        }
+        Some(head)
+    }
+}
+
+/// Rows (leaders) kept with their remaining norms for [`Split`]'s early stop.
+struct Prefixed {
+    split: Split,
+    rows: Vec<f32>,
+    /// Each row's [`Split::rest_norms`], `split.cuts.len()` apiece.
+    rest: Vec<f32>,
+}
+
+impl Prefixed {
+    fn new(split: Split) -> Prefixed {
+        Prefixed {
+            split,
+            rows: Vec::new(),
+            rest: Vec::new(),
+        }
+    }
+    fn len(&self) -> usize {
+        self.rows.len() / self.split.dim
+    }
+    fn push(&mut self, p: &[f32]) {
+        self.rest.extend(self.split.rest_norms(p));
+        self.rows.extend_from_slice(p);
+    }
+    /// Whether some row from `from` on has a dot product with `p` of at least `near`.
+    fn any_at_least(&self, p: &[f32], near: f32, from: usize) -> bool {
+        let (dim, pre, c) = (self.split.dim, self.split.pre, self.split.cuts.len());
+        let rp = self.split.rest_norms(p);
+        (from..self.len()).any(|j| {
+            let l = &self.rows[j * dim..(j + 1) * dim];
+            let head = dot(&l[..pre], &p[..pre]);
+            let rl = &self.rest[j * c..(j + 1) * c];
+            self.split
+                .complete(p, l, head, &rp, |t| rl[t], near)
+                .is_some_and(|d| d >= near)
+        })
+    }
+}
+
+/// Leaders per block of [`heads_block`].
+const BLOCK: usize = 32;
+
+/// The dot products of two rows `p`, `q` with a block of [`BLOCK`] rows stored coordinate
+/// by coordinate (`blk[c * BLOCK + l]` is row l's coordinate c), into `out` (`p`'s, then
+/// `q`'s): one product per lane, with no sum across lanes, so short rows cost no more per
+/// coordinate than long ones.
+#[inline]
+fn heads_block(p: &[f32], q: &[f32], blk: &[f32], out: &mut [f32; 2 * BLOCK]) {
+    #[cfg(target_arch = "x86_64")]
+    if fma() {
+        // SAFETY: AVX2 and FMA were detected at run time.
+        return unsafe { heads_block_fma(p, q, blk, out) };
+    }
+    out.fill(0.0);
+    for ((&x, &y), row) in p.iter().zip(q).zip(blk.chunks_exact(BLOCK)) {
+        for l in 0..BLOCK {
+            out[l] += x * row[l];
+            out[BLOCK + l] += y * row[l];
+        }
+    }
+}
+
+/// [`heads_block`] with 256-bit fused multiply-adds: eight accumulators of eight lanes
+/// (enough to hide the multiply-add's latency), each block row loaded once for both.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn heads_block_fma(p: &[f32], q: &[f32], blk: &[f32], out: &mut [f32; 2 * BLOCK]) {
+    use std::arch::x86_64::*;
+    let n = p.len().min(q.len()).min(blk.len() / BLOCK);
+    let mut a = [_mm256_setzero_ps(); 4];
+    let mut b = [_mm256_setzero_ps(); 4];
+    for c in 0..n {
+        // SAFETY: c < n, within `p`, `q`, and the block's row c * BLOCK .. (c + 1) * BLOCK.
+        unsafe {
+            let x = _mm256_set1_ps(*p.get_unchecked(c));
+            let y = _mm256_set1_ps(*q.get_unchecked(c));
+            let row = blk.as_ptr().add(c * BLOCK);
+            for t in 0..4 {
+                let r = _mm256_loadu_ps(row.add(8 * t));
+                a[t] = _mm256_fmadd_ps(x, r, a[t]);
+                b[t] = _mm256_fmadd_ps(y, r, b[t]);
+            }
+        }
+    }
+    for t in 0..4 {
+        // SAFETY: `out` holds 2 * BLOCK = 64 floats: lanes 8t.. and BLOCK + 8t.. are within.
+        unsafe {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * t), a[t]);
+            _mm256_storeu_ps(out.as_mut_ptr().add(BLOCK + 8 * t), b[t]);
+        }
+    }
+}
+
+/// Each vector's nearest leader (largest f32 dot product), or None once `control` stops.
+/// The dot products of each vector with every leader's first coordinates come first, 32
+/// leaders at a time ([`heads_block`]); then a vector completes its best leader's dot
+/// product, and another leader's only where [`Split`]'s bound says it could still win (on
+/// clustered data, seldom).
+fn nearest_leaders(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Vec<u32>> {
+    let k = leaders.len() / dim;
+    let split = Split::new(dim);
+    let (pre, cuts) = (split.pre, split.cuts.len());
+    // The leaders' first coordinates in blocks of BLOCK, coordinate by coordinate (the
+    // last block padded with zero rows).
+    let blocks = k.div_ceil(BLOCK);
+    let mut heads = vec![0.0f32; blocks * BLOCK * pre];
+    for (j, l) in leaders.chunks_exact(dim).enumerate() {
+        let blk = &mut heads[(j / BLOCK) * BLOCK * pre..][..BLOCK * pre];
+        for (c, &v) in l[..pre].iter().enumerate() {
+            blk[c * BLOCK + j % BLOCK] = v;
+        }
+    }
+    // Each leader's norms after each cut, cut by cut (`rest[t * k + j]`; zeros without
+    // cuts).
+    let mut rest = vec![0.0f32; cuts.max(1) * k];
+    for (j, l) in leaders.chunks_exact(dim).enumerate() {
+        for (t, r) in split.rest_norms(l).into_iter().enumerate() {
+            rest[t * k + j] = r;
+        }
+    }
+    let rest = &rest[..];
+    let lead = |j: usize| &leaders[j * dim..(j + 1) * dim];
+    const TILE: usize = 32;
+    let nearest: Vec<u32> = x
+        .par_chunks(TILE * dim)
+        .enumerate()
+        .flat_map_iter(|(t, tile)| {
+            let m = tile.len() / dim;
+            // Stopped: every leader skipped (the caller discards the answer).
+            if t % 128 == 0 && control.is_cancelled() {
+                return vec![0u32; m].into_iter();
+            }
+            // Two vectors' head products at a time (a lone last one is paired with itself).
+            let mut rows = vec![0.0f32; 2 * blocks * BLOCK];
+            let mut pair = [0.0f32; 2 * BLOCK];
+            let mut out = Vec::with_capacity(m);
+            for (v, p) in tile.chunks_exact(dim).enumerate() {
+                if v % 2 == 0 {
+                    let q = tile.chunks_exact(dim).nth(v + 1).unwrap_or(p);
+                    for (b, blk) in heads.chunks_exact(BLOCK * pre).enumerate() {
+                        heads_block(&p[..pre], &q[..pre], blk, &mut pair);
+                        rows[b * BLOCK..][..BLOCK].copy_from_slice(&pair[..BLOCK]);
+                        rows[(blocks + b) * BLOCK..][..BLOCK].copy_from_slice(&pair[BLOCK..]);
+                    }
+                }
+                let row = &rows[(v % 2) * blocks * BLOCK..][..k];
+                let rp = split.rest_norms(p);
+                let complete = |j: usize, at_least: f32| {
+                    split.complete(p, lead(j), row[j], &rp, |t| rest[t * k + j], at_least)
+                };
+                let first = (0..k).fold(0, |b, j| if row[j] > row[b] { j } else { b });
+                let mut best = (
+                    complete(first, f32::NEG_INFINITY).unwrap_or(f32::NEG_INFINITY),
+                    first,
+                );
+                // The first cut's bound (without cuts, the whole product), tested for every
+                // leader before any work.
+                let r0 = rp.first().copied().unwrap_or(0.0);
+                for j in 0..k {
+                    if j == first || row[j] + r0 * rest[j] + SPLIT_MARGIN < best.0 {
+                        continue;
+                    }
+                    if let Some(d) = complete(j, best.0) {
+                        if d > best.0 || (d == best.0 && j < best.1) {
+                            best = (d, j);
+                        }
+                    }
+                }
+                out.push(best.1 as u32);
+            }
+            out.into_iter()
+        })
+        .collect();
+    control.check().ok()?;
+    Some(nearest)
 }
 
 fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Groups> {
     let n = x.len() / dim;
     let k = leaders.len() / dim;
-    // Each vector's nearest leader (largest dot product; the first of equals), in tiles of
-    // TILE vectors that meet every leader while four of them stay in the L1 cache.
-    const TILE: usize = 32;
-    let nearest: Vec<u32> = x
-        .par_chunks(TILE * dim)
-        .enumerate()
-        .flat_map_iter(|(c, tile)| {
-            let m = tile.len() / dim;
-            let mut best: Vec<(f32, u32)> = vec![(f32::NEG_INFINITY, 0u32); m];
-            let quads = leaders.chunks_exact(4 * dim);
-            let rest = quads.remainder();
-            // Stopped: every leader skipped (the caller discards the answer).
-            let quads = quads.take(if c % 128 == 0 && control.is_cancelled() {
-                0
-            } else {
-                usize::MAX
-            });
-            for (q, l) in quads.enumerate() {
-                let ls = [
-                    &l[..dim],
-                    &l[dim..2 * dim],
-                    &l[2 * dim..3 * dim],
-                    &l[3 * dim..],
-                ];
-                for (p, b) in tile.chunks_exact(dim).zip(best.iter_mut()) {
-                    for (t, d) in dot4(p, ls).into_iter().enumerate() {
-                        if d > b.0 {
-                            *b = (d, (4 * q + t) as u32);
-                        }
-                    }
-                }
-            }
-            for (g, l) in rest.chunks_exact(dim).enumerate() {
-                for (p, b) in tile.chunks_exact(dim).zip(best.iter_mut()) {
-                    let d = dot(l, p);
-                    if d > b.0 {
-                        *b = (d, (k - rest.len() / dim + g) as u32);
-                    }
-                }
-            }
-            best.into_iter().map(|b| b.1)
-        })
-        .collect();
-    control.check().ok()?;
+    let nearest = nearest_leaders(x, dim, leaders, control)?;
     let mut start = vec![0usize; k + 1];
     for &g in &nearest {
         start[g as usize + 1] += 1;
@@ -328,12 +558,10 @@ fn group(x: &[f32], dim: usize, leaders: &[f32], control: &Control) -> Option<Gr
         order[fill[g as usize]] = i as u32;
         fill[g as usize] += 1;
     }
-    let mut rows = Vec::with_capacity(x.len());
-    rows.extend(
-        order
-            .iter()
-            .flat_map(|&i| &x[i as usize * dim..(i as usize + 1) * dim]),
-    );
+    let mut rows = vec![0.0f32; x.len()];
+    rows.par_chunks_mut(dim)
+        .zip(&order)
+        .for_each(|(r, &i)| r.copy_from_slice(&x[i as usize * dim..(i as usize + 1) * dim]));
     // Rounded up past f64's error in a sum of `dim` terms.
     let to_leader: Vec<f64> = (0..n)
         .into_par_iter()
@@ -409,7 +637,7 @@ pub(crate) fn candidates(
                 let gap = if g == h {
                     0.0
                 } else {
-                    dist64(lg, lh) * (1.0 - 1e-9)
+                    dist_floor(dot(lg, lh), slack)
                 };
                 (gap <= ga.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
                     .then_some((g, h, gap))
@@ -437,7 +665,7 @@ pub(crate) fn candidates(
             range
                 .filter(|&s| {
                     gap - gr.to_leader[s] <= reach
-                        && dist64(&gr.rows[s * dim..(s + 1) * dim], l) <= reach
+                        && dist_floor(dot(&gr.rows[s * dim..(s + 1) * dim], l), slack) <= reach
                 })
                 .collect::<Vec<usize>>()
         };
@@ -456,15 +684,26 @@ pub(crate) fn candidates(
             let p = &ga.rows[s * dim..(s + 1) * dim];
             let i = ga.order[s];
             let from = if same { x + 1 } else { 0 };
-            for &t in &sb[from.min(sb.len())..] {
-                let q = &gb_ref.rows[t * dim..(t + 1) * dim];
-                if dot(p, q) >= floor {
+            let mut keep = |t: usize, d: f32| {
+                if d >= floor {
                     let j = gb_ref.order[t];
                     buf.push(if b.is_none() {
                         [i.min(j), i.max(j)]
                     } else {
                         [i, j]
                     });
+                }
+            };
+            let row = |t: usize| &gb_ref.rows[t * dim..(t + 1) * dim];
+            let others = &sb[from.min(sb.len())..];
+            let quads = others.chunks_exact(4);
+            for &t in quads.remainder() {
+                keep(t, dot(p, row(t)));
+            }
+            for q in quads {
+                let d = dot4(p, [row(q[0]), row(q[1]), row(q[2]), row(q[3])]);
+                for (&t, d) in q.iter().zip(d) {
+                    keep(t, d);
                 }
             }
         }
@@ -491,4 +730,120 @@ pub(crate) fn candidates(
         if b.is_none() { k * (k + 1) / 2 } else { k * k },
         compared.into_inner()
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unit vectors (f32): `centres` directions plus noise, or uniform (`centres` 0); with
+    /// `tail_only`, every coordinate before the last eighth is zero (the split's first
+    /// coordinates then say nothing).
+    fn vectors(seed: u64, n: usize, dim: usize, centres: usize, tail_only: bool) -> Vec<f32> {
+        let mut s = seed;
+        let mut gauss = move || {
+            // Sum of uniforms: a rough normal, enough for directions.
+            (0..12)
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (s >> 11) as f64 / (1u64 << 53) as f64
+                })
+                .sum::<f64>()
+                - 6.0
+        };
+        let first = if tail_only { dim - dim / 8 - 1 } else { 0 };
+        let c: Vec<f64> = (0..centres * dim).map(|_| gauss()).collect();
+        let mut out = Vec::with_capacity(n * dim);
+        for i in 0..n {
+            let mut v: Vec<f64> = (0..dim)
+                .map(|d| {
+                    let base = if centres > 0 {
+                        c[(i % centres) * dim + d]
+                    } else {
+                        0.0
+                    };
+                    base + if centres > 0 { 0.1 } else { 1.0 } * gauss()
+                })
+                .collect();
+            v[..first].iter_mut().for_each(|x| *x = 0.0);
+            let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+            out.extend(v.iter().map(|x| (x / norm) as f32));
+        }
+        out
+    }
+
+    fn best_dot(p: &[f32], leaders: &[f32], dim: usize) -> f32 {
+        leaders
+            .chunks_exact(dim)
+            .map(|l| dot(l, p))
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// Every vector gets a leader whose f32 dot product is the largest, up to the split's
+    /// margin: short and long rows, dimensions on and off the multiples of 8 and of the
+    /// block, leaders short of a block, clustered, uniform and tail-only data.
+    #[test]
+    fn nearest_leaders_finds_the_largest_dot_product() {
+        let control = Control::new();
+        for &dim in &[3usize, 8, 63, 64, 100, 130, 384, 1000] {
+            for &(centres, tail) in &[(7usize, false), (0, false), (5, true)] {
+                if tail && dim < 16 {
+                    continue;
+                }
+                let x = vectors(dim as u64 * 31 + centres as u64, 301, dim, centres, tail);
+                for &k in &[1usize, 5, 33, 70] {
+                    let leaders = &x[..k * dim];
+                    let got = nearest_leaders(&x, dim, leaders, &control).unwrap();
+                    for (i, p) in x.chunks_exact(dim).enumerate() {
+                        let g = got[i] as usize;
+                        assert!(g < k);
+                        let mine = dot(&leaders[g * dim..(g + 1) * dim], p);
+                        let best = best_dot(p, leaders, dim);
+                        assert!(
+                            mine >= best - 2.0 * SPLIT_MARGIN,
+                            "dim {dim}, k {k}, vector {i}: {mine} < {best}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The chunked leaders' pass keeps the serial rule: every sampled vector is within the
+    /// radius of some leader, and no two leaders are within it of each other (up to the
+    /// split's margin); it declines where most of the sample would lead.
+    #[test]
+    fn leaders_cover_the_sample_and_stay_apart() {
+        for &(dim, centres) in &[(64usize, 40usize), (130, 300), (384, 1000)] {
+            let n = 6000;
+            let x = vectors(dim as u64, n, dim, centres, false);
+            let radius = 0.8;
+            let near = (1.0 - radius * radius / 2.0) as f32;
+            let l = leaders(&x, dim, radius).expect("clustered data have leaders");
+            let k = l.len() / dim;
+            assert!(
+                k >= centres.min(n / 8) / 2 && k <= 2 * centres,
+                "{k} leaders for {centres} centres"
+            );
+            let step = (n / (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n)).max(1);
+            for p in x.chunks_exact(dim).step_by(step) {
+                assert!(best_dot(p, &l, dim) >= near - 2.0 * SPLIT_MARGIN);
+            }
+            for i in 0..k {
+                for j in 0..i {
+                    assert!(
+                        dot(&l[i * dim..(i + 1) * dim], &l[j * dim..(j + 1) * dim])
+                            < near + 2.0 * SPLIT_MARGIN
+                    );
+                }
+            }
+            let uniform = vectors(5, n, dim, 0, false);
+            assert!(
+                leaders(&uniform, dim, 0.1).is_none(),
+                "uniform data declined"
+            );
+        }
+    }
 }
