@@ -7,13 +7,19 @@ Workloads (unit vectors; the structure is stated in each row's name):
 - clusters: C random centres on the sphere, each vector a centre plus Gaussian noise of
   `spread` per coordinate, normalised (sizes and spreads vary per row);
 - sphere: uniform on the sphere (no structure: simjoin's fallback is a blocked brute force);
-- dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector).
-eps is a cosine distance (1 - cos); each row's gives a few neighbours per vector.
+- dups: clusters plus 1% planted near-duplicates (cosine >= 0.999 to another vector);
+- lowdim: low intrinsic dimension without clusters: a Gaussian in m dimensions (the
+  `centres` field) mapped linearly into D, plus noise of `spread` per coordinate.
+eps is a cosine distance (1 - cos); each row's gives 1-100 neighbours per vector.
+FAISS is run twice, IndexFlatIP and IndexFlatL2 (on the unit vectors, eps turned into a
+squared Euclidean radius): both exact brute force.
 
-    python3 bench/embed_bench.py [--quick | --large] [--threads N] [--knn | --dbscan]
+    python3 bench/embed_bench.py [--quick | --large | --huge] [--threads N] [--knn | --dbscan]
 
 --large: 100,000 vectors (clustered 384-D and 768-D) instead of the 20-50k rows; FAISS's
-brute force then takes minutes a row on 2 cores.
+brute force then takes minutes a row on 2 cores. --huge: 1,000,000 clustered 384-D vectors,
+simjoin's join in full; FAISS's range search (hours on 2 cores) timed on the first 1% of
+the queries against all the vectors and scaled by 100, said so in its column.
 """
 import argparse
 import os
@@ -32,6 +38,8 @@ WORKLOADS = [
     ("clusters-768d", 20_000, 768, 400, 0.011, 0.1),
     ("dups-384d", 30_000, 384, 600, 0.03, 0.001),
     ("sphere-384d", 20_000, 384, 0, 0.0, 0.1),
+    ("clusters-1024d", 20_000, 1024, 400, 0.0095, 0.1),
+    ("lowdim-384d", 30_000, 384, 8, 0.002, 0.1),
 ]
 
 # --large: the same structure at 100k vectors (2000 centres, about 50 vectors each).
@@ -40,10 +48,18 @@ LARGE = [
     ("clusters-768d-100k", 100_000, 768, 2000, 0.011, 0.1),
 ]
 
+# --huge: 1M vectors, 10000 centres (about 100 vectors each, about 50 neighbours a vector).
+HUGE = [
+    ("clusters-384d-1m", 1_000_000, 384, 10_000, 0.016, 0.1),
+]
+
 
 def make(name, n, dim, centres, spread, seed=0):
     rng = np.random.default_rng(seed)
-    if centres == 0:
+    if name.startswith("lowdim"):
+        w = rng.normal(size=(centres, dim))
+        x = rng.normal(size=(n, centres)) @ w + spread * np.sqrt(centres) * rng.normal(size=(n, dim))
+    elif centres == 0:
         x = rng.normal(size=(n, dim))
     else:
         c = rng.normal(size=(centres, dim))
@@ -63,14 +79,17 @@ def timed(f):
     return time.perf_counter() - t, out
 
 
-def faiss_pairs(x, eps, threads):
+def faiss_pairs(x, eps, threads, l2=False, queries=None):
+    """FAISS flat range search of `queries` (default: all of x) against x: IP at 1 - eps,
+    or L2 at the squared Euclidean radius 2 eps of unit vectors."""
     import faiss
 
     faiss.omp_set_num_threads(threads)
-    index = faiss.IndexFlatIP(x.shape[1])
+    q = x if queries is None else x[:queries]
+    index = faiss.IndexFlatL2(x.shape[1]) if l2 else faiss.IndexFlatIP(x.shape[1])
     index.add(x)
-    lims, _, ids = index.range_search(x, 1.0 - eps)
-    rows = np.repeat(np.arange(len(x)), np.diff(lims).astype(np.int64))
+    lims, _, ids = index.range_search(q, 2.0 * eps if l2 else 1.0 - eps)
+    rows = np.repeat(np.arange(len(q)), np.diff(lims).astype(np.int64))
     keep = rows < ids
     return np.stack([rows[keep], ids[keep]], axis=1)
 
@@ -143,13 +162,14 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--knn", action="store_true", help="cosine kNN (k = 10) instead of joins")
     ap.add_argument("--large", action="store_true", help="100k-vector workloads (minutes on 2 cores)")
+    ap.add_argument("--huge", action="store_true", help="1M vectors (FAISS on 1%% of the queries, scaled)")
     ap.add_argument("--only", help="run only the workloads whose name contains this")
     ap.add_argument("--dbscan", action="store_true",
                     help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
     args = ap.parse_args()
     if args.only:
         keep = lambda ws: [w for w in ws if args.only in w[0]]  # noqa: E731
-        WORKLOADS[:], LARGE[:] = keep(WORKLOADS), keep(LARGE)
+        WORKLOADS[:], LARGE[:], HUGE[:] = keep(WORKLOADS), keep(LARGE), keep(HUGE)
     if args.dbscan:
         work = LARGE if args.large else [
             w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "dups-384d", "sphere-384d")]
@@ -170,27 +190,37 @@ def main():
             print(f"| {name} | {n:,} | {dim} | {sj_s:.2f} | {fa_s:.2f} | {fa_s / sj_s:.2f}x | {agree:.4f} |")
         return
     rows = []
-    work = LARGE if args.large else WORKLOADS[:2] if args.quick else WORKLOADS
+    work = HUGE if args.huge else LARGE if args.large else WORKLOADS[:2] if args.quick else WORKLOADS
     for name, n, dim, centres, spread, eps in work:
         x = make(name, n, dim, centres, spread)
         sj_s, sj = timed(lambda: simjoin.self_join(x, eps, metric="cosine", threads=args.threads))
-        fa_s, fa = timed(lambda: faiss_pairs(x, eps, args.threads))
+        # --huge: FAISS on the first 1% of the queries, scaled (its full run takes hours).
+        part = n // 100 if args.huge else None
+        scale = n / part if part else 1.0
+        fa_s, fa = timed(lambda: faiss_pairs(x, eps, args.threads, queries=part))
+        l2_s, l2 = timed(lambda: faiss_pairs(x, eps, args.threads, l2=True, queries=part))
+        fa_s, l2_s = fa_s * scale, l2_s * scale
         sk_s = None
         if not args.quick and n <= 30_000:
             sk_s, _ = timed(lambda: sklearn_pairs(x, eps, args.threads))
         # FAISS compares f32 inner products: pairs within its rounding of eps may differ.
-        diff = abs(len(fa) - len(sj))
-        rows.append((name, n, dim, eps, len(sj), diff, sj_s, fa_s, sk_s))
-        print(f"{name}: simjoin {len(sj)} pairs {sj_s:.2f} s, FAISS {len(fa)} pairs {fa_s:.2f} s"
-              + (f", scikit-learn {sk_s:.2f} s" if sk_s else ""), file=sys.stderr, flush=True)
-    print(f"{args.threads} threads for every system; seconds of one run, pairs as NumPy arrays.\n")
-    print("| workload | n | dims | eps (1 - cos) | pairs | FAISS count differs by | simjoin s | FAISS IP s | scikit-learn s | FAISS / simjoin | scikit-learn / simjoin |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, n, dim, eps, pairs, diff, sj_s, fa_s, sk_s in rows:
+        # Scaled runs cover only some queries: compare with simjoin's pairs of those.
+        mine = len(sj) if part is None else int(np.sum(sj[:, 0] < part))
+        diff = max(abs(len(fa) - mine), abs(len(l2) - mine))
+        rows.append((name, n, dim, eps, len(sj), diff, sj_s, fa_s, l2_s, sk_s))
+        print(f"{name}: simjoin {len(sj)} pairs {sj_s:.2f} s, FAISS IP {len(fa)} pairs {fa_s:.2f} s, "
+              f"L2 {len(l2)} pairs {l2_s:.2f} s" + (f", scikit-learn {sk_s:.2f} s" if sk_s else ""),
+              file=sys.stderr, flush=True)
+    print(f"{args.threads} threads for every system; seconds of one run, pairs as NumPy arrays."
+          + (" FAISS: 1% of the queries, time x 100." if args.huge else "") + "\n")
+    print("| workload | n | dims | eps (1 - cos) | pairs | FAISS count differs by | simjoin s | FAISS IP s "
+          "| FAISS L2 s | scikit-learn s | FAISS IP / simjoin | FAISS L2 / simjoin | scikit-learn / simjoin |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, n, dim, eps, pairs, diff, sj_s, fa_s, l2_s, sk_s in rows:
         sk = f"{sk_s:.2f}" if sk_s else "-"
         skr = f"{sk_s / sj_s:.1f}x" if sk_s else "-"
-        print(f"| {name} | {n:,} | {dim} | {eps} | {pairs:,} | {diff} | {sj_s:.2f} | {fa_s:.2f} | {sk} | "
-              f"{fa_s / sj_s:.1f}x | {skr} |")
+        print(f"| {name} | {n:,} | {dim} | {eps} | {pairs:,} | {diff} | {sj_s:.2f} | {fa_s:.2f} | {l2_s:.2f} | "
+              f"{sk} | {fa_s / sj_s:.1f}x | {l2_s / sj_s:.1f}x | {skr} |")
 
 
 if __name__ == "__main__":
