@@ -286,6 +286,24 @@ pub(crate) fn knn(
     }
 }
 
+/// The rule's distance from query row `r` to data row `j` (each set: rows `dim` wide and
+/// their norms), as both kNN paths rank them.
+#[inline]
+fn rule_distance<T: Coord>(
+    q: (&[T], &[f64]),
+    x: (&[T], &[f64]),
+    dim: usize,
+    r: usize,
+    j: usize,
+) -> f64 {
+    crate::metric::cosine_distance(
+        &q.0[r * dim..(r + 1) * dim],
+        &x.0[j * dim..(j + 1) * dim],
+        q.1[r],
+        x.1[j],
+    )
+}
+
 /// Extra candidates the Euclidean pass asks for beyond k.
 fn knn_extra(k: usize) -> usize {
     (k / 2).max(16)
@@ -338,6 +356,11 @@ fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
     }
 }
 
+/// A query's nearest (rule distance, row), nearest first.
+type Neighbours = Vec<(f64, u32)>;
+/// Every query's [`Neighbours`].
+type Ranked = Vec<Neighbours>;
+
 /// Each query's k nearest rows by the rule (ties by index) through the grouped index of
 /// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
 /// exact by construction; None where the index declines (no clusters, too few rows).
@@ -358,9 +381,6 @@ fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
 ///
 /// A probe of 64 evenly spread queries declines the search (None) where they take more
 /// f32 dot products than half the rows on average: "clusters" that prune little.
-/// A query's nearest (rule distance, row), nearest first; every query's.
-type Neighbours = Vec<(f64, u32)>;
-type Ranked = Vec<Neighbours>;
 #[allow(clippy::too_many_arguments)]
 fn knn_grouped<T: Coord>(
     engine: &Engine,
@@ -391,14 +411,7 @@ fn knn_grouped<T: Coord>(
         let slack = dot_slack(dim);
         let u32_ = f32::EPSILON as f64 / 2.0;
         let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
-        let dist = |r: usize, j: usize| {
-            crate::metric::cosine_distance(
-                &rows_q[r * dim..(r + 1) * dim],
-                &x[j * dim..(j + 1) * dim],
-                nq[r],
-                nx[j],
-            )
-        };
+        let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
         let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
         let kth = |best: &Vec<(f64, u32)>| {
             if best.len() < k {
@@ -665,14 +678,7 @@ where
     let mut euclid = opts.clone();
     euclid.metric = Metric::Euclidean;
     let first = engine.knn(&dx, dq.as_ref(), wide, &euclid)?;
-    let dist = |r: usize, j: usize| {
-        crate::metric::cosine_distance(
-            &rows_q[r * dim..(r + 1) * dim],
-            &x[j * dim..(j + 1) * dim],
-            norms_q[r],
-            nx[j],
-        )
-    };
+    let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
     // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
     // as reported: sqrt of the accumulator in T) apart.
     let d = dim as f64;
