@@ -230,7 +230,11 @@ fn grouped<'d, T: Coord>(
         )
     })?;
     let (note, candidates, accepted, threads) = out;
-    let Some(note) = note else { return Ok(None) };
+    let Some(note) = note else {
+        // Declined, or stopped while grouping: a stop ends the join here.
+        opts.control.check()?;
+        return Ok(None);
+    };
     let note = note?;
     Ok(Some(JoinReport {
         pairs: accepted,

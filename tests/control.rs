@@ -286,6 +286,39 @@ fn grouped_cosine_knn_stops_within_250_ms() {
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 
+/// The cosine join through the grouped leaders' index (clustered directions) stops while
+/// it picks and assigns leaders, and while it joins the groups.
+#[test]
+fn grouped_cosine_join_stops_within_250_ms() {
+    let _one = serial();
+    let e = engine();
+    let before = small_join_seconds(&e, Backend::Cpu);
+    let (n, d, centres) = (200_000usize, 128usize, 4000usize);
+    let mut rng = Rng(13);
+    let cs: Vec<f64> = (0..centres * d).map(|_| rng.normal()).collect();
+    let mut x: Vec<f32> = Vec::with_capacity(n * d);
+    for _ in 0..n {
+        let c = (rng.next() as usize) % centres;
+        for t in 0..d {
+            x.push((cs[c * d + t] + 0.1 * rng.normal()) as f32);
+        }
+    }
+    let x = Arc::new(x);
+    for after in [40, 150, 400] {
+        let control = Control::new();
+        let mut o = JoinOptions::new(0.1);
+        o.metric = simjoin::Metric::Cosine;
+        o.backend = Backend::Cpu;
+        o.control = control.clone();
+        let (e2, x2) = (e.clone(), x.clone());
+        let out = stop_after(&control, Duration::from_millis(after), move || {
+            e2.self_join(&Dataset::from_f32(&x2, d)?, &o)
+        });
+        assert_cancelled(&format!("grouped cosine join, stopped at {after} ms"), out);
+    }
+    assert_usual_speed(&e, Backend::Cpu, before);
+}
+
 /// Progress counts the join's work to the end and exactly its pairs; the callback comes
 /// at the asked rate, and its `false` stops the job.
 #[test]

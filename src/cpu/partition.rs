@@ -241,7 +241,7 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
         if control.is_cancelled() {
             return None;
         }
-        match leaders_capped(x, dim, radius, most) {
+        match leaders_capped(x, dim, radius, most, control) {
             None => break,
             Some(l) => {
                 let enough = l.len() / dim >= target;
@@ -264,19 +264,25 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
-fn leaders(x: &[f32], dim: usize, radius: f64) -> Option<Vec<f32>> {
-    leaders_capped(x, dim, radius, usize::MAX)
+fn leaders(x: &[f32], dim: usize, radius: f64, control: &Control) -> Option<Vec<f32>> {
+    leaders_capped(x, dim, radius, usize::MAX, control)
 }
 
 /// [`leaders`], declining also where more than `most` would lead.
-fn leaders_capped(x: &[f32], dim: usize, radius: f64, most: usize) -> Option<Vec<f32>> {
+fn leaders_capped(
+    x: &[f32],
+    dim: usize,
+    radius: f64,
+    most: usize,
+    control: &Control,
+) -> Option<Vec<f32>> {
     let n = x.len() / dim;
     let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
     let step = (n / sample).max(1);
     let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
     let picked: Vec<usize> = (0..n).step_by(step).collect();
     let mut out = Prefixed::new(Split::new(dim));
-    lead(x, &picked, near_dot(radius), cap, &mut out).then_some(out.rows)
+    lead(x, &picked, near_dot(radius), cap, &mut out, control).then_some(out.rows)
 }
 
 /// Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2 (a
@@ -287,12 +293,23 @@ fn near_dot(radius: f64) -> f32 {
 
 /// The leader rule over the rows `picked` of `x`, in order: a row leads when no leader so
 /// far (those in `out` included) has a dot product of at least `near` with it. False (and
-/// `out` incomplete) where `out` would pass `cap` rows. The same leaders as a serial pass,
+/// `out` incomplete) where `out` would pass `cap` rows or `control` stops (read between
+/// chunks). The same leaders as a serial pass,
 /// found in chunks: a chunk's rows meet the leaders so far in parallel, then the unmatched
 /// ones meet each other in order.
-fn lead(x: &[f32], picked: &[usize], near: f32, cap: usize, out: &mut Prefixed) -> bool {
+fn lead(
+    x: &[f32],
+    picked: &[usize],
+    near: f32,
+    cap: usize,
+    out: &mut Prefixed,
+    control: &Control,
+) -> bool {
     let dim = out.split.dim;
     for chunk in picked.chunks(512) {
+        if control.is_cancelled() {
+            return false;
+        }
         let open: Vec<usize> = chunk
             .par_iter()
             .copied()
@@ -527,7 +544,7 @@ fn nearest_leaders(
         }
     }
     let rest = &rest[..];
-    let lead = |j: usize| &leaders[j * dim..(j + 1) * dim];
+    let leader = |j: usize| &leaders[j * dim..(j + 1) * dim];
     // A tile's vectors meet each block of leaders in turn (the block stays in the L1 cache
     // for the tile, the tile's vectors in L2), two vectors at a time (a lone last one is
     // paired with itself); each vector's head products fill its row of `rows`.
@@ -557,7 +574,7 @@ fn nearest_leaders(
                 let row = &rows[v * width..][..k];
                 let rp = split.rest_norms(p);
                 let complete = |j: usize, at_least: f32| {
-                    split.complete(p, lead(j), row[j], &rp, |t| rest[t * k + j], at_least)
+                    split.complete(p, leader(j), row[j], &rp, |t| rest[t * k + j], at_least)
                 };
                 let first = argmax(row);
                 let mut best = (
@@ -630,7 +647,7 @@ fn group(
             let picked: Vec<usize> = far.iter().copied().step_by(step).collect();
             let cap = (picked.len() as f64 * COVER_SHARE).ceil() as usize;
             let mut more = Prefixed::new(Split::new(dim));
-            if !lead(x, &picked, near, cap, &mut more) {
+            if !lead(x, &picked, near, cap, &mut more, control) {
                 break;
             }
             let rows: Vec<f32> = far
@@ -647,6 +664,7 @@ fn group(
             }
             leaders.extend_from_slice(&more.rows);
         }
+        control.check().ok()?;
     }
     let k = leaders.len() / dim;
     let nearest: Vec<u32> = nearest.into_iter().map(|(g, _)| g).collect();
@@ -711,7 +729,7 @@ pub(crate) fn candidates(
     if na < MIN_POINTS || dim < 16 {
         return None;
     }
-    let mut lead = leaders(a, dim, eps)?;
+    let mut lead = leaders(a, dim, eps, control)?;
     let ga = group(a, dim, &mut lead, eps, true, control)?;
     let gb = match b {
         Some(b) => Some(group(b, dim, &mut lead, eps, false, control)?),
@@ -729,7 +747,14 @@ pub(crate) fn candidates(
         .into_par_iter()
         .flat_map_iter(|g| {
             let lg = &lead[g as usize * dim..(g as usize + 1) * dim];
-            let first = if b.is_none() { g } else { 0 };
+            // Stopped: no more pairs (the stop is returned below).
+            let first = if control.is_cancelled() {
+                k as u32
+            } else if b.is_none() {
+                g
+            } else {
+                0
+            };
             (first..k as u32).filter_map(move |h| {
                 let (sa, sb) = (
                     ga.start[g as usize + 1] - ga.start[g as usize],
@@ -749,6 +774,9 @@ pub(crate) fn candidates(
             })
         })
         .collect();
+    if let Err(e) = control.check() {
+        return Some(Err(e));
+    }
     let compared = std::sync::atomic::AtomicU64::new(0);
     control.stage("join", pairs_of_groups.len() as u64);
     let result: anyhow::Result<()> = pairs_of_groups.par_iter().try_for_each(|&(g, h, gap)| {
@@ -933,7 +961,7 @@ mod tests {
                 src[i * dim..(i + 1) * dim].to_vec()
             })
             .collect();
-        let mut l = leaders(&x, dim, radius).unwrap();
+        let mut l = leaders(&x, dim, radius, &control).unwrap();
         let before = l.len() / dim;
         let g = group(&x, dim, &mut l, radius, true, &control).unwrap();
         assert!(l.len() / dim > before, "no leaders added");
@@ -955,7 +983,7 @@ mod tests {
             let x = vectors(dim as u64, n, dim, centres, false);
             let radius = 0.8;
             let near = (1.0 - radius * radius / 2.0) as f32;
-            let l = leaders(&x, dim, radius).expect("clustered data have leaders");
+            let l = leaders(&x, dim, radius, &Control::new()).expect("clustered data have leaders");
             let k = l.len() / dim;
             assert!(
                 k >= centres.min(n / 8) / 2 && k <= 2 * centres,
@@ -975,7 +1003,7 @@ mod tests {
             }
             let uniform = vectors(5, n, dim, 0, false);
             assert!(
-                leaders(&uniform, dim, 0.1).is_none(),
+                leaders(&uniform, dim, 0.1, &Control::new()).is_none(),
                 "uniform data declined"
             );
         }
