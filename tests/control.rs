@@ -251,6 +251,21 @@ fn knn_and_dbscan_stop_within_250_ms() {
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 
+/// `n` rows of `d` coordinates around `centres` random directions (Gaussian centres plus
+/// noise of `spread` per coordinate): data the grouped cosine index takes.
+fn clustered_directions(n: usize, d: usize, centres: usize, spread: f64, seed: u64) -> Vec<f32> {
+    let mut rng = Rng(seed);
+    let cs: Vec<f64> = (0..centres * d).map(|_| rng.normal()).collect();
+    let mut x: Vec<f32> = Vec::with_capacity(n * d);
+    for _ in 0..n {
+        let c = (rng.next() as usize) % centres;
+        for t in 0..d {
+            x.push((cs[c * d + t] + spread * rng.normal()) as f32);
+        }
+    }
+    x
+}
+
 /// The cosine kNN through the grouped leaders' index (clustered directions) stops in its
 /// search (stage "cosine kNN", which only that path enters).
 #[test]
@@ -258,16 +273,8 @@ fn grouped_cosine_knn_stops_within_250_ms() {
     let _one = serial();
     let e = engine();
     let before = small_join_seconds(&e, Backend::Cpu);
-    let (n, d, centres) = (200_000usize, 32usize, 400usize);
-    let mut rng = Rng(12);
-    let cs: Vec<f64> = (0..centres * d).map(|_| rng.normal()).collect();
-    let mut x: Vec<f32> = Vec::with_capacity(n * d);
-    for _ in 0..n {
-        let c = (rng.next() as usize) % centres;
-        for t in 0..d {
-            x.push((cs[c * d + t] + 0.05 * rng.normal()) as f32);
-        }
-    }
+    let d = 32;
+    let x = clustered_directions(200_000, d, 400, 0.05, 12);
     let control = Control::new();
     let o = KnnOptions {
         metric: simjoin::Metric::Cosine,
@@ -293,17 +300,8 @@ fn grouped_cosine_join_stops_within_250_ms() {
     let _one = serial();
     let e = engine();
     let before = small_join_seconds(&e, Backend::Cpu);
-    let (n, d, centres) = (200_000usize, 128usize, 4000usize);
-    let mut rng = Rng(13);
-    let cs: Vec<f64> = (0..centres * d).map(|_| rng.normal()).collect();
-    let mut x: Vec<f32> = Vec::with_capacity(n * d);
-    for _ in 0..n {
-        let c = (rng.next() as usize) % centres;
-        for t in 0..d {
-            x.push((cs[c * d + t] + 0.1 * rng.normal()) as f32);
-        }
-    }
-    let x = Arc::new(x);
+    let d = 128;
+    let x = Arc::new(clustered_directions(200_000, d, 4000, 0.1, 13));
     for after in [40, 150, 400] {
         let control = Control::new();
         let mut o = JoinOptions::new(0.1);
