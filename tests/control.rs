@@ -314,6 +314,20 @@ fn grouped_cosine_join_stops_within_250_ms() {
         });
         assert_cancelled(&format!("grouped cosine join, stopped at {after} ms"), out);
     }
+    // The leaders' assignment is a stage of its own, and stops within it.
+    let control = Control::new();
+    let mut o = JoinOptions::new(0.1);
+    o.metric = simjoin::Metric::Cosine;
+    o.backend = Backend::Cpu;
+    o.control = control.clone();
+    let e2 = e.clone();
+    let out = stop_in_stage(
+        &control,
+        "cosine: grouping",
+        Duration::from_millis(5),
+        move || e2.self_join(&Dataset::from_f32(&x, d)?, &o),
+    );
+    assert_cancelled("grouped cosine join, stopped while grouping", out);
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 

@@ -509,7 +509,7 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 /// Each vector's nearest leader (largest f32 dot product) and that dot product, or None
-/// once `control` stops. Where no leader reaches `floor`, a vector gets the leader whose
+/// once `control` stops; with `progress`, each vector counts as a unit of the stage. Where no leader reaches `floor`, a vector gets the leader whose
 /// head product is largest (its search stops there: no leader is near it anyway).
 /// The dot products of each vector with every leader's first coordinates come first, 32
 /// leaders at a time ([`heads_block`]); then a vector completes its best leader's dot
@@ -521,6 +521,7 @@ fn nearest_leaders(
     leaders: &[f32],
     floor: f32,
     control: &Control,
+    progress: bool,
 ) -> Option<Vec<(u32, f32)>> {
     let k = leaders.len() / dim;
     let split = Split::new(dim);
@@ -568,6 +569,9 @@ fn nearest_leaders(
                     rows[v * width + b * BLOCK..][..BLOCK].copy_from_slice(&pair[..BLOCK]);
                     rows[w * width + b * BLOCK..][..BLOCK].copy_from_slice(&pair[BLOCK..]);
                 }
+            }
+            if progress {
+                control.advance(m as u64, 0);
             }
             let mut out = Vec::with_capacity(m);
             for (v, p) in tile.chunks_exact(dim).enumerate() {
@@ -636,7 +640,8 @@ fn group(
 ) -> Option<Groups> {
     let n = x.len() / dim;
     let near = near_dot(radius);
-    let mut nearest = nearest_leaders(x, dim, leaders, near, control)?;
+    control.stage("cosine: grouping", n as u64);
+    let mut nearest = nearest_leaders(x, dim, leaders, near, control, true)?;
     if extend {
         for _ in 0..COVER_ROUNDS {
             let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
@@ -655,7 +660,7 @@ fn group(
                 .flat_map(|&i| &x[i * dim..(i + 1) * dim])
                 .copied()
                 .collect();
-            let again = nearest_leaders(&rows, dim, &more.rows, near, control)?;
+            let again = nearest_leaders(&rows, dim, &more.rows, near, control, false)?;
             let old = (leaders.len() / dim) as u32;
             for (&i, (g, d)) in far.iter().zip(again) {
                 if d > nearest[i].1 {
@@ -928,8 +933,8 @@ mod tests {
                 let x = vectors(dim as u64 * 31 + centres as u64, 301, dim, centres, tail);
                 for &k in &[1usize, 5, 33, 70] {
                     let leaders = &x[..k * dim];
-                    let got =
-                        nearest_leaders(&x, dim, leaders, f32::NEG_INFINITY, &control).unwrap();
+                    let got = nearest_leaders(&x, dim, leaders, f32::NEG_INFINITY, &control, false)
+                        .unwrap();
                     let got: Vec<u32> = got.into_iter().map(|(g, _)| g).collect();
                     for (i, p) in x.chunks_exact(dim).enumerate() {
                         let g = got[i] as usize;
