@@ -26,6 +26,9 @@ pub(crate) struct Job<'a> {
     pub opts: &'a JoinOptions,
 }
 
+/// Where a backend hands candidate pairs, in chunks, from any thread.
+pub(crate) type Emit<'a> = dyn Fn(&[crate::result::Pair]) -> anyhow::Result<()> + Sync + 'a;
+
 /// What every backend implements. `sink == None` means count only: the backend need not
 /// materialise pairs, only count them into `JoinReport::pairs`.
 /// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
@@ -69,6 +72,20 @@ pub(crate) trait JoinBackend: Send + Sync {
         sink: &mut dyn PairSink,
     ) -> Result<Option<(Vec<u32>, JoinReport)>> {
         let _ = (job, core, sink);
+        Ok(None)
+    }
+
+    /// The comparisons of a grouped cosine join's plan (`cpu/partition.rs`), where this
+    /// backend makes them itself (a GPU, `gpu/grouped.rs`): every candidate pair to `emit`;
+    /// returns the report's note and the device's name. `None`: it does not, and the
+    /// caller compares on the CPU.
+    fn grouped(
+        &self,
+        plan: &crate::cpu::partition::Plan,
+        opts: &JoinOptions,
+        emit: &Emit,
+    ) -> Result<Option<(String, String)>> {
+        let _ = (plan, opts, emit);
         Ok(None)
     }
 

@@ -138,10 +138,8 @@ where
         nb: nb.as_deref().unwrap_or(&na),
         e,
     };
-    let on_cpu = opts.backend == crate::options::Backend::Cpu
-        || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
     let mut sink = sink;
-    if on_cpu && opts.algorithm == crate::options::Algorithm::Auto {
+    if opts.algorithm == crate::options::Algorithm::Auto {
         let t = std::time::Instant::now();
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
@@ -186,9 +184,10 @@ where
     Ok(report)
 }
 
-/// The CPU's grouped join of clustered vectors (`cpu/partition.rs`): candidates from the
-/// f32 copies, confirmed by the rule on every engine thread and passed to `sink`; None
-/// (nothing emitted) where the data show no clusters.
+/// The grouped join of clustered vectors (`cpu/partition.rs`): the plan on the CPU, its
+/// comparisons on the device where the join runs on a GPU (`gpu/grouped.rs`), else on the
+/// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread and
+/// passed to `sink`; None (nothing emitted) where the data show no clusters.
 fn grouped<'d, T: Coord>(
     engine: &Engine,
     rule: &Rule<T>,
@@ -220,26 +219,38 @@ fn grouped<'d, T: Coord>(
                 _ => Ok(()),
             }
         };
-        let note =
-            crate::cpu::partition::candidates(&fa, fb.as_deref(), dim, eps, &opts.control, &emit);
-        (
-            note,
-            candidates.into_inner(),
-            accepted.into_inner(),
-            rayon::current_num_threads(),
-        )
+        let compared = || -> Result<Option<(String, String, String)>> {
+            use crate::cpu::partition;
+            let Some(plan) = partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control) else {
+                return Ok(None);
+            };
+            let plan = plan?;
+            let threads = rayon::current_num_threads();
+            let on_device =
+                engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit))?;
+            Ok(Some(match on_device {
+                Some((note, device)) => (note, "gpu".into(), device),
+                None => {
+                    let compared = partition::compare(&plan, &opts.control, &emit)?;
+                    (
+                        plan.note(compared),
+                        "cpu".into(),
+                        format!("cpu ({threads} threads)"),
+                    )
+                }
+            }))
+        };
+        (compared(), candidates.into_inner(), accepted.into_inner())
     })?;
-    let (note, candidates, accepted, threads) = out;
-    let Some(note) = note else {
-        // Declined, or stopped while grouping: a stop ends the join here.
-        opts.control.check()?;
+    let (note, candidates, accepted) = out;
+    let Some((note, backend, device)) = note? else {
+        // Declined: nothing was emitted.
         return Ok(None);
     };
-    let note = note?;
     Ok(Some(JoinReport {
         pairs: accepted,
-        backend: "cpu".into(),
-        device: format!("cpu ({threads} threads)"),
+        backend,
+        device,
         algorithm: crate::options::Algorithm::Auto,
         batches: 1,
         notes: vec![

@@ -511,6 +511,16 @@ impl Engine {
         ) {
             return Ok(None);
         }
+        self.on_device_any_metric(opts, f)
+    }
+
+    /// [`Engine::on_device`] for any metric: cosine's grouped join (`cosine.rs`) compares
+    /// its plan on the device this way.
+    pub(crate) fn on_device_any_metric<R>(
+        &self,
+        opts: &JoinOptions,
+        f: impl FnOnce(&dyn JoinBackend) -> Result<Option<R>>,
+    ) -> Result<Option<R>> {
         match opts.backend {
             Backend::Cpu => Ok(None),
             Backend::Gpu => match self.gpu() {

@@ -410,6 +410,20 @@ fn gpu_jobs_stop_within_250_ms() {
         });
         assert_cancelled(&format!("gpu {algorithm} {output:?}"), out);
     }
+    // The grouped cosine join's tiles on the device (gpu/grouped.rs), stopped between
+    // batches.
+    let d = 64;
+    let dirs = Arc::new(clustered_directions(60_000, d, 300, 0.1, 17));
+    let control = Control::new();
+    let mut o = JoinOptions::new(0.1);
+    o.metric = simjoin::Metric::Cosine;
+    o.backend = Backend::Gpu;
+    o.control = control.clone();
+    let e2 = e.clone();
+    let out = stop_in_join(&control, Duration::from_millis(100), move || {
+        e2.self_join(&Dataset::from_f32(&dirs, d)?, &o)
+    });
+    assert_cancelled("gpu grouped cosine join", out);
     let control = Control::new();
     let o = KnnOptions {
         backend: Backend::Gpu,

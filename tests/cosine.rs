@@ -384,6 +384,8 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
     for (dim, spread, eps, grouped) in [
         (64usize, 0.08, 0.02, true),
         (32, 0.15, 0.05, true),
+        // Near-duplicates only: too few leaders at eps, groups of a wider radius.
+        (64, 0.08, 0.0005, true),
         (24, 5.0, 0.3, false),
     ] {
         let x = directions(&mut rng, 5000, dim, 40, spread);
@@ -410,6 +412,12 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
                 grouped,
                 "{what}: {notes}"
             );
+            // At eps 0.0005 the leaders' radius is wider than eps.
+            assert_eq!(
+                notes.contains(&format!("(radius {:.4})", (2.0 * eps).sqrt())),
+                grouped && eps > 0.001,
+                "{what}: {notes}"
+            );
             assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
             let mut count = o.clone();
             count.output = OutputForm::Count;
@@ -422,6 +430,72 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
             assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
         }
     }
+}
+
+/// The grouped join's comparisons on the GPU (`gpu/grouped.rs`, lavapipe, validation on):
+/// the rule's set exactly, self-join and A ⋈ B, f32 and f64, pairs, counts and streams; a
+/// result buffer of one tile's pairs forces many batches and parts run again after it
+/// fills (none lost); the notes prove the device ran the tiles and the reruns happened.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_grouped_join_matches_the_rule() {
+    common::gpu_test_setup();
+    let mut rng = Rng(48);
+    for (dim, spread, eps) in [(64usize, 0.08, 0.02), (40, 0.15, 0.05), (64, 0.08, 0.0005)] {
+        let x = directions(&mut rng, 5000, dim, 40, spread);
+        let y = directions(&mut rng, 1500, dim, 40, spread);
+        let (x32, y32) = (as_f32(&x), as_f32(&y));
+        for (a, b) in [
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&y, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&y32, dim).unwrap(),
+            ),
+        ] {
+            let what = format!("{dim}-D {:?} eps {eps}", a.precision());
+            let want = oracle::self_join(&a, Metric::Cosine, eps);
+            assert!(want.len() > 1000, "{what}: {} pairs", want.len());
+            let want_ab = oracle::join(&a, &b, Metric::Cosine, eps);
+            for capacity in [None, Some(1024)] {
+                let mut o = cosine(eps, Backend::Gpu, Algorithm::Auto);
+                o.result_buffer_pairs = capacity;
+                let got = engine().self_join(&a, &o).unwrap();
+                let notes = got.report.notes.join("; ");
+                assert!(notes.contains("on the GPU: "), "{what}: {notes}");
+                assert_eq!(got.report.backend, "gpu", "{what}");
+                assert_eq!(
+                    notes.contains("run again after a full result buffer"),
+                    capacity.is_some(),
+                    "{what}: {notes}"
+                );
+                assert_eq!(got.pairs().unwrap(), &want[..], "{what} {capacity:?}");
+                let mut count = o.clone();
+                count.output = OutputForm::Count;
+                assert_eq!(
+                    engine().self_join(&a, &count).unwrap().count(),
+                    want.len() as u64,
+                    "{what}"
+                );
+                let got_ab = engine().join(&a, &b, &o).unwrap();
+                let notes_ab = got_ab.report.notes.join("; ");
+                // (At eps 0.0005 A and B share no pair: the plan may decline.)
+                assert!(
+                    notes_ab.contains("on the GPU: ") || eps < 0.001,
+                    "{what}: {notes_ab}"
+                );
+                assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
+                let mut sink = simjoin::VecSink::default();
+                engine().self_join_stream(&a, &o, &mut sink).unwrap();
+                let mut streamed = sink.pairs;
+                streamed.sort_unstable();
+                assert_eq!(streamed, want, "{what} stream");
+            }
+        }
+    }
+    common::assert_no_validation_errors();
 }
 
 /// The kNN through the grouped leaders' index (`cpu/partition.rs`, clustered rows, enough

@@ -32,6 +32,9 @@ const MAX_LEADER_SHARE: f64 = 0.75;
 /// sample of them would lead, they are the loose edges of clusters, not clusters the
 /// sample missed, and new leaders would each gather few.
 const COVER_SHARE: f64 = 0.5;
+/// Groups of a radius wider than eps (near-duplicates) are used only where the bounds
+/// leave at most this share of the pairs of groups to compare.
+const WIDE_PAIRS_SHARE: f64 = 0.25;
 /// Fewest vectors for which grouping pays.
 const MIN_POINTS: usize = 4096;
 
@@ -232,6 +235,20 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
     if n < MIN_POINTS || dim < 16 {
         return None;
     }
+    let (mut leaders, radius) = stepped_leaders(x, dim, control)?;
+    let groups = group(x, dim, &mut leaders, radius, true, control)?;
+    Some(Index {
+        leaders,
+        groups,
+        radius,
+    })
+}
+
+/// Leaders of `x` at a radius stepped down from 1 until the sample has about sqrt(n) / 2
+/// of them (see [`knn_index`]), and that radius; None where even radius 1 finds no
+/// clusters or `control` stopped.
+fn stepped_leaders(x: &[f32], dim: usize, control: &Control) -> Option<(Vec<f32>, f64)> {
+    let n = x.len() / dim;
     let target = ((n as f64).sqrt() / 2.0) as usize;
     // Many more leaders than the target cost every vector's assignment and buy nothing.
     let most = (16 * target).max(1024);
@@ -253,13 +270,7 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
         }
         radius *= 0.8;
     }
-    let (mut leaders, radius) = best?;
-    let groups = group(x, dim, &mut leaders, radius, true, control)?;
-    Some(Index {
-        leaders,
-        groups,
-        radius,
-    })
+    best
 }
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
@@ -718,26 +729,128 @@ fn group(
     })
 }
 
-/// Candidate pairs of the self-join (`b` None, pairs `[i, j]`, i < j) or A ⋈ B of the
-/// unit vectors `a`, `b` (f32 copies, `dim` wide) within Euclidean distance `eps`, handed
-/// to `emit` in chunks from the engine's threads; None where the data show no clusters
-/// (nothing was emitted then). `control` is read between pairs of groups.
-pub(crate) fn candidates(
+/// A grouped cosine join's plan: the unit vectors of A (and B) grouped around shared
+/// leaders, and the pairs of groups whose leaders are close enough for a pair within eps.
+/// The CPU ([`compare`]) and a GPU (`gpu/grouped.rs`) compare the [`Plan::members`] of
+/// each pair of groups in f32 dot products and keep a pair unless its product reaches
+/// below [`Plan::floor`].
+pub(crate) struct Plan {
+    pub(crate) dim: usize,
+    /// Self-join: pairs `[i, j]` with i < j, else A ⋈ B.
+    pub(crate) self_join: bool,
+    eps: f64,
+    /// The leaders' radius: eps, or a wider one where eps shows no clusters.
+    radius: f64,
+    lead: Vec<f32>,
+    pub(crate) ga: Groups,
+    gb: Option<Groups>,
+    /// Pairs of groups (g of A, h of B) that may hold a pair, and a lower bound on their
+    /// leaders' distance.
+    pub(crate) pairs: Vec<(u32, u32, f64)>,
+    slack: f64,
+    /// A pair within eps has an f32 dot product of at least this.
+    pub(crate) floor: f32,
+}
+
+impl Plan {
+    /// B's groups (A's in a self-join).
+    pub(crate) fn gb(&self) -> &Groups {
+        self.gb.as_ref().unwrap_or(&self.ga)
+    }
+
+    /// The pair of query ids of positions `s` of A's groups and `t` of B's (a self-join's
+    /// in order).
+    #[inline]
+    pub(crate) fn pair(&self, s: usize, t: usize) -> Pair {
+        let (i, j) = (self.ga.order[s], self.gb().order[t]);
+        if self.self_join {
+            [i.min(j), i.max(j)]
+        } else {
+            [i, j]
+        }
+    }
+
+    /// The positions (in the groups' order) of the members of the `p`-th pair of groups
+    /// that can meet, and whether it is a self-join's group with itself (then both lists
+    /// are the group and only pairs `x < y` of list positions count); None where no
+    /// member of A's group can.
+    pub(crate) fn members(&self, p: usize) -> Option<(Vec<usize>, Vec<usize>, bool)> {
+        let (g, h, gap) = self.pairs[p];
+        let (ga, gb, dim, eps) = (&self.ga, self.gb(), self.dim, self.eps);
+        let (ra, rb) = (
+            ga.start[g as usize]..ga.start[g as usize + 1],
+            gb.start[h as usize]..gb.start[h as usize + 1],
+        );
+        let same = self.self_join && g == h;
+        if same {
+            return Some((ra.clone().collect(), ra.collect(), true));
+        }
+        // A vector within eps of some vector of the other group is within that group's
+        // radius plus eps of its leader (triangle inequality): the rest are skipped. The
+        // leaders' distance less the vector's own distance from its leader bounds that
+        // distance from below at no cost; the survivors are measured.
+        let near = |gr: &Groups, range: std::ops::Range<usize>, other: u32, r: f64| {
+            let l = &self.lead[other as usize * dim..(other as usize + 1) * dim];
+            let reach = (r + eps) * (1.0 + 1e-9);
+            range
+                .filter(|&s| {
+                    gap - gr.to_leader[s] <= reach
+                        && dist_floor(dot(&gr.rows[s * dim..(s + 1) * dim], l), self.slack) <= reach
+                })
+                .collect::<Vec<usize>>()
+        };
+        let sa = near(ga, ra, h, gb.radius[h as usize]);
+        if sa.is_empty() {
+            return None;
+        }
+        Some((sa, near(gb, rb, g, ga.radius[g as usize]), false))
+    }
+
+    /// The report's line on the plan and the vector pairs compared.
+    pub(crate) fn note(&self, compared: u64) -> String {
+        let k = self.lead.len() / self.dim;
+        format!(
+            "cosine: {k} groups around leaders (radius {:.4}); {} of {} pairs of groups compared, {compared} vector pairs",
+            self.radius,
+            self.pairs.len(),
+            if self.self_join { k * (k + 1) / 2 } else { k * k },
+        )
+    }
+}
+
+/// The grouped plan of the self-join (`b` None) or A ⋈ B of the unit vectors `a`, `b`
+/// (f32 copies, `dim` wide) within Euclidean distance `eps`; None where the data show no
+/// clusters (or too few vectors or dimensions), Some(Err) where `control` stopped.
+pub(crate) fn plan(
     a: &[f32],
     b: Option<&[f32]>,
     dim: usize,
     eps: f64,
     control: &Control,
-    emit: &(dyn Fn(&[Pair]) -> anyhow::Result<()> + Sync),
-) -> Option<crate::error::Result<String>> {
+) -> Option<crate::error::Result<Plan>> {
     let na = a.len() / dim;
     if na < MIN_POINTS || dim < 16 {
         return None;
     }
-    let mut lead = leaders(a, dim, eps, control)?;
-    let ga = group(a, dim, &mut lead, eps, true, control)?;
+    // Declined (None) or stopped (the stop).
+    let stopped = || control.check().err().map(Err);
+    // Where eps is too small for the sample to show clusters at it (near-duplicates),
+    // groups of a wider radius still prune: the bounds hold for any groups.
+    let (mut lead, radius) = match leaders(a, dim, eps, control) {
+        Some(l) => (l, eps),
+        None => match stepped_leaders(a, dim, control) {
+            Some((l, r)) if r > eps => (l, r),
+            _ => return stopped(),
+        },
+    };
+    let Some(ga) = group(a, dim, &mut lead, radius, true, control) else {
+        return stopped();
+    };
     let gb = match b {
-        Some(b) => Some(group(b, dim, &mut lead, eps, false, control)?),
+        Some(b) => match group(b, dim, &mut lead, radius, false, control) {
+            Some(g) => Some(g),
+            None => return stopped(),
+        },
         None => None,
     };
     let gb_ref = gb.as_ref().unwrap_or(&ga);
@@ -746,12 +859,11 @@ pub(crate) fn candidates(
     // (`dot_slack`).
     let slack = dot_slack(dim);
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
-    let lead = &lead[..];
-    let ga = &ga;
-    let pairs_of_groups: Vec<(u32, u32, f64)> = (0..k as u32)
+    let (lead_ref, ga_ref) = (&lead[..], &ga);
+    let pairs: Vec<(u32, u32, f64)> = (0..k as u32)
         .into_par_iter()
         .flat_map_iter(|g| {
-            let lg = &lead[g as usize * dim..(g as usize + 1) * dim];
+            let lg = &lead_ref[g as usize * dim..(g as usize + 1) * dim];
             // Stopped: no more pairs (the stop is returned below).
             let first = if control.is_cancelled() {
                 k as u32
@@ -762,19 +874,19 @@ pub(crate) fn candidates(
             };
             (first..k as u32).filter_map(move |h| {
                 let (sa, sb) = (
-                    ga.start[g as usize + 1] - ga.start[g as usize],
+                    ga_ref.start[g as usize + 1] - ga_ref.start[g as usize],
                     gb_ref.start[h as usize + 1] - gb_ref.start[h as usize],
                 );
                 if sa == 0 || sb == 0 {
                     return None;
                 }
-                let lh = &lead[h as usize * dim..(h as usize + 1) * dim];
+                let lh = &lead_ref[h as usize * dim..(h as usize + 1) * dim];
                 let gap = if g == h {
                     0.0
                 } else {
                     dist_floor(dot(lg, lh), slack)
                 };
-                (gap <= ga.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
+                (gap <= ga_ref.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
                     .then_some((g, h, gap))
             })
         })
@@ -782,57 +894,56 @@ pub(crate) fn candidates(
     if let Err(e) = control.check() {
         return Some(Err(e));
     }
+    // Groups wider than eps that leave most pairs of groups to compare prune nothing (no
+    // clusters at either radius): the general join does better.
+    let all = if b.is_none() { k * (k + 1) / 2 } else { k * k };
+    if radius > eps && pairs.len() as f64 > WIDE_PAIRS_SHARE * all as f64 {
+        return None;
+    }
+    Some(Ok(Plan {
+        dim,
+        self_join: b.is_none(),
+        eps,
+        radius,
+        lead,
+        ga,
+        gb,
+        pairs,
+        slack,
+        floor,
+    }))
+}
+
+/// The CPU's comparison of every pair of groups of `plan`: candidates to `emit` in chunks
+/// from the engine's threads (`control` read between pairs of groups); returns the vector
+/// pairs compared.
+pub(crate) fn compare(
+    plan: &Plan,
+    control: &Control,
+    emit: &(dyn Fn(&[Pair]) -> anyhow::Result<()> + Sync),
+) -> crate::error::Result<u64> {
+    let (dim, floor) = (plan.dim, plan.floor);
+    let (ga, gb) = (&plan.ga, plan.gb());
     let compared = std::sync::atomic::AtomicU64::new(0);
-    control.stage("join", pairs_of_groups.len() as u64);
-    let result: anyhow::Result<()> = pairs_of_groups.par_iter().try_for_each(|&(g, h, gap)| {
+    control.stage("join", plan.pairs.len() as u64);
+    let result: anyhow::Result<()> = (0..plan.pairs.len()).into_par_iter().try_for_each(|p| {
         if control.is_cancelled() {
             return Ok(());
         }
-        let (ra, rb) = (
-            ga.start[g as usize]..ga.start[g as usize + 1],
-            gb_ref.start[h as usize]..gb_ref.start[h as usize + 1],
-        );
-        let same = b.is_none() && g == h;
-        // A vector within eps of some vector of the other group is within that group's
-        // radius plus eps of its leader (triangle inequality): the rest are skipped. The
-        // leaders' distance less the vector's own distance from its leader bounds that
-        // distance from below at no cost; the survivors are measured.
-        let near = |gr: &Groups, range: std::ops::Range<usize>, other: u32, r: f64| {
-            let l = &lead[other as usize * dim..(other as usize + 1) * dim];
-            let reach = (r + eps) * (1.0 + 1e-9);
-            range
-                .filter(|&s| {
-                    gap - gr.to_leader[s] <= reach
-                        && dist_floor(dot(&gr.rows[s * dim..(s + 1) * dim], l), slack) <= reach
-                })
-                .collect::<Vec<usize>>()
-        };
-        let (sa, sb) = if same {
-            (ra.clone().collect(), rb.clone().collect())
-        } else {
-            let sa = near(ga, ra.clone(), h, gb_ref.radius[h as usize]);
-            if sa.is_empty() {
-                control.advance(1, 0);
-                return Ok(());
-            }
-            (sa, near(gb_ref, rb.clone(), g, ga.radius[g as usize]))
+        let Some((sa, sb, same)) = plan.members(p) else {
+            control.advance(1, 0);
+            return Ok(());
         };
         let mut buf: Vec<Pair> = Vec::new();
         for (x, &s) in sa.iter().enumerate() {
             let p = &ga.rows[s * dim..(s + 1) * dim];
-            let i = ga.order[s];
             let from = if same { x + 1 } else { 0 };
             let mut keep = |t: usize, d: f32| {
                 if d >= floor {
-                    let j = gb_ref.order[t];
-                    buf.push(if b.is_none() {
-                        [i.min(j), i.max(j)]
-                    } else {
-                        [i, j]
-                    });
+                    buf.push(plan.pair(s, t));
                 }
             };
-            let row = |t: usize| &gb_ref.rows[t * dim..(t + 1) * dim];
+            let row = |t: usize| &gb.rows[t * dim..(t + 1) * dim];
             let others = &sb[from.min(sb.len())..];
             let quads = others.chunks_exact(4);
             for &t in quads.remainder() {
@@ -856,18 +967,9 @@ pub(crate) fn candidates(
             emit(&buf)
         }
     });
-    if let Err(e) = result {
-        return Some(Err(crate::result::sink_error(e)));
-    }
-    if let Err(e) = control.check() {
-        return Some(Err(e));
-    }
-    Some(Ok(format!(
-        "cosine: {k} groups around leaders (radius {eps:.4}); {} of {} pairs of groups compared, {} vector pairs",
-        pairs_of_groups.len(),
-        if b.is_none() { k * (k + 1) / 2 } else { k * k },
-        compared.into_inner()
-    )))
+    result.map_err(crate::result::sink_error)?;
+    control.check()?;
+    Ok(compared.into_inner())
 }
 
 #[cfg(test)]

@@ -15,6 +15,8 @@
 //!   device's loop budget runs out, the report.
 //! - `rows`: sorted pairs and the CSR as rows sorted on the device (a count pass, then
 //!   batches sorted by the bitonic network and placed at their final offsets).
+//! - `grouped`: the grouped cosine join's tiles of f32 dot products (its plan from
+//!   `cpu/partition.rs`), batches in two slots.
 //! - `lss`, `zorder`: LSS (sort and search over a set of Z-order lists): the eps-join,
 //!   and with `knn` the exact k-nearest-neighbour join (LSS or brute force).
 //! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp`, `glsl/lss_*.comp` (f32/f64) with
@@ -24,6 +26,7 @@ mod batch;
 pub(crate) mod device_data;
 mod device_index;
 mod dot_filter;
+mod grouped;
 pub(crate) mod index;
 pub mod interface;
 mod join;
@@ -102,5 +105,15 @@ impl JoinBackend for GpuBackend {
 
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {
         knn::run(&self.ctx, job)
+    }
+
+    fn grouped(
+        &self,
+        plan: &crate::cpu::partition::Plan,
+        opts: &crate::options::JoinOptions,
+        emit: &crate::backend::Emit,
+    ) -> Result<Option<(String, String)>> {
+        let note = grouped::run(&self.ctx, plan, opts, emit)?;
+        Ok(Some((note, self.ctx.device_name().to_string())))
     }
 }
