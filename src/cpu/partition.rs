@@ -33,7 +33,7 @@ const MAX_LEADER_SHARE: f64 = 0.75;
 /// sample missed, and new leaders would each gather few.
 const COVER_SHARE: f64 = 0.5;
 /// Groups of a radius wider than eps (near-duplicates) are used only where the bounds
-/// leave at most this share of the pairs of groups to compare.
+/// leave at most this share of the vector pairs to compare (estimated on a sample).
 const WIDE_PAIRS_SHARE: f64 = 0.25;
 /// Fewest vectors for which grouping pays.
 const MIN_POINTS: usize = 4096;
@@ -806,6 +806,36 @@ impl Plan {
         Some((sa, near(gb, rb, g, ga.radius[g as usize]), false))
     }
 
+    /// An estimate, from a sample of the pairs of groups, of the share of all vector pairs
+    /// that [`Plan::members`] leaves to compare.
+    fn compared_share(&self) -> f64 {
+        let (ga, gb) = (&self.ga, self.gb());
+        let size = |g: &Groups, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
+        let step = (self.pairs.len() / 256).max(1);
+        let (kept, of) = (0..self.pairs.len())
+            .into_par_iter()
+            .step_by(step)
+            .map(|p| {
+                let (g, h, _) = self.pairs[p];
+                let kept = self.members(p).map_or(0.0, |(sa, sb, same)| {
+                    (sa.len() * sb.len()) as f64 / if same { 2.0 } else { 1.0 }
+                });
+                let of = size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 };
+                (kept, of)
+            })
+            .reduce(|| (0.0, 0.0), |x, y| (x.0 + y.0, x.1 + y.1));
+        let grouped: f64 = self
+            .pairs
+            .par_iter()
+            .map(|&(g, h, _)| {
+                size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 }
+            })
+            .sum();
+        let (na, nb) = (ga.order.len() as f64, gb.order.len() as f64);
+        let all = if self.self_join { na * na / 2.0 } else { na * nb };
+        kept / of.max(1.0) * grouped / all.max(1.0)
+    }
+
     /// The report's line on the plan and the vector pairs compared.
     pub(crate) fn note(&self, compared: u64) -> String {
         let k = self.lead.len() / self.dim;
@@ -894,13 +924,7 @@ pub(crate) fn plan(
     if let Err(e) = control.check() {
         return Some(Err(e));
     }
-    // Groups wider than eps that leave most pairs of groups to compare prune nothing (no
-    // clusters at either radius): the general join does better.
-    let all = if b.is_none() { k * (k + 1) / 2 } else { k * k };
-    if radius > eps && pairs.len() as f64 > WIDE_PAIRS_SHARE * all as f64 {
-        return None;
-    }
-    Some(Ok(Plan {
+    let plan = Plan {
         dim,
         self_join: b.is_none(),
         eps,
@@ -911,7 +935,13 @@ pub(crate) fn plan(
         pairs,
         slack,
         floor,
-    }))
+    };
+    // Groups wider than eps whose members are mostly within reach of each other prune
+    // nothing (no clusters at either radius): the general join does better.
+    if radius > eps && plan.compared_share() > WIDE_PAIRS_SHARE {
+        return None;
+    }
+    Some(Ok(plan))
 }
 
 /// The CPU's comparison of every pair of groups of `plan`: candidates to `emit` in chunks
