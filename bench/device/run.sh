@@ -8,6 +8,7 @@
 #   bash bench/device/run.sh bench low      uniform 2-D and 6-D (GPU-SJ): simjoin vs GDS-Join
 #   bash bench/device/run.sh bench high     exponential 16/32/64-D (GPU-JOIN), tiles on and off
 #   bash bench/device/run.sh stress         the test binaries repeatedly (STRESS_RUNS, STRESS_JOBS)
+#   bash bench/device/run.sh cosine         issue 40: grouped cosine join, GPU vs CPU vs GPU brute
 #   bash bench/device/run.sh tests bench low    steps run in order, in one call
 # Sizes, selectivities and repeats: SIZES (default 2000000,10000000 for low, 2000000 for
 # high), SEL (10,100 low; 1,10,100 high), WORKLOADS (a comma list), REPEATS (2), RUN_TIMEOUT
@@ -140,12 +141,22 @@ run_bench() {
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 }
 
+run_cosine() {
+  # Issue 40: the grouped cosine join's tiles on the device against the CPU backend and the
+  # GPU's brute force (bench/device/cosine.py), COSINE_TIMEOUT s a run.
+  say "cosine: grouped join on the GPU vs CPU vs GPU brute force${REHEARSE:+ (rehearsal sizes)}"
+  PYTHONUNBUFFERED=1 python3 bench/device/cosine.py --simjoin-bin $kit/simjoin --out "$OUT/cosine.md" \
+    --timeout "${COSINE_TIMEOUT:-90}" ${REHEARSE:+--small} 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
+}
+
 while [ $# -gt 0 ]; do
   case $1 in
     tests) run_tests; shift ;;
     stress) run_stress; shift ;;
+    cosine) run_cosine; shift ;;
     bench) run_bench "${2:-low}"; shift 2 ;;
-    *) echo "unknown step '$1' (tests, stress, bench low, bench high)" >&2; exit 2 ;;
+    *) echo "unknown step '$1' (tests, stress, cosine, bench low, bench high)" >&2; exit 2 ;;
   esac
 done
 say "done: $failed step(s) failed"

@@ -986,8 +986,13 @@ pub(crate) fn compare(
                 }
             }
         }
+        let pairs = if same {
+            sa.len() * sa.len().saturating_sub(1) / 2
+        } else {
+            sa.len() * sb.len()
+        };
         compared.fetch_add(
-            (sa.len() * sb.len()) as u64,
+            pairs as u64,
             std::sync::atomic::Ordering::Relaxed,
         );
         control.advance(1, 0);
