@@ -820,7 +820,8 @@ impl Plan {
                 let kept = self.members(p).map_or(0.0, |(sa, sb, same)| {
                     (sa.len() * sb.len()) as f64 / if same { 2.0 } else { 1.0 }
                 });
-                let of = size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 };
+                let of =
+                    size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 };
                 (kept, of)
             })
             .reduce(|| (0.0, 0.0), |x, y| (x.0 + y.0, x.1 + y.1));
@@ -832,7 +833,11 @@ impl Plan {
             })
             .sum();
         let (na, nb) = (ga.order.len() as f64, gb.order.len() as f64);
-        let all = if self.self_join { na * na / 2.0 } else { na * nb };
+        let all = if self.self_join {
+            na * na / 2.0
+        } else {
+            na * nb
+        };
         kept / of.max(1.0) * grouped / all.max(1.0)
     }
 
@@ -991,10 +996,7 @@ pub(crate) fn compare(
         } else {
             sa.len() * sb.len()
         };
-        compared.fetch_add(
-            pairs as u64,
-            std::sync::atomic::Ordering::Relaxed,
-        );
+        compared.fetch_add(pairs as u64, std::sync::atomic::Ordering::Relaxed);
         control.advance(1, 0);
         if buf.is_empty() {
             Ok(())
