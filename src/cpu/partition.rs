@@ -292,8 +292,9 @@ fn leaders_capped(
     let step = (n / sample).max(1);
     let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
     let picked: Vec<usize> = (0..n).step_by(step).collect();
-    let mut out = Prefixed::new(Split::new(dim));
-    lead(x, &picked, near_dot(radius), cap, &mut out, control).then_some(out.rows)
+    let near = near_dot(radius);
+    let mut out = Prefixed::new(Split::new(dim, near));
+    lead(x, &picked, near, cap, &mut out, control).then_some(out.rows)
 }
 
 /// Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2 (a
@@ -360,10 +361,19 @@ const SPLIT_MARGIN: f32 = 1e-4;
 impl Split {
     /// A quarter of the coordinates first (a multiple of 8), at most 96 (enough for the
     /// bound to rule out most leaders of clustered data), or all of them in few dimensions
-    /// (the split then saves nothing).
-    fn new(dim: usize) -> Split {
+    /// (the split then saves nothing). More where the rows sought are far (`near`, the dot
+    /// product sought, is low): the bound over the coordinates left is about their share
+    /// of the rows' norms, so it rules a leader out only where that share is below
+    /// 1 - near (near-duplicate joins group at radius 1: a half).
+    fn new(dim: usize, near: f32) -> Split {
         let pre = if dim >= 64 {
-            (dim / 4 / 8 * 8).min(96)
+            let quarter = (dim / 4 / 8 * 8).min(96);
+            let far = if near.is_finite() {
+                (dim as f64 * (1.0 - near as f64).clamp(0.0, 1.0)) as usize
+            } else {
+                0
+            };
+            quarter.max(far.div_ceil(8) * 8).min(dim)
         } else {
             dim
         };
@@ -535,7 +545,7 @@ fn nearest_leaders(
     progress: bool,
 ) -> Option<Vec<(u32, f32)>> {
     let k = leaders.len() / dim;
-    let split = Split::new(dim);
+    let split = Split::new(dim, floor);
     let (pre, cuts) = (split.pre, split.cuts.len());
     // The leaders' first coordinates in blocks of BLOCK, coordinate by coordinate (the
     // last block padded with zero rows).
@@ -662,7 +672,7 @@ fn group(
             let step = far.len().div_ceil(SAMPLE_MAX);
             let picked: Vec<usize> = far.iter().copied().step_by(step).collect();
             let cap = (picked.len() as f64 * COVER_SHARE).ceil() as usize;
-            let mut more = Prefixed::new(Split::new(dim));
+            let mut more = Prefixed::new(Split::new(dim, near));
             if !lead(x, &picked, near, cap, &mut more, control) {
                 break;
             }
