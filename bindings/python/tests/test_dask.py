@@ -359,6 +359,34 @@ def test_haversine_exact_across_the_antimeridian_and_the_poles(client):
     np.testing.assert_array_equal(got["distance"].to_numpy(), dist)
 
 
+def test_haversine_on_another_sphere(client):
+    """sphere_radius as simjoin's: eps and distances in metres on that sphere (radians on
+    the unit sphere); the halo follows it (a wrong one would lose pairs across leaves)."""
+    rng = np.random.default_rng(43)
+    X = np.column_stack([rng.uniform(-80, 80, 3000), rng.uniform(-180, 180, 3000)])
+    Y = np.column_stack([rng.uniform(-80, 80, 500), rng.uniform(-180, 180, 500)])
+    for radius, eps in ((1.0, 0.02), (1_737_400.0, 40_000.0)):  # radians; the Moon, metres
+        want = simjoin.self_join(X, eps, metric="haversine", sphere_radius=radius)
+        assert len(want) > 100
+        got = sjd.self_join(da.from_array(X, chunks=700), eps, metric="haversine", partitions=12,
+                            sphere_radius=radius).compute()
+        assert_same_pairs(got, want)
+        want_ab = simjoin.join(X, Y, eps, metric="haversine", sphere_radius=radius)
+        got_ab = sjd.join(da.from_array(X, chunks=700), da.from_array(Y, chunks=200), eps, metric="haversine",
+                          partitions=8, sphere_radius=radius).compute()
+        assert_same_pairs(got_ab, want_ab)
+        pairs, dist = simjoin.self_join(X, eps, metric="haversine", sphere_radius=radius, return_distance=True)
+        got = sjd.self_join(da.from_array(X, chunks=700), eps, metric="haversine", partitions=12,
+                            sphere_radius=radius, return_distance=True).compute().sort_values(["i", "j"])
+        np.testing.assert_array_equal(got[["i", "j"]].to_numpy(), pairs.astype(np.int64))
+        np.testing.assert_array_equal(got["distance"].to_numpy(), dist)
+    p = sjd.plan(da.from_array(X, chunks=700), 0.02, metric="haversine", sphere_radius=1.0, partitions=6)
+    with pytest.raises(simjoin.InvalidArgumentError, match="sphere_radius"):
+        sjd.self_join(da.from_array(X, chunks=700), 0.02, metric="haversine", plan=p)
+    with pytest.raises(simjoin.InvalidArgumentError, match="sphere_radius"):
+        sjd.self_join(da.from_array(X, chunks=700), 0.02, metric="haversine", sphere_radius=-1.0)
+
+
 def test_errors(client):
     X = np.random.default_rng(0).random((100, 2))
     bad = X.copy()

@@ -303,13 +303,15 @@ def _space(x, metric):
     return x
 
 
-def _coordinate_bound(metric, eps):
+def _coordinate_bound(metric, eps, sphere_radius=None):
     """The largest coordinate difference (in `_space`) of a pair within eps, before the
-    halo's widening for rounding."""
+    halo's widening for rounding (haversine: on a sphere of `sphere_radius` metres, None
+    for the Earth's)."""
     if metric == "cosine":
         return math.sqrt(2.0 * eps + 1e-12)
     if metric == "haversine":
-        return 2.0 * math.sin(min(eps / _native.EARTH_RADIUS_M, math.pi) / 2.0)
+        radius = _native.EARTH_RADIUS_M if sphere_radius is None else float(sphere_radius)
+        return 2.0 * math.sin(min(eps / radius, math.pi) / 2.0)
     return eps
 
 
@@ -401,10 +403,10 @@ def _distances(xa, xb, la, lb, metric):
 def _block(data, i, j, spec):
     """Worker task: the pairs of block pair (i, j) of one leaf as a pandas DataFrame."""
     _maybe_fault()
-    mode, eps, metric, backend, threads, return_distance, k = spec
+    mode, eps, metric, backend, threads, return_distance, k, sphere_radius = spec
     og, ox, hg, hx = data
     bounds = np.linspace(0, len(og), k + 1).astype(np.int64)
-    kw = dict(metric=metric, backend=backend, sorted=False, threads=threads)
+    kw = dict(metric=metric, backend=backend, sorted=False, threads=threads, sphere_radius=sphere_radius)
     parts = []  # (ids left, ids right, points left, points right, local pairs)
 
     # Cosine and haversine distances are the engine's (NumPy has not their rules).
@@ -464,8 +466,9 @@ class Plan:
     per-task own points, halo points and pairs, their max/mean ratios, and the totals. Pass
     a plan back to ``self_join``/``join`` (``plan=``) to run it without sampling again."""
 
-    def __init__(self, mode, eps, metric, dims, dtype, tree, h, blocks, stats, token, lengths):
+    def __init__(self, mode, eps, metric, dims, dtype, tree, h, blocks, stats, token, lengths, sphere_radius=None):
         self.mode, self.eps, self.metric, self.dims, self.dtype = mode, eps, metric, dims, dtype
+        self.sphere_radius = sphere_radius
         self.tree, self.h, self.blocks, self.stats = tree, h, blocks, stats
         self._token, self._lengths = token, lengths
 
@@ -517,7 +520,7 @@ def _weighted_cut(v, w):
 
 
 def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, seed, pair_cost=PAIR_COST,
-               backend="cpu"):
+               backend="cpu", sphere_radius=None):
     """Samples the input(s) and grows the tree (see the module docstring)."""
     eps = float(eps)
     if not (math.isfinite(eps) and eps > 0):
@@ -546,7 +549,8 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     rng = np.random.default_rng(seed)
 
     # Sample pairs (p, q) (indices into xs; for a join p is from A, q from B) and weights.
-    kw = dict(metric=metric, backend=backend)
+    # (The engine checks sphere_radius: a number of metres, and only for haversine.)
+    kw = dict(metric=metric, backend=backend, sphere_radius=sphere_radius)
     if mode == "self":
         count = _sj_self_join(xs, eps, output="count", **kw) if len(xs) else 0
         sub = np.arange(len(xs))
@@ -584,7 +588,7 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     # The tree cuts `_space`'s coordinates (the rows, or their unit vectors).
     xs64 = np.asarray(_space(xs, metric), np.float64)
     space_dims = xs64.shape[1]
-    h_rel = _coordinate_bound(metric, eps) * (1.0 + 2.0**-10)
+    h_rel = _coordinate_bound(metric, eps, sphere_radius) * (1.0 + 2.0**-10)
 
     # Tree growth. node_of: sample point -> leaf node; pair_owner: sample pair -> leaf node.
     dim_l, cut_l, left_l, right_l = [0], [0.0], [-1], [-1]
@@ -763,14 +767,14 @@ def _make_plan(mode, eps, metric, inputs, partitions, sample_size, max_skew, see
     }
     lengths = [s[0] for s in summaries]
     token = tuple(inp.token for inp in inputs)
-    return Plan(mode, eps, metric, dims, dtype, tree, h, blocks.tolist(), stats, token, lengths)
+    return Plan(mode, eps, metric, dims, dtype, tree, h, blocks.tolist(), stats, token, lengths, sphere_radius)
 
 
 # --------------------------------------------------------------------------- public API
 
 
 def plan(points, eps, *, points_b=None, metric="euclidean", partitions=None, columns=None,
-         sample_size=20_000, max_skew=1.5, pair_cost=PAIR_COST, seed=0):
+         sample_size=20_000, max_skew=1.5, pair_cost=PAIR_COST, seed=0, sphere_radius=None):
     """Plans a self-join of `points` (or, with `points_b`, the join points x points_b)
     without running it: returns a ``Plan`` whose ``stats`` dict reports the balance
     (per-task estimated points and pairs, max/mean ratios). Reads the input once (a sample
@@ -778,13 +782,14 @@ def plan(points, eps, *, points_b=None, metric="euclidean", partitions=None, col
     the number of input chunks, more for big inputs); ``max_skew``: leaves or tasks
     estimated to cost more than this many times the mean are split further; ``pair_cost``:
     the cost of a pair relative to a point in the planner's cost model (0 cuts on point
-    counts alone, ignoring where the pairs are: for comparison)."""
+    counts alone, ignoring where the pairs are: for comparison); ``sphere_radius``: as for
+    ``self_join``."""
     inputs = [_Input(points, columns, "points")]
     if points_b is not None:
         inputs.append(_Input(points_b, columns, "points_b"))
     mode = "self" if points_b is None else "join"
     return _make_plan(mode, eps, metric, inputs, partitions, int(sample_size), float(max_skew), seed,
-                      float(pair_cost))
+                      float(pair_cost), sphere_radius=sphere_radius)
 
 
 def _meta(dtype, return_distance):
@@ -794,18 +799,20 @@ def _meta(dtype, return_distance):
     return pd.DataFrame(cols)
 
 
-def _build(mode, inputs, eps, metric, backend, return_distance, partitions, threads, the_plan):
+def _build(mode, inputs, eps, metric, backend, return_distance, partitions, threads, the_plan,
+           sphere_radius=None):
     metric = str(metric).lower()
     if backend.lower() not in _native.BACKENDS:
         raise _invalid(f"unknown backend {backend!r} (expected one of: {', '.join(_native.BACKENDS)})")
     if the_plan is None:
-        the_plan = _make_plan(mode, eps, metric, inputs, partitions, 20_000, 1.5, 0)
+        the_plan = _make_plan(mode, eps, metric, inputs, partitions, 20_000, 1.5, 0,
+                              sphere_radius=sphere_radius)
         lengths = the_plan._lengths
     else:
         if the_plan.mode != mode:
             raise _invalid(f"the plan is for a {the_plan.mode} join")
-        if float(eps) != the_plan.eps or metric != the_plan.metric:
-            raise _invalid("the plan was made for another eps or metric")
+        if float(eps) != the_plan.eps or metric != the_plan.metric or sphere_radius != the_plan.sphere_radius:
+            raise _invalid("the plan was made for another eps, metric or sphere_radius")
         if the_plan._token == tuple(i.token for i in inputs):
             lengths = the_plan._lengths
         else:
@@ -830,7 +837,7 @@ def _build(mode, inputs, eps, metric, backend, return_distance, partitions, thre
     out = []
     for c in range(L):
         k = int(the_plan.blocks[c])
-        spec = (mode, float(eps), metric, backend, threads, bool(return_distance), k)
+        spec = (mode, float(eps), metric, backend, threads, bool(return_distance), k, sphere_radius)
         if k == 1:
             out.append(dask.delayed(_leaf_join, pure=False)(spec, n_a, *per_leaf[c]))
             continue
@@ -841,7 +848,7 @@ def _build(mode, inputs, eps, metric, backend, return_distance, partitions, thre
 
 
 def self_join(points, eps, *, metric="euclidean", backend="auto", return_distance=False, partitions=None,
-              columns=None, threads=None, plan=None):
+              columns=None, threads=None, plan=None, sphere_radius=None):
     """All pairs of rows of `points` within distance `eps`, as a lazy dask.dataframe with
     columns i, j (int64 global row numbers, i < j) and, with return_distance=True,
     ``distance`` (computed with NumPy on the worker in the input's precision: float64 for
@@ -854,16 +861,18 @@ def self_join(points, eps, *, metric="euclidean", backend="auto", return_distanc
     first); the join runs when the result is computed or written (``.to_parquet()``).
     metric and backend are simjoin's; threads: the engine's CPU threads per worker process
     (None: all cores). partitions: see ``plan()``; plan: a ``Plan`` from ``plan()``.
+    sphere_radius: haversine's sphere in metres, as for ``simjoin.self_join`` (None: the
+    Earth's mean radius).
     """
     return _build("self", [_Input(points, columns, "points")], eps, metric, backend, return_distance,
-                  partitions, threads, plan)
+                  partitions, threads, plan, sphere_radius)
 
 
 def join(points_a, points_b, eps, *, metric="euclidean", backend="auto", return_distance=False, partitions=None,
-         columns=None, threads=None, plan=None):
+         columns=None, threads=None, plan=None, sphere_radius=None):
     """All pairs (i, j), row i of points_a and row j of points_b, within distance `eps`, as a
     lazy dask.dataframe (columns i, j, optionally distance); the pair set is exactly that of
     ``simjoin.join``. A float32 input joined with a float64 one is joined in float64.
     Keywords as for ``self_join``."""
     inputs = [_Input(points_a, columns, "points_a"), _Input(points_b, columns, "points_b")]
-    return _build("join", inputs, eps, metric, backend, return_distance, partitions, threads, plan)
+    return _build("join", inputs, eps, metric, backend, return_distance, partitions, threads, plan, sphere_radius)
