@@ -184,6 +184,11 @@ where
     Ok(report)
 }
 
+/// Multiply-adds of a grouped plan's comparisons (`Plan::work`) from which `auto` sends
+/// them to a hardware GPU (about a second of two CPU cores' work; a guess until measured on
+/// a GPU: bench/device/cosine.py).
+const AUTO_GPU_WORK: f64 = 2e10;
+
 /// The grouped join of clustered vectors (`cpu/partition.rs`): the plan on the CPU, its
 /// comparisons on the device where the join runs on a GPU (`gpu/grouped.rs`), else on the
 /// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread and
@@ -226,14 +231,30 @@ fn grouped<'d, T: Coord>(
             };
             let plan = plan?;
             let threads = rayon::current_num_threads();
-            let on_device =
-                engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit))?;
+            // Under `auto` the device takes only plans with much work: opening it and
+            // uploading the rows cost more than a small plan's comparisons on the CPU.
+            let worth =
+                opts.backend != crate::options::Backend::Auto || plan.work() >= AUTO_GPU_WORK;
+            let mut fallback = String::new();
+            let on_device = match worth
+                .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
+            {
+                // Out of device memory before any candidate came: the CPU compares instead.
+                Some(Err(e))
+                    if e.kind() == crate::error::ErrorKind::OutOfDeviceMemory
+                        && candidates.load(std::sync::atomic::Ordering::Relaxed) == 0 =>
+                {
+                    fallback = format!("; the GPU ran out of memory ({e}): compared on the CPU");
+                    None
+                }
+                other => other.transpose()?.flatten(),
+            };
             Ok(Some(match on_device {
                 Some((note, device)) => (note, "gpu".into(), device),
                 None => {
                     let compared = partition::compare(&plan, &opts.control, &emit)?;
                     (
-                        plan.note(compared),
+                        plan.note(compared) + &fallback,
                         "cpu".into(),
                         format!("cpu ({threads} threads)"),
                     )

@@ -816,6 +816,29 @@ impl Plan {
         Some((sa, near(gb, rb, g, ga.radius[g as usize]), false))
     }
 
+    /// Multiply-adds of comparing every pair of groups whole (an upper bound on the
+    /// comparisons' work).
+    pub(crate) fn work(&self) -> f64 {
+        self.grouped_pairs() * self.dim as f64
+    }
+
+    /// Vector pairs in the pairs of groups (a group with itself: n(n-1)/2).
+    fn grouped_pairs(&self) -> f64 {
+        let (ga, gb) = (&self.ga, self.gb());
+        let size = |g: &Groups, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
+        self.pairs
+            .par_iter()
+            .map(|&(g, h, _)| {
+                let (a, b) = (size(ga, g), size(gb, h));
+                if self.self_join && g == h {
+                    a * (a - 1.0) / 2.0
+                } else {
+                    a * b
+                }
+            })
+            .sum()
+    }
+
     /// An estimate, from a sample of the pairs of groups, of the share of all vector pairs
     /// that [`Plan::members`] leaves to compare.
     fn compared_share(&self) -> f64 {
@@ -835,13 +858,7 @@ impl Plan {
                 (kept, of)
             })
             .reduce(|| (0.0, 0.0), |x, y| (x.0 + y.0, x.1 + y.1));
-        let grouped: f64 = self
-            .pairs
-            .par_iter()
-            .map(|&(g, h, _)| {
-                size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 }
-            })
-            .sum();
+        let grouped = self.grouped_pairs();
         let (na, nb) = (ga.order.len() as f64, gb.order.len() as f64);
         let all = if self.self_join {
             na * na / 2.0

@@ -155,18 +155,39 @@ pub(super) fn run(
     } else {
         ctx.upload(&plan.gb().rows, "grouped rows B")?
     };
-    let mut slots = (0..2)
-        .map(|i| -> Result<Slot> {
-            Ok(Slot {
-                stream: Stream::new(ctx, i)?,
-                list: None,
-                tiles: None,
-                pairs: Buffer::new(ctx, capacity as u64 * 8, Memory::Readback, "grouped pairs")?,
-                counter: Buffer::new(ctx, 16, Memory::Readback, "grouped counter")?,
-                flight: None,
+    // Two slots; their result buffers halved while the device is out of memory (down to
+    // one tile's pairs).
+    let asked = capacity;
+    let mut capacity = capacity;
+    let mut slots = loop {
+        let made = (0..2)
+            .map(|i| -> Result<Slot> {
+                Ok(Slot {
+                    stream: Stream::new(ctx, i)?,
+                    list: None,
+                    tiles: None,
+                    pairs: Buffer::new(
+                        ctx,
+                        capacity as u64 * 8,
+                        Memory::Readback,
+                        "grouped pairs",
+                    )?,
+                    counter: Buffer::new(ctx, 16, Memory::Readback, "grouped counter")?,
+                    flight: None,
+                })
             })
-        })
-        .collect::<Result<Vec<_>>>()?;
+            .collect::<Result<Vec<_>>>();
+        match made {
+            Ok(slots) => break slots,
+            Err(e)
+                if e.kind() == crate::error::ErrorKind::OutOfDeviceMemory
+                    && capacity > (SIDE * SIDE) as u32 =>
+            {
+                capacity = (capacity / 2).max((SIDE * SIDE) as u32);
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let base = Params {
         rows_a: rows_a.device_address(),
         rows_b: rows_b.device_address(),
@@ -240,8 +261,13 @@ pub(super) fn run(
     }
     control.check()?;
     Ok(format!(
-        "{}; on the GPU: {tiles} tiles of 32 x 32 in {batches} batches{}",
+        "{}; on the GPU: {tiles} tiles of 32 x 32 in {batches} batches, result buffers of {capacity} pairs{}{}",
         plan.note(compared),
+        if capacity < asked {
+            format!(" (of {asked} asked: out of device memory)")
+        } else {
+            String::new()
+        },
         if reruns > 0 {
             format!(", {reruns} parts run again after a full result buffer")
         } else {
