@@ -89,6 +89,20 @@ pub(crate) trait JoinBackend: Send + Sync {
         Ok(None)
     }
 
+    /// Each row of `x` (f32 unit vectors, `dim` wide)'s nearest of `leaders` and that f32
+    /// dot product, for a grouped cosine join's plan (`cpu/partition.rs`), where this
+    /// backend finds them itself (a GPU); `None`: it does not, and the CPU does.
+    fn nearest_leaders(
+        &self,
+        x: &[f32],
+        dim: usize,
+        leaders: &[f32],
+        control: &crate::control::Control,
+    ) -> Result<Option<Vec<(u32, f32)>>> {
+        let _ = (x, dim, leaders, control);
+        Ok(None)
+    }
+
     /// The exact k-nearest-neighbour join (see `knn.rs` for the answer's definition).
     /// `ErrorKind::Unsupported` when this backend has not the asked algorithm.
     fn knn(&self, job: &KnnJob) -> Result<KnnResult> {

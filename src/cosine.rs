@@ -226,7 +226,38 @@ fn grouped<'d, T: Coord>(
         };
         let compared = || -> Result<Option<(String, String, String)>> {
             use crate::cpu::partition;
-            let Some(plan) = partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control) else {
+            // The leaders' assignment (rows x leaders dot products) on the device where the
+            // join runs on a GPU, under `auto` from AUTO_GPU_WORK multiply-adds.
+            let assigned = std::sync::Mutex::new(String::new());
+            let assign = |x: &[f32], leaders: &[f32]| -> Option<Vec<(u32, f32)>> {
+                let work = x.len() as f64 * (leaders.len() / dim) as f64;
+                if opts.backend == crate::options::Backend::Auto && work < AUTO_GPU_WORK {
+                    return None;
+                }
+                let found = engine.on_device_any_metric(opts, |gpu| {
+                    gpu.nearest_leaders(x, dim, leaders, &opts.control)
+                });
+                let mut note = assigned.lock().unwrap_or_else(|p| p.into_inner());
+                match found {
+                    Ok(Some(v)) => {
+                        *note = "cosine: leaders assigned on the GPU".into();
+                        Some(v)
+                    }
+                    Ok(None) => None,
+                    // Stopped: the CPU's pass sees the stop too and ends the plan.
+                    Err(_) if opts.control.is_cancelled() => None,
+                    Err(e) => {
+                        *note = format!(
+                            "cosine: the GPU's assignment failed ({e}): assigned on the CPU"
+                        );
+                        None
+                    }
+                }
+            };
+            let planned =
+                partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign));
+            let assigned = assigned.into_inner().unwrap_or_else(|p| p.into_inner());
+            let Some(plan) = planned else {
                 return Ok(None);
             };
             let plan = plan?;
@@ -249,8 +280,13 @@ fn grouped<'d, T: Coord>(
                 }
                 other => other.transpose()?.flatten(),
             };
+            let fallback = if assigned.is_empty() {
+                fallback
+            } else {
+                format!("{fallback}; {assigned}")
+            };
             Ok(Some(match on_device {
-                Some((note, device)) => (note, "gpu".into(), device),
+                Some((note, device)) => (note + &fallback, "gpu".into(), device),
                 None => {
                     let compared = partition::compare(&plan, &opts.control, &emit)?;
                     (

@@ -432,7 +432,8 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
     }
 }
 
-/// The grouped join's comparisons on the GPU (`gpu/grouped.rs`, lavapipe, validation on):
+/// The grouped join's assignment and comparisons on the GPU (`gpu/grouped.rs`, lavapipe,
+/// validation on):
 /// the rule's set exactly, self-join and A ⋈ B, f32 and f64, pairs, counts and streams; a
 /// result buffer of one tile's pairs forces many batches and parts run again after it
 /// fills (none lost); the notes prove the device ran the tiles and the reruns happened.
@@ -465,6 +466,10 @@ fn gpu_grouped_join_matches_the_rule() {
                 let got = engine().self_join(&a, &o).unwrap();
                 let notes = got.report.notes.join("; ");
                 assert!(notes.contains("on the GPU: "), "{what}: {notes}");
+                assert!(
+                    notes.contains("leaders assigned on the GPU"),
+                    "{what}: {notes}"
+                );
                 assert_eq!(got.report.backend, "gpu", "{what}");
                 assert_eq!(
                     notes.contains("run again after a full result buffer"),

@@ -236,7 +236,7 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
         return None;
     }
     let (mut leaders, radius) = stepped_leaders(x, dim, control)?;
-    let groups = group(x, dim, &mut leaders, radius, true, control)?;
+    let groups = group(x, dim, &mut leaders, radius, true, control, None)?;
     Some(Index {
         leaders,
         groups,
@@ -641,6 +641,11 @@ fn nearest_leaders(
     Some(nearest)
 }
 
+/// Where a device finds each row's nearest leader (`gpu/grouped.rs`): rows and leaders in,
+/// each row's leader and f32 dot product out, as [`nearest_leaders`] answers; None: the CPU
+/// finds them.
+pub(crate) type Assign<'a> = dyn Fn(&[f32], &[f32]) -> Option<Vec<(u32, f32)>> + Sync + 'a;
+
 /// Rounds of [`group`]'s search for clusters the leaders' sample missed.
 const COVER_ROUNDS: usize = 4;
 
@@ -658,11 +663,15 @@ fn group(
     radius: f64,
     extend: bool,
     control: &Control,
+    assign: Option<&Assign>,
 ) -> Option<Groups> {
     let n = x.len() / dim;
     let near = near_dot(radius);
     control.stage("cosine: grouping", n as u64);
-    let mut nearest = nearest_leaders(x, dim, leaders, near, control, true)?;
+    let mut nearest = match assign.and_then(|f| f(x, leaders)) {
+        Some(found) => found,
+        None => nearest_leaders(x, dim, leaders, near, control, true)?,
+    };
     if extend {
         for _ in 0..COVER_ROUNDS {
             let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
@@ -882,13 +891,15 @@ impl Plan {
 
 /// The grouped plan of the self-join (`b` None) or A ⋈ B of the unit vectors `a`, `b`
 /// (f32 copies, `dim` wide) within Euclidean distance `eps`; None where the data show no
-/// clusters (or too few vectors or dimensions), Some(Err) where `control` stopped.
+/// clusters (or too few vectors or dimensions), Some(Err) where `control` stopped. With
+/// `assign`, a device may find each vector's nearest leader.
 pub(crate) fn plan(
     a: &[f32],
     b: Option<&[f32]>,
     dim: usize,
     eps: f64,
     control: &Control,
+    assign: Option<&Assign>,
 ) -> Option<crate::error::Result<Plan>> {
     let na = a.len() / dim;
     if na < MIN_POINTS || dim < 16 {
@@ -905,11 +916,11 @@ pub(crate) fn plan(
             _ => return stopped(),
         },
     };
-    let Some(ga) = group(a, dim, &mut lead, radius, true, control) else {
+    let Some(ga) = group(a, dim, &mut lead, radius, true, control, assign) else {
         return stopped();
     };
     let gb = match b {
-        Some(b) => match group(b, dim, &mut lead, radius, false, control) {
+        Some(b) => match group(b, dim, &mut lead, radius, false, control, assign) {
             Some(g) => Some(g),
             None => return stopped(),
         },
@@ -1134,7 +1145,7 @@ mod tests {
             .collect();
         let mut l = leaders(&x, dim, radius, &control).unwrap();
         let before = l.len() / dim;
-        let g = group(&x, dim, &mut l, radius, true, &control).unwrap();
+        let g = group(&x, dim, &mut l, radius, true, &control, None).unwrap();
         assert!(l.len() / dim > before, "no leaders added");
         assert_eq!(g.start.len(), l.len() / dim + 1);
         let worst = g.to_leader.iter().copied().fold(0.0f64, f64::max);

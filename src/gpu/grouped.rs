@@ -394,3 +394,86 @@ impl Job<'_> {
         Ok(reruns)
     }
 }
+
+/// Matches `Params` in glsl/nearest_leaders.comp.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AssignParams {
+    rows: u64,
+    leaders: u64,
+    out: u64,
+    first_row: u32,
+    n_rows: u32,
+    k: u32,
+    dim: u32,
+}
+
+/// Each row of `x` (f32 unit vectors, `dim` wide)'s nearest of `leaders` on the device:
+/// (leader, f32 dot product), the first of equal ones, as `partition::nearest_leaders`
+/// answers on the CPU (up to the order of the f32 sums). In dispatches of a bounded size,
+/// `control` read between them.
+pub(super) fn nearest_leaders(
+    ctx: &Arc<Context>,
+    x: &[f32],
+    dim: usize,
+    leaders: &[f32],
+    control: &Control,
+) -> Result<Vec<(u32, f32)>> {
+    let (n, k) = (x.len() / dim, leaders.len() / dim);
+    if n == 0 || k == 0 {
+        return Ok(vec![(0, f32::NEG_INFINITY); n]);
+    }
+    if n > u32::MAX as usize || k > u32::MAX as usize || dim > u32::MAX as usize / 4 {
+        return Err(Error::invalid(
+            "too many rows or leaders for the GPU's assignment",
+        ));
+    }
+    let kernel = ctx.kernel(
+        "nearest_leaders",
+        shaders::NEAREST_LEADERS,
+        &KernelSpec::new(WORKGROUP).push_bytes(size_of::<AssignParams>() as u32),
+    )?;
+    let rows = ctx.upload(x, "assignment rows")?;
+    let lead = ctx.upload(leaders, "assignment leaders")?;
+    let out = Buffer::new(ctx, n as u64 * 8, Memory::Readback, "assignment out")?;
+    // Rows a dispatch: about 2^32 multiply-adds on a GPU (milliseconds), 2^27 on a software
+    // device (a short wait for a stop), whole workgroups.
+    let work = (k * dim).max(1) as u64;
+    let budget: u64 = if ctx.is_software() { 1 << 27 } else { 1 << 32 };
+    let step = ((budget / work) as usize / SIDE).max(1) * SIDE;
+    let mut stream = Stream::new(ctx, 0)?;
+    for first in (0..n).step_by(step) {
+        control.check()?;
+        let m = step.min(n - first);
+        let p = AssignParams {
+            rows: rows.device_address(),
+            leaders: lead.device_address(),
+            out: out.device_address(),
+            first_row: first as u32,
+            n_rows: m as u32,
+            k: k as u32,
+            dim: dim as u32,
+        };
+        let groups = m.div_ceil(SIDE) as u64;
+        stream.dispatch_threads(
+            &kernel,
+            groups * WORKGROUP as u64,
+            &[],
+            bytemuck::bytes_of(&p),
+        )?;
+        stream.keep_alive((rows.clone(), lead.clone(), out.clone()))?;
+        stream.submit()?.wait()?;
+        control.advance(m as u64, 0);
+    }
+    let raw: Vec<[u32; 2]> = out.read_vec(0, n)?;
+    Ok(raw
+        .into_iter()
+        .map(|[j, bits]| {
+            if (j as usize) < k {
+                (j, f32::from_bits(bits))
+            } else {
+                (0, f32::NEG_INFINITY)
+            }
+        })
+        .collect())
+}

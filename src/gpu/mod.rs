@@ -107,6 +107,16 @@ impl JoinBackend for GpuBackend {
         knn::run(&self.ctx, job)
     }
 
+    fn nearest_leaders(
+        &self,
+        x: &[f32],
+        dim: usize,
+        leaders: &[f32],
+        control: &crate::control::Control,
+    ) -> Result<Option<Vec<(u32, f32)>>> {
+        grouped::nearest_leaders(&self.ctx, x, dim, leaders, control).map(Some)
+    }
+
     fn grouped(
         &self,
         plan: &crate::cpu::partition::Plan,

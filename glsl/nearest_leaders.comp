@@ -1,0 +1,123 @@
+#version 460
+// The grouped cosine join's assignment on the device (src/gpu/grouped.rs): each of 32 rows
+// a workgroup takes meets every leader in tiles of 32 (f32 dot products, coordinates
+// staged in shared memory as in grouped_tiles.comp), and its largest product and that
+// leader (the first of equal ones) are written to `out` as (leader, float bits). Only the
+// choice of leaders rests on it: the join's bounds are measured on whatever leader a row
+// gets (cpu/partition.rs `group`).
+#extension GL_EXT_buffer_reference : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#include "common.glsl"
+
+const uint SIDE = 32;
+const uint CHUNK = 32;
+
+layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F32s { float v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) writeonly buffer Out { uvec2 v[]; };
+
+layout(push_constant) uniform Params {
+    uint64_t rows;
+    uint64_t leaders;
+    Out out_best;
+    // Rows first_row .. first_row + n_rows of `rows`, their answers at the same places.
+    uint first_row;
+    uint n_rows;
+    uint k;
+    uint dim;
+};
+
+shared float sa[CHUNK * SIDE];
+shared float sb[CHUNK * SIDE];
+shared float red_val[SIDE * 8];
+shared uint red_idx[SIDE * 8];
+
+void main() {
+    uint base = linear_workgroup() * SIDE;
+    // Surplus workgroups of a 2-D grid; uniform across the workgroup.
+    if (base >= n_rows) {
+        return;
+    }
+    uint na = min(SIDE, n_rows - base);
+    uint lid = gl_LocalInvocationID.x;
+    uint tx = lid % 8u;
+    uint ty = lid / 8u;
+    float best[4];
+    uint best_at[4];
+    for (uint r = 0; r < 4; r++) {
+        best[r] = -3.0e38;
+        best_at[r] = 0xFFFFFFFFu;
+    }
+    for (uint l0 = 0; l0 < k; l0 += SIDE) {
+        uint nb = min(SIDE, k - l0);
+        float acc[4][4];
+        for (uint r = 0; r < 4; r++) {
+            for (uint q = 0; q < 4; q++) {
+                acc[r][q] = 0.0;
+            }
+        }
+        for (uint c0 = 0; c0 < dim; c0 += CHUNK) {
+            for (uint e = lid; e < CHUNK * SIDE; e += WORKGROUP_SIZE) {
+                uint row = e / CHUNK;
+                uint c = e % CHUNK;
+                float va = 0.0;
+                float vb = 0.0;
+                if (c0 + c < dim) {
+                    if (row < na) {
+                        va = F32s(rows + (uint64_t(first_row + base + row) * dim + c0 + c) * 4ul).v[0];
+                    }
+                    if (row < nb) {
+                        vb = F32s(leaders + (uint64_t(l0 + row) * dim + c0 + c) * 4ul).v[0];
+                    }
+                }
+                sa[c * SIDE + row] = va;
+                sb[c * SIDE + row] = vb;
+            }
+            barrier();
+            uint steps = min(CHUNK, dim - c0);
+            for (uint c = 0; c < steps; c++) {
+                float a[4];
+                float b[4];
+                for (uint r = 0; r < 4; r++) {
+                    a[r] = sa[c * SIDE + ty + 8u * r];
+                    b[r] = sb[c * SIDE + tx + 8u * r];
+                }
+                for (uint r = 0; r < 4; r++) {
+                    for (uint q = 0; q < 4; q++) {
+                        acc[r][q] = fma(a[r], b[q], acc[r][q]);
+                    }
+                }
+            }
+            barrier();
+        }
+        // Leaders in increasing index: a tie keeps the earlier one.
+        for (uint q = 0; q < 4; q++) {
+            uint y = tx + 8u * q;
+            if (y < nb) {
+                for (uint r = 0; r < 4; r++) {
+                    if (acc[r][q] > best[r]) {
+                        best[r] = acc[r][q];
+                        best_at[r] = l0 + y;
+                    }
+                }
+            }
+        }
+    }
+    for (uint r = 0; r < 4; r++) {
+        red_val[(ty + 8u * r) * 8u + tx] = best[r];
+        red_idx[(ty + 8u * r) * 8u + tx] = best_at[r];
+    }
+    barrier();
+    if (lid < na) {
+        float v = red_val[lid * 8u];
+        uint at = red_idx[lid * 8u];
+        for (uint t = 1; t < 8u; t++) {
+            float w = red_val[lid * 8u + t];
+            uint j = red_idx[lid * 8u + t];
+            if (w > v || (w == v && j < at)) {
+                v = w;
+                at = j;
+            }
+        }
+        out_best.v[first_row + base + lid] = uvec2(at, floatBitsToUint(v));
+    }
+}
