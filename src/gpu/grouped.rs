@@ -1,6 +1,8 @@
-//! The grouped cosine join's comparisons on the GPU: the host plans (`cpu/partition.rs`:
-//! leaders, groups, the pairs of groups the bounds keep, each pair's members that can
-//! meet), the device computes every f32 dot product of those members in 32 x 32 tiles
+//! The grouped cosine join on the GPU: the host plans (`cpu/partition.rs`: leaders, groups,
+//! the pairs of groups the bounds keep, each pair's members that can meet), with each
+//! vector's nearest leader found on the device ([`nearest_leaders`],
+//! glsl/nearest_leaders.comp: every rows x leaders dot product, the largest kept); the
+//! device computes every f32 dot product of the members in 32 x 32 tiles
 //! (glsl/grouped_tiles.comp) and returns the pairs at or above the plan's floor, and the
 //! host confirms them by the cosine rule (the caller's `emit`). The candidates are the
 //! CPU path's (`partition::compare`): the same bound on the same f32 copies, so the
