@@ -1,8 +1,8 @@
 //! Cosine joins (`Metric::Cosine`) on every backend: the vectors are normalised (a copy,
 //! in the input precision), joined under Euclidean distance at an eps widened to cover
 //! every rounding, and each candidate pair is confirmed by cosine's written rule
-//! (`metric::cosine_within`), so the answer is the rule's set whichever backend and
-//! algorithm found the candidates.
+//! (`metric::cosine_within`, through `cosine_within_fast`'s proven shortcut), so the
+//! answer is the rule's set whichever backend and algorithm found the candidates.
 //!
 //! Why the widened Euclidean join finds every pair: for unit vectors u, v,
 //! |u - v|^2 = 2 - 2 cos. A pair the rule accepts (f64 sums of at most D + 1 roundings
@@ -17,7 +17,7 @@
 use crate::dataset::{Coords, Dataset};
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::metric::{check_norm, cosine_within, norm, threshold, Coord};
+use crate::metric::{check_norm, cosine_within_fast, norm, threshold, Coord};
 use crate::options::{JoinOptions, Metric};
 use crate::result::{Confirm, JoinReport, Pair, PairSink};
 use rayon::prelude::*;
@@ -81,7 +81,7 @@ impl<T: Coord> Rule<'_, T> {
     fn accepts(&self, [i, j]: Pair) -> bool {
         let (i, j) = (i as usize, j as usize);
         let d = self.dim;
-        cosine_within(
+        cosine_within_fast(
             &self.a[i * d..(i + 1) * d],
             &self.b[j * d..(j + 1) * d],
             self.na[i],
