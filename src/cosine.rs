@@ -224,11 +224,12 @@ fn grouped<'d, T: Coord>(
                 _ => Ok(()),
             }
         };
-        let compared = || -> Result<Option<(String, String, String)>> {
+        // The plan's note first, then what fell back to the CPU; the backend; the device.
+        let compared = || -> Result<Option<(Vec<String>, &'static str, String)>> {
             use crate::cpu::partition;
             // The leaders' assignment (rows x leaders dot products) on the device where the
             // join runs on a GPU, under `auto` from AUTO_GPU_WORK multiply-adds.
-            let assigned = std::sync::Mutex::new(String::new());
+            let assigned = std::sync::Mutex::new(None);
             let assign = |x: &[f32], leaders: &[f32]| -> Option<Vec<(u32, f32)>> {
                 let work = x.len() as f64 * (leaders.len() / dim) as f64;
                 if opts.backend == crate::options::Backend::Auto && work < AUTO_GPU_WORK {
@@ -237,36 +238,34 @@ fn grouped<'d, T: Coord>(
                 let found = engine.on_device_any_metric(opts, |gpu| {
                     gpu.nearest_leaders(x, dim, leaders, &opts.control)
                 });
-                let mut note = assigned.lock().unwrap_or_else(|p| p.into_inner());
-                match found {
-                    Ok(Some(v)) => {
-                        *note = "cosine: leaders assigned on the GPU".into();
-                        Some(v)
-                    }
-                    Ok(None) => None,
-                    // Stopped: the CPU's pass sees the stop too and ends the plan.
-                    Err(_) if opts.control.is_cancelled() => None,
-                    Err(e) => {
-                        *note = format!(
-                            "cosine: the GPU's assignment failed ({e}): assigned on the CPU"
-                        );
-                        None
-                    }
-                }
+                let (note, found) = match found {
+                    Ok(Some(v)) => ("cosine: leaders assigned on the GPU".to_string(), Some(v)),
+                    // Not on a device, or stopped (the CPU's pass sees the stop too).
+                    Ok(None) => return None,
+                    Err(_) if opts.control.is_cancelled() => return None,
+                    Err(e) => (
+                        format!("cosine: the GPU's assignment failed ({e}): assigned on the CPU"),
+                        None,
+                    ),
+                };
+                *assigned.lock().unwrap_or_else(|p| p.into_inner()) = Some(note);
+                found
             };
             let planned =
                 partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign));
-            let assigned = assigned.into_inner().unwrap_or_else(|p| p.into_inner());
+            let mut notes: Vec<String> = assigned
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .into_iter()
+                .collect();
             let Some(plan) = planned else {
                 return Ok(None);
             };
             let plan = plan?;
-            let threads = rayon::current_num_threads();
             // Under `auto` the device takes only plans with much work: opening it and
             // uploading the rows cost more than a small plan's comparisons on the CPU.
             let worth =
                 opts.backend != crate::options::Backend::Auto || plan.work() >= AUTO_GPU_WORK;
-            let mut fallback = String::new();
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
             {
@@ -275,47 +274,45 @@ fn grouped<'d, T: Coord>(
                     if e.kind() == crate::error::ErrorKind::OutOfDeviceMemory
                         && candidates.load(std::sync::atomic::Ordering::Relaxed) == 0 =>
                 {
-                    fallback = format!("; the GPU ran out of memory ({e}): compared on the CPU");
+                    notes.push(format!(
+                        "cosine: the GPU ran out of memory ({e}): compared on the CPU"
+                    ));
                     None
                 }
                 other => other.transpose()?.flatten(),
             };
-            let fallback = if assigned.is_empty() {
-                fallback
-            } else {
-                format!("{fallback}; {assigned}")
-            };
-            Ok(Some(match on_device {
-                Some((note, device)) => (note + &fallback, "gpu".into(), device),
+            let (note, backend, device) = match on_device {
+                Some((note, device)) => (note, "gpu", device),
                 None => {
                     let compared = partition::compare(&plan, &opts.control, &emit)?;
+                    let threads = rayon::current_num_threads();
                     (
-                        plan.note(compared) + &fallback,
-                        "cpu".into(),
+                        plan.note(compared),
+                        "cpu",
                         format!("cpu ({threads} threads)"),
                     )
                 }
-            }))
+            };
+            notes.insert(0, note);
+            Ok(Some((notes, backend, device)))
         };
         (compared(), candidates.into_inner(), accepted.into_inner())
     })?;
-    let (note, candidates, accepted) = out;
-    let Some((note, backend, device)) = note? else {
+    let (done, candidates, accepted) = out;
+    let Some((mut notes, backend, device)) = done? else {
         // Declined: nothing was emitted.
         return Ok(None);
     };
+    notes.push(format!(
+        "cosine: {candidates} candidates from f32 dot products, {accepted} confirmed by the cosine rule"
+    ));
     Ok(Some(JoinReport {
         pairs: accepted,
-        backend,
+        backend: backend.into(),
         device,
         algorithm: crate::options::Algorithm::Auto,
         batches: 1,
-        notes: vec![
-            note,
-            format!(
-                "cosine: {candidates} candidates from f32 dot products, {accepted} confirmed by the cosine rule"
-            ),
-        ],
+        notes,
         ..Default::default()
     }))
 }
