@@ -242,21 +242,22 @@ impl FilterBound {
     /// For the canonical Euclidean threshold `thr` (in T) over `dim` dimensions; None when
     /// the threshold is so small that underflow could dominate.
     pub fn new<T: Coord>(thr: T, dim: usize) -> Option<Self> {
+        Self::from_f64::<T>(thr.to_f64(), dim)
+    }
+
+    /// `new` for a threshold that need not be a T value (a kNN's bound on its k-th
+    /// accumulator, `canonical_upper`): the canonical sum in T above `thr` is what it proves.
+    pub fn from_f64<T: Coord>(thr: f64, dim: usize) -> Option<Self> {
         let d = dim as f64;
         let u = T::UNIT_ROUNDOFF;
-        let tiny = if u > 1e-10 {
-            f32::MIN_POSITIVE as f64
-        } else {
-            f64::MIN_POSITIVE
-        };
-        let t_real = (thr.to_f64() + 2.0 * d * tiny) / (1.0 - 2.0 * (d + 3.0) * u);
+        let t_real = (thr + 2.0 * d * tiny::<T>()) / (1.0 - 2.0 * (d + 3.0) * u);
         if !(t_real >= 1e-30) || !t_real.is_finite() {
             return None;
         }
         Some(FilterBound {
             root: t_real.sqrt(),
-            kappa: 4.0 * (d + 16.0) * U32,
-            sigma: (4.0 * d + 16.0) * f32::MIN_POSITIVE as f64,
+            kappa: kappa(dim),
+            sigma: sigma(dim),
         })
     }
 
@@ -287,6 +288,57 @@ impl FilterBound {
     pub fn useful(&self, max_n2: f64) -> bool {
         2.0 * self.kappa * max_n2 < self.root * self.root
     }
+}
+
+/// The bound's relative error of F: kappa (n_a + n_b) + sigma is E (module doc).
+fn kappa(dim: usize) -> f64 {
+    4.0 * (dim as f64 + 16.0) * U32
+}
+
+/// The bound's absolute error of F from flushed subnormals (module doc).
+fn sigma(dim: usize) -> f64 {
+    (4.0 * dim as f64 + 16.0) * f32::MIN_POSITIVE as f64
+}
+
+/// T's smallest normal number: each canonical term's underflow error is below it.
+fn tiny<T: Coord>() -> f64 {
+    if T::UNIT_ROUNDOFF > 1e-10 {
+        f32::MIN_POSITIVE as f64
+    } else {
+        f64::MIN_POSITIVE
+    }
+}
+
+/// An upper bound (f64) on the canonical accumulator C (`metric::accumulate`'s sum in T)
+/// of query a and candidate b, from the kNN kernel's value `f` = F - n_a of the pair
+/// (`survivors_shifted`), the query's n2 `own`, and the same maxima of centring errors
+/// and n2 that `FilterBound::cutoff_less_own` takes. The other side of the module's
+/// bound: F = f + own is within E of D~^2, so D~ <= sqrt(F + E); the real distance D of
+/// the T values is at most D~ + c_a + c_b; and each of C's d terms is (x - y)^2 with a
+/// relative error of at most (1 + u)^2 and an absolute one below tiny (underflow), summed
+/// with d - 1 more roundings of at most u: C <= D^2 (1 + u)^(d+1) + d tiny (1 + u)^d
+/// <= D^2 (1 + 2 (d + 3) u) + 2 d tiny. The f64 arithmetic here is covered by the
+/// relative 1e-9 and the absolute 1e-15 (F + E) where F + E cancels. Non-decreasing in
+/// `f`; +inf for a NaN `f`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn canonical_upper<T: Coord>(
+    f: f32,
+    own: f32,
+    err_a: f64,
+    err_b: f64,
+    n2_a: f64,
+    n2_b: f64,
+    dim: usize,
+) -> f64 {
+    if f.is_nan() {
+        return f64::INFINITY;
+    }
+    let big_f = f as f64 + own as f64;
+    let e = kappa(dim) * (n2_a + n2_b) + sigma(dim);
+    let sq = big_f + e + 1e-15 * (big_f.abs() + e);
+    let r = sq.max(0.0).sqrt() * (1.0 + 1e-9) + err_a + err_b;
+    let d = dim as f64;
+    (r * r * (1.0 + 2.0 * (d + 3.0) * T::UNIT_ROUNDOFF) + 2.0 * d * tiny::<T>()) * (1.0 + 1e-9)
 }
 
 /// The f32 value nearest to `x` from above (x finite or infinite, not NaN).
@@ -506,8 +558,9 @@ unsafe fn survivors_fma(
 /// tile's accumulators start at the candidates' n_b and sum -2 x~_a.x~_b onto them: F - n_a,
 /// evaluated in another order (see the bound's note at `FilterBound`), compared with
 /// `h[i]` = `FilterBound::cutoff_less_own` (or +inf: keep all, -inf: keep none). Calls
-/// `keep(i, j0, mask)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
-/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept), in row
+/// `keep(i, j0, mask, f)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
+/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept; lane l
+/// of `f` is that F - n_a, for `canonical_upper`), in row
 /// tiles `i0 / ROWS` whose bit is set in `tiles` (the others are skipped); when it
 /// returns `Some(g)`, g is query i's cutoff for the tiles after this one (a heap that
 /// tightened filters the rest of the block). Candidates run in the outer loop (a tile of
@@ -519,7 +572,7 @@ pub(crate) fn survivors_shifted(
     h: &mut [f32],
     tiles: u64,
     kernel: Kernel,
-    mut keep: impl FnMut(usize, usize, u16) -> Option<f32>,
+    mut keep: impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     q.check(dim, ROWS);
     c.check(dim, COLS);
@@ -557,7 +610,7 @@ unsafe fn shifted_avx512(
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     use std::arch::x86_64::*;
     let mut j0 = 0;
@@ -604,7 +657,9 @@ unsafe fn shifted_avx512(
                         let mask = m as u32 & tail_mask(c.len, j);
                         m = k[1];
                         if mask != 0 {
-                            if let Some(g) = keep(i0 + r, j, mask as u16) {
+                            let mut vals = [0.0f32; COLS];
+                            _mm512_storeu_ps(vals.as_mut_ptr(), acc[r][half]);
+                            if let Some(g) = keep(i0 + r, j, mask as u16, &vals) {
                                 h[i0 + r] = g;
                                 // The second half is a later tile: it sees the new cutoff.
                                 let gv = _mm512_set1_ps(g);
@@ -626,7 +681,7 @@ fn shifted_portable(
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     for j0 in (0..c.len).step_by(COLS) {
         let cn: &[f32; COLS] = c.n2[j0..][..COLS].try_into().unwrap();
@@ -651,7 +706,7 @@ fn shifted_portable(
                 }
                 mask &= tail_mask(c.len, j0);
                 if mask != 0 {
-                    if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                    if let Some(g) = keep(i0 + r, j0, mask as u16, row) {
                         h[i0 + r] = g;
                     }
                 }
@@ -668,7 +723,7 @@ unsafe fn shifted_fma(
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16) -> Option<f32>,
+    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     use std::arch::x86_64::*;
     let mut j0 = 0;
@@ -711,7 +766,10 @@ unsafe fn shifted_fma(
                     let m1 = _mm256_movemask_ps(k[1]) as u32;
                     let mask = (m0 | m1 << 8) & tail;
                     if mask != 0 {
-                        if let Some(g) = keep(i0 + r, j0, mask as u16) {
+                        let mut vals = [0.0f32; COLS];
+                        _mm256_storeu_ps(vals.as_mut_ptr(), acc[r][0]);
+                        _mm256_storeu_ps(vals.as_mut_ptr().add(8), acc[r][1]);
+                        if let Some(g) = keep(i0 + r, j0, mask as u16, &vals) {
                             h[i0 + r] = g;
                         }
                     }
@@ -920,9 +978,13 @@ mod tests {
             // Row tile 1 (queries 6..12) skipped.
             let tiles = !(1u64 << 1);
             let mut kept = vec![false; nq * nc];
-            survivors_shifted(&q, &c, dim, &mut h, tiles, kernel, |i, j0, mut mask| {
+            survivors_shifted(&q, &c, dim, &mut h, tiles, kernel, |i, j0, mut mask, f| {
                 while mask != 0 {
-                    let j = j0 + mask.trailing_zeros() as usize;
+                    let l = mask.trailing_zeros() as usize;
+                    let j = j0 + l;
+                    // The values reported are F - n_a (within the bound's error).
+                    let shifted = exact(i, j) - qn2[i] as f64;
+                    assert!((f[l] as f64 - shifted).abs() < 1e-3, "{} {shifted}", f[l]);
                     mask &= mask - 1;
                     assert!(j < nc && i < nq);
                     assert!(!kept[i * nc + j], "reported twice");
@@ -956,7 +1018,7 @@ mod tests {
             // A cutoff of -inf returned for query 0 after its first report: nothing more.
             let mut h = vec![f32::INFINITY; qs];
             let mut reports = 0;
-            survivors_shifted(&q, &c, dim, &mut h, !0, kernel, |i, _, _| {
+            survivors_shifted(&q, &c, dim, &mut h, !0, kernel, |i, _, _, _| {
                 if i == 0 {
                     reports += 1;
                     return Some(f32::NEG_INFINITY);

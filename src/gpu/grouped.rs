@@ -138,9 +138,10 @@ pub(super) fn run(
         )));
     }
     let software = ctx.is_software();
-    // Tiles a batch holds: a short wait on a software device (about 0.1 s on lavapipe at
-    // 384-D), a few milliseconds' work on a GPU.
-    let max_tiles = if software { 256 } else { 1 << 16 };
+    // Tiles a batch holds: a short wait on a software device (about 25 ms on lavapipe at
+    // 384-D; a stop waits for two, and 256 took over 250 ms on 2 loaded cores), a few
+    // milliseconds' work on a GPU.
+    let max_tiles = if software { 64 } else { 1 << 16 };
     // Result slots: the option where given (at least one tile's worth), else a default.
     let capacity = opts
         .result_buffer_pairs

@@ -12,12 +12,21 @@
 //! k-th accumulator (with the margin of `Searcher::may_enter`) is skipped, as is a kernel row
 //! tile (6 queries) whose own box cannot enter any of its heaps.
 //!
-//! Each query has a cutoff h = G(w) - n_a (`FilterBound::cutoff_less_own`, w its heap's
-//! k-th accumulator), refreshed as soon as its heap changes (from the next tile on): the kernel
-//! (`survivors_shifted`) rejects a pair when F - n_a > h, which proves that the canonical
-//! accumulator exceeds w; w only ever decreases, so a rejected point could never have
-//! entered. Survivors are measured exactly, a tile's 16 candidates at once (lane l does
-//! exactly the canonical scalar sum of candidate l), and offered to their heap.
+//! Each query has a cutoff h = G(w) - n_a (`FilterBound::cutoff_less_own`), where w is an
+//! upper bound on its final k-th canonical accumulator, refreshed as soon as it tightens
+//! (from the next tile on): the kernel (`survivors_shifted`) rejects a pair when
+//! F - n_a > h, which proves that the canonical accumulator exceeds w, so the point cannot
+//! be among the k nearest. w is the smaller of the k-th accumulator of the exact heap and
+//! `dot_filter::canonical_upper` of the k-th smallest kernel value seen: any k candidates'
+//! largest accumulator bounds the k-th nearest from above.
+//!
+//! Survivors are not measured at once (on 384-D uniform data a query met about 100 tiles
+//! with a survivor, each a 384-long chain of dependent adds: a third of the search). They
+//! wait in the query's pool with their kernel value; the pool drops what a tighter h rules
+//! out, and what the final h leaves (the k nearest and the few within the bound's error of
+//! them) is measured in canonical arithmetic, eight candidates' chains side by side, and
+//! ranked by (accumulator, index). A pool that still holds POOL / 2 after dropping (ties,
+//! duplicates) is measured then and there, so it stays small.
 
 use super::{key_less, Heap, Tree};
 use crate::control::Control;
@@ -35,27 +44,22 @@ const QB: usize = 96;
 const PB: usize = 128;
 /// Leaf size of the trees that order the points (blocks are cut from their leaf order).
 const ORDER_LEAF: usize = 32;
-/// Candidates confirmed together: one kernel column tile.
-const TILE: usize = dot_filter::COLS;
 /// Queries of a kernel row tile.
 const ROWS: usize = dot_filter::ROWS;
 
 /// One side (points or queries) cut into blocks of its tree's leaf order: the filter's f32
-/// copy packed per block, each block's bounding box, and (points) the exact coordinates
-/// column-major per block for the lane-wise confirmation.
-struct Side<T> {
+/// copy packed per block and each block's bounding box.
+struct Side {
     blocks: Vec<Range<usize>>,
     fp: FilterPoints,
     lo: Vec<f64>,
     hi: Vec<f64>,
-    /// Block b's column c, item j at `cols[(b * dim + c) * size + j]` (zero padded).
-    cols: Vec<T>,
 }
 
-impl<T: Coord> Side<T> {
+impl Side {
     /// Blocks of `size` of `tree`'s order, centred on `center`; None when the filter cannot
-    /// take these data. `exact_cols`: keep the column-major exact copy.
-    fn new(tree: &Tree<T>, size: usize, center: &[f64], exact_cols: bool) -> Option<Self> {
+    /// take these data.
+    fn new<T: Coord>(tree: &Tree<T>, size: usize, center: &[f64]) -> Option<Self> {
         let dim = tree.dim;
         let n = tree.ids.len();
         let blocks: Vec<Range<usize>> =
@@ -78,29 +82,7 @@ impl<T: Coord> Side<T> {
                     }
                 }
             });
-        let mut cols = Vec::new();
-        if exact_cols {
-            cols = vec![T::ZERO; blocks.len() * dim * size];
-            cols.par_chunks_mut(dim * size)
-                .zip(blocks.par_iter())
-                .for_each(|(out, r)| {
-                    for (j, p) in tree.pts[r.start * dim..r.end * dim]
-                        .chunks_exact(dim)
-                        .enumerate()
-                    {
-                        for c in 0..dim {
-                            out[c * size + j] = p[c];
-                        }
-                    }
-                });
-        }
-        Some(Side {
-            blocks,
-            fp,
-            lo,
-            hi,
-            cols,
-        })
+        Some(Side { blocks, fp, lo, hi })
     }
 
     fn bounds(&self, b: usize, dim: usize) -> (&[f64], &[f64]) {
@@ -133,39 +115,82 @@ fn box_bound(alo: &[f64], ahi: &[f64], blo: &[f64], bhi: &[f64]) -> f64 {
     s
 }
 
-/// Canonical accumulators of query `q` against the TILE candidates of column-major `cols`
-/// (column c at `cols[c * stride..]`): lane l is exactly `metric::accumulate` over the
-/// dimensions in order for candidate l, the same sum the scalar search computes. None when
-/// `w` is given and every lane of `lanes` exceeds it (partial sums never decrease, so
-/// stopping early is exact).
-#[inline(always)]
-fn exact_tile<T: Coord>(
+/// Offers the candidates at `slots` (of the points' tree order, row-major `pts`, ids
+/// `ids`) to `heap` with their canonical accumulators against `q`: eight at a time, each
+/// lane exactly `metric::accumulate` over the dimensions in order (eight independent
+/// chains where one would wait on each add). A group stops once every lane exceeds a full
+/// heap's k-th (partial sums never decrease, so those could not enter).
+fn confirm<T: Coord>(
     q: &[T],
-    cols: &[T],
-    stride: usize,
-    w: Option<T>,
-    lanes: u16,
-) -> Option<[T; TILE]> {
-    let mut acc = [T::ZERO; TILE];
-    for (c0, qc) in q.chunks(8).enumerate() {
-        for (c, &x) in qc.iter().enumerate() {
-            let col: &[T; TILE] = cols[(c0 * 8 + c) * stride..][..TILE].try_into().unwrap();
-            for l in 0..TILE {
-                acc[l] = accumulate(Metric::Euclidean, acc[l], x, col[l]);
+    pts: &[T],
+    ids: &[u32],
+    slots: impl Iterator<Item = u32>,
+    heap: &mut Heap<T>,
+) {
+    const LANES: usize = 8;
+    let dim = q.len();
+    let mut slots = slots.peekable();
+    while slots.peek().is_some() {
+        let mut lane = [0u32; LANES];
+        let mut m = 0;
+        for s in slots.by_ref().take(LANES) {
+            lane[m] = s;
+            m += 1;
+        }
+        let rows: [&[T]; LANES] =
+            std::array::from_fn(|l| &pts[lane[l.min(m - 1)] as usize * dim..][..dim]);
+        let mut acc = [T::ZERO; LANES];
+        let w = heap.full().then(|| heap.worst());
+        let mut skip = false;
+        for c0 in (0..dim).step_by(32) {
+            for c in c0..(c0 + 32).min(dim) {
+                let x = q[c];
+                for l in 0..LANES {
+                    acc[l] = accumulate(Metric::Euclidean, acc[l], x, rows[l][c]);
+                }
+            }
+            // Every lane above w (a NaN stays open): none can enter.
+            if let Some(w) = w {
+                if acc[..m]
+                    .iter()
+                    .all(|a| a.partial_cmp(&w) == Some(std::cmp::Ordering::Greater))
+                {
+                    skip = true;
+                    break;
+                }
             }
         }
-        if let Some(w) = w {
-            let mut open = 0u16;
-            for (l, &a) in acc.iter().enumerate() {
-                // Not above w (a NaN stays open, as in the kernel).
-                open |= ((a.partial_cmp(&w) != Some(std::cmp::Ordering::Greater)) as u16) << l;
-            }
-            if open & lanes == 0 {
-                return None;
+        if skip {
+            continue;
+        }
+        for l in 0..m {
+            let item = (acc[l], ids[lane[l] as usize]);
+            if !heap.full() || key_less(item, heap.worst_item()) {
+                heap.offer(item);
             }
         }
     }
-    Some(acc)
+}
+
+/// Whether the kernel's cutoff `h` keeps a value `v` (not above it; a NaN kept), as the
+/// kernel decides.
+fn kept(v: f32, h: f32) -> bool {
+    v.partial_cmp(&h) != Some(std::cmp::Ordering::Greater)
+}
+
+/// Pending candidates a query holds before confirming them.
+const POOL: usize = 512;
+
+/// A query's state in the search: the exact heap of confirmed (accumulator, id); the k
+/// smallest kernel values seen (F - n_a, id), whose k-th bounds the k-th accumulator from
+/// above (`dot_filter::canonical_upper`); and the candidates that passed the kernel, not
+/// yet confirmed (value, point slot).
+struct Query<T> {
+    exact: Heap<T>,
+    approx: Heap<f32>,
+    pool: Vec<(f32, u32)>,
+    /// The tightest bound on the final k-th accumulator so far (+inf until one is known).
+    w: f64,
 }
 
 /// Runs the search into row-major `indices` / `acc` (accumulators, not yet square-rooted).
@@ -218,13 +243,13 @@ fn search_with<T: Coord>(
     control.check()?;
     let ptree = Tree::build_with(data, dim, ORDER_LEAF);
     control.check()?;
-    let Some(points) = Side::new(&ptree, PB, &center, true) else {
+    let Some(points) = Side::new(&ptree, PB, &center) else {
         return Ok(None);
     };
     control.check()?;
     let qtree_own = query.map(|q| Tree::build_with(q, dim, ORDER_LEAF));
     let qtree = qtree_own.as_ref().unwrap_or(&ptree);
-    let Some(queries) = Side::new(qtree, QB, &center, false) else {
+    let Some(queries) = Side::new(qtree, QB, &center) else {
         return Ok(None);
     };
     control.check()?;
@@ -253,8 +278,20 @@ fn search_with<T: Coord>(
                 return Vec::new();
             }
             let qn = qr.len();
-            let mut heaps: Vec<Heap<T>> = (0..qn).map(|_| Heap::new(k)).collect();
+            let mut states: Vec<Query<T>> = (0..qn)
+                .map(|_| Query {
+                    exact: Heap::new(k),
+                    approx: Heap::new(k),
+                    pool: Vec::new(),
+                    w: f64::INFINITY,
+                })
+                .collect();
             let (qblock, q_err, _) = queries.fp.block(qb);
+            // The kernel's cutoff for a query of n2 `own` whose k-th accumulator is at most w.
+            let cutoff = |w: f64, own: f32| match FilterBound::from_f64::<T>(w, dim) {
+                Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
+                None => f32::INFINITY,
+            };
             // The kernel's query copy: -2 x~ (exact).
             let scaled: Vec<f32> = qblock.cols.iter().map(|&v| -2.0 * v).collect();
             let sblock = Block {
@@ -291,14 +328,19 @@ fn search_with<T: Coord>(
                 }
             }
             let qids = &qtree.ids[qr.clone()];
-            // The loosest k-th accumulator once every heap is full.
-            let mut loosest: Option<f64> = None;
+            // The loosest bound on a k-th accumulator once every query has one.
+            let loosest = |states: &[Query<T>]| {
+                states
+                    .iter()
+                    .try_fold(0.0f64, |m, st| st.w.is_finite().then(|| m.max(st.w)))
+            };
+            let mut loose: Option<f64> = None;
             for &(_, bound, b) in &order {
                 // A stop leaves the block's heaps short: the caller discards them.
                 if control.is_cancelled() {
                     break;
                 }
-                if let Some(w) = loosest {
+                if let Some(w) = loose {
                     if bound > w * margin + slack {
                         continue;
                     }
@@ -307,15 +349,11 @@ fn search_with<T: Coord>(
                 let (cblock, _, _) = points.fp.block(b);
                 let pr = points.blocks[b].clone();
                 let cids = &ptree.ids[pr.clone()];
-                let ccols = &points.cols[b * dim * PB..(b + 1) * dim * PB];
                 // Row tiles whose box may still enter one of their heaps.
                 let (blo, bhi) = points.bounds(b, dim);
                 let mut tiles = 0u64;
-                for (t, rows) in heaps.chunks(ROWS).enumerate() {
-                    let open = match rows
-                        .iter()
-                        .try_fold(0.0f64, |m, h| h.full().then(|| m.max(h.worst().to_f64())))
-                    {
+                for (t, rows) in states.chunks(ROWS).enumerate() {
+                    let open = match loosest(rows) {
                         None => true,
                         Some(w) => {
                             let (tlo, thi) =
@@ -336,12 +374,9 @@ fn search_with<T: Coord>(
                     &mut h,
                     tiles,
                     kernel,
-                    |i, j0, mask| {
-                        let heap = &mut heaps[i];
-                        let w = heap.full().then(|| heap.worst());
-                        let q = &qpts[i * dim..(i + 1) * dim];
-                        let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
-                        let mut offered = false;
+                    |i, j0, mask, f| {
+                        let st = &mut states[i];
+                        let mut tighter = false;
                         let mut m = mask;
                         while m != 0 {
                             let l = m.trailing_zeros() as usize;
@@ -350,32 +385,65 @@ fn search_with<T: Coord>(
                             if self_join && id == qids[i] {
                                 continue;
                             }
-                            if !heap.full() || key_less((a[l], id), heap.worst_item()) {
-                                heap.offer((a[l], id));
-                                offered = true;
+                            let v = f[l];
+                            st.pool.push((v, (pr.start + j0 + l) as u32));
+                            if !v.is_nan()
+                                && (!st.approx.full() || key_less((v, id), st.approx.worst_item()))
+                            {
+                                st.approx.offer((v, id));
+                                tighter |= st.approx.full();
                             }
                         }
-                        if !offered || !heap.full() {
+                        let own = qblock.n2[i];
+                        if tighter {
+                            let up = dot_filter::canonical_upper::<T>(
+                                st.approx.worst(),
+                                own,
+                                q_err,
+                                p_err,
+                                own as f64,
+                                p_n2,
+                                dim,
+                            );
+                            tighter = up < st.w;
+                            st.w = st.w.min(up);
+                        }
+                        if st.pool.len() >= POOL {
+                            // Drop what the bound now rules out; confirm the rest when
+                            // that leaves many (ties, duplicates), so the pool stays small.
+                            let h = cutoff(st.w, own);
+                            st.pool.retain(|&(v, _)| kept(v, h));
+                            if st.pool.len() >= POOL / 2 {
+                                let q = &qpts[i * dim..(i + 1) * dim];
+                                let slots = st.pool.drain(..).map(|(_, s)| s);
+                                confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
+                                if st.exact.full() && st.exact.worst().to_f64() < st.w {
+                                    st.w = st.exact.worst().to_f64();
+                                    tighter = true;
+                                }
+                            }
+                        }
+                        if !tighter {
                             return None;
                         }
                         changed = true;
-                        // The tightened heap's cutoff, for the rest of this block and the next.
-                        let own = qblock.n2[i];
-                        Some(match FilterBound::new(heap.worst(), dim) {
-                            Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
-                            None => f32::INFINITY,
-                        })
+                        // The tightened cutoff, for the rest of this block and the next.
+                        Some(cutoff(st.w, own))
                     },
                 );
                 if changed {
-                    loosest = heaps
-                        .iter()
-                        .try_fold(0.0f64, |m, h| h.full().then(|| m.max(h.worst().to_f64())));
+                    loose = loosest(&states);
                 }
             }
+            // Confirm what the final bounds leave: the k nearest are among them.
             let mut out = Vec::with_capacity(qn * k);
-            for h in &mut heaps {
-                out.extend(h.take_sorted());
+            for (i, st) in states.iter_mut().enumerate() {
+                let h = cutoff(st.w, qblock.n2[i]);
+                let q = &qpts[i * dim..(i + 1) * dim];
+                st.pool.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                let slots = st.pool.iter().filter(|p| kept(p.0, h)).map(|p| p.1);
+                confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
+                out.extend(st.exact.take_sorted());
             }
             control.advance(1, qn as u64);
             out
@@ -438,6 +506,10 @@ mod tests {
             (17, 400, 0, 9, true),
             (40, 260, 150, 33, true),
             (70, 200, 97, 200, false),
+            // Ties in their thousands: a query's pending candidates pass POOL and are
+            // confirmed in the middle of the search.
+            (24, 1400, 0, 7, true),
+            (384, 700, 300, 26, false),
         ] {
             let mut gen = |count: usize| -> Vec<f32> {
                 (0..count * dim)
@@ -500,5 +572,99 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `dot_filter::canonical_upper` bounds every pair's canonical accumulator from above,
+    /// from the kernel's value, and within the error of F: 1024-D, near-duplicates
+    /// (cancellation) and points far from the centre with near-duplicate partners (centring
+    /// error), in f32 and f64.
+    #[test]
+    fn kernel_values_bound_the_accumulator() {
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        for (dim, scale, twin) in [(1024, 1.0, 0.0), (384, 0.1, 1e-4), (64, 1e3, 1e-3)] {
+            let n = 160;
+            let mut x = vec![0.0f64; n * dim];
+            for p in 0..n {
+                for c in 0..dim {
+                    x[p * dim + c] = if p % 2 == 1 && twin > 0.0 {
+                        x[(p - 1) * dim + c] + twin * rnd()
+                    } else {
+                        scale * rnd()
+                    };
+                }
+            }
+            let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            check_upper(&x, dim);
+            check_upper(&x32, dim);
+        }
+    }
+
+    fn check_upper<T: Coord>(x: &[T], dim: usize) {
+        let tree = Tree::build_with(x, dim, ORDER_LEAF);
+        let center = vec![0.0; dim];
+        let side = Side::new(&tree, PB, &center).unwrap();
+        let n = tree.ids.len();
+        let mut checked = 0;
+        for qb in 0..side.blocks.len() {
+            let (qblock, q_err, _) = side.fp.block(qb);
+            let scaled: Vec<f32> = qblock.cols.iter().map(|&v| -2.0 * v).collect();
+            let sblock = Block {
+                cols: &scaled,
+                stride: qblock.stride,
+                n2: qblock.n2,
+                len: qblock.len,
+            };
+            let q0 = side.blocks[qb].start;
+            let mut h = vec![f32::INFINITY; qblock.len.next_multiple_of(ROWS)];
+            for b in 0..side.blocks.len() {
+                let (cblock, p_err, p_n2) = side.fp.block(b);
+                let p0 = side.blocks[b].start;
+                let kernel = dot_filter::Kernel::detect();
+                dot_filter::survivors_shifted(
+                    &sblock,
+                    &cblock,
+                    dim,
+                    &mut h,
+                    !0,
+                    kernel,
+                    |i, j0, mut m, f| {
+                        while m != 0 {
+                            let l = m.trailing_zeros() as usize;
+                            m &= m - 1;
+                            let (a, p) = (q0 + i, p0 + j0 + l);
+                            let c = tree.pts[a * dim..(a + 1) * dim]
+                                .iter()
+                                .zip(&tree.pts[p * dim..(p + 1) * dim])
+                                .fold(T::ZERO, |s, (&u, &v)| {
+                                    accumulate(Metric::Euclidean, s, u, v)
+                                })
+                                .to_f64();
+                            let own = qblock.n2[i];
+                            let up = dot_filter::canonical_upper::<T>(
+                                f[l], own, q_err, p_err, own as f64, p_n2, dim,
+                            );
+                            assert!(c <= up, "{dim}-D ({a}, {p}): accumulator {c} above {up}");
+                            // No looser than the error of F allows: (sqrt(C) + sqrt(E))^2, E the
+                            // f32 dot product's error bound on these norms.
+                            let e = 4.0
+                                * (dim as f64 + 16.0)
+                                * f32::EPSILON as f64
+                                * (own as f64 + p_n2);
+                            let most = (c.sqrt() + e.sqrt()).powi(2) * 1.001 + 1e-30;
+                            assert!(up <= most, "{dim}-D: {up} for {c} (at most {most})");
+                            checked += 1;
+                        }
+                        None
+                    },
+                );
+            }
+        }
+        assert_eq!(checked, n * n);
     }
 }
