@@ -758,14 +758,33 @@ where
         rule_floor(real, dim, T::UNIT_ROUNDOFF, min_normal::<T>())
     };
     let all_candidates = wide >= candidates;
+    let fast = |r: usize, j: usize| {
+        crate::metric::cosine_distance_fast(
+            &rows_q[r * dim..(r + 1) * dim],
+            &x[j * dim..(j + 1) * dim],
+            norms_q[r],
+            nx[j],
+        )
+    };
+    let slack = crate::metric::cosine_distance_slack(dim);
     // Each row: its k nearest among the candidates, exactly ranked, and whether certain.
+    // The fast distances (within `slack` of the rule's) rule out the candidates whose
+    // lower end lies above the k-th smallest upper end; the rest take the rule's distance.
     let ranked: Vec<(Vec<(f64, u32)>, bool)> = engine.install(|| {
         (0..rows)
             .into_par_iter()
             .map(|r| {
                 let ids = first.row(r);
                 let mut c: Vec<(f64, u32)> =
-                    ids.iter().map(|&j| (dist(r, j as usize), j)).collect();
+                    ids.iter().map(|&j| (fast(r, j as usize), j)).collect();
+                c.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                if let Some(&(kth, _)) = c.get(k.saturating_sub(1)) {
+                    let reach = kth + slack;
+                    c.retain(|e| e.0 - slack <= reach);
+                }
+                for e in &mut c {
+                    e.0 = dist(r, e.1 as usize);
+                }
                 c.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 c.truncate(k);
                 let certain = all_candidates

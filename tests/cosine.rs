@@ -274,6 +274,50 @@ fn knn_ranks_by_the_rule() {
     }
 }
 
+/// Near-ties that rounding decides: around each of 150 directions q (coordinates equal in
+/// pairs), 7 close rows and 6 variants of one farther row, its coordinate pairs swapped at
+/// random. The variants' real cosines with q are equal; their computed ones differ in the
+/// last bits, in an order the fast ranking's sum need not share. Other groups are far, so
+/// the rows are certain and their ranks rest on the fast ranking's slack
+/// (`metric::cosine_distance_slack`).
+#[test]
+fn knn_near_ties_follow_the_rule() {
+    let mut rng = Rng(44);
+    let dim = 64;
+    let mut x = Vec::new();
+    for _ in 0..150 {
+        let q: Vec<f64> = (0..dim / 2)
+            .flat_map(|_| {
+                let v = rng.normal();
+                [v, v]
+            })
+            .collect();
+        x.extend(&q);
+        for _ in 0..7 {
+            x.extend(q.iter().map(|v| v + 0.01 * rng.normal()));
+        }
+        let far: Vec<f64> = q.iter().map(|v| v + 0.05 * rng.normal()).collect();
+        for _ in 0..6 {
+            let mut v = far.clone();
+            for i in 0..dim / 2 {
+                if rng.normal() > 0.0 {
+                    v.swap(2 * i, 2 * i + 1);
+                }
+            }
+            x.extend(v);
+        }
+    }
+    let x32 = as_f32(&x);
+    for data in [
+        Dataset::from_f64(&x, dim).unwrap(),
+        Dataset::from_f32(&x32, dim).unwrap(),
+    ] {
+        for k in [9usize, 10, 11] {
+            check_knn(&data, None, k, Backend::Cpu);
+        }
+    }
+}
+
 /// Heavy duplicates: 150 copies of one direction (with scalar multiples) among 400 rows,
 /// so a row's k' Euclidean candidates are all at distance ~0 and its rank rests on the
 /// rule's ties by index: the uncertain rows' path (a cosine join at c_k).
