@@ -470,18 +470,26 @@ def test_pg_cancel():
             sess.run("RESET statement_timeout")
         pg_check_stopped(f"pg {attempt}", sess, before, ref_time)
     # The same on the GPU backend (lavapipe in CI): the device opened by a first small join,
-    # then statement_timeout stops a GPU join (in its planning, which on lavapipe takes
-    # seconds for these points).
+    # then statement_timeout stops a GPU join (in its planning or its batches). Compiling
+    # the join's kernel for these points (32-D) is the one step that cannot be interrupted:
+    # lavapipe took up to half a second on a slow CI machine (a stop at 1 s landed in it and
+    # took 280 ms), a GPU's driver milliseconds. A first statement, stopped at 3 s, compiles
+    # it (kernels are kept per device and specialization); the timed one finds it compiled.
     gpu_small = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref2 WHERE id <= 1000', 0.01, 'euclidean', 'gpu')"
+    gpu_long = ("SELECT count(*) FROM simjoin_self_join('SELECT id, v FROM u32 WHERE id <= 50000', 0.5, "
+                "'euclidean', 'gpu')")
     out = sess.run(gpu_small)
     if not (len(out) == 1 and out[0].isdigit()):
         print(f"   no GPU backend here, skipping the GPU stop: {out}", flush=True)
     else:
+        sess.run("SET statement_timeout = '3s'")
+        sess.send(gpu_long)
+        out, _ = sess.wait()
+        check(any("statement timeout" in line for line in out), f"pg GPU warm-up: {out}")
         before = len(pg_stop_lines())
         sess.run("SET statement_timeout = '1s'")
         t_req = time.time() + 1.0
-        sess.send("SELECT count(*) FROM simjoin_self_join('SELECT id, v FROM u32 WHERE id <= 50000', 0.5, "
-                  "'euclidean', 'gpu')")
+        sess.send(gpu_long)
         out, t_end = sess.wait()
         lag = t_end - t_req
         print(f"   GPU timeout: the statement ended {lag * 1e3:.0f} ms after the request", flush=True)
