@@ -437,6 +437,16 @@ fn search_with<T: Coord>(
                 if tiles == 0 {
                     continue;
                 }
+                // A tile's candidates (lane, id) in `mask`, a self-kNN's query left out.
+                let others = |i: usize, j0: usize, mut mask: u16| {
+                    std::iter::from_fn(move || {
+                        let l = mask.trailing_zeros() as usize;
+                        mask &= mask.wrapping_sub(1);
+                        (l < dot_filter::COLS).then_some(l)
+                    })
+                    .map(move |l| (l, cids[j0 + l]))
+                    .filter(move |&(_, id)| !(self_join && id == qids[i]))
+                };
                 let mut changed = false;
                 dot_filter::survivors_shifted(
                     &sblock,
@@ -456,14 +466,7 @@ fn search_with<T: Coord>(
                             let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
                             let heap = &mut st.exact;
                             let mut offered = false;
-                            let mut m = mask;
-                            while m != 0 {
-                                let l = m.trailing_zeros() as usize;
-                                m &= m - 1;
-                                let id = cids[j0 + l];
-                                if self_join && id == qids[i] {
-                                    continue;
-                                }
+                            for (l, id) in others(i, j0, mask) {
                                 if !heap.full() || key_less((a[l], id), heap.worst_item()) {
                                     heap.offer((a[l], id));
                                     offered = true;
@@ -476,14 +479,7 @@ fn search_with<T: Coord>(
                             changed = true;
                             return Some(cutoff(st.w, qblock.n2[i]));
                         }
-                        let mut m = mask;
-                        while m != 0 {
-                            let l = m.trailing_zeros() as usize;
-                            m &= m - 1;
-                            let id = cids[j0 + l];
-                            if self_join && id == qids[i] {
-                                continue;
-                            }
+                        for (l, id) in others(i, j0, mask) {
                             let v = f[l];
                             st.pool.push((v, (pr.start + j0 + l) as u32));
                             if !v.is_nan()
