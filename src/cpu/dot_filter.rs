@@ -341,6 +341,19 @@ pub(crate) fn canonical_upper<T: Coord>(
     (r * r * (1.0 + 2.0 * (d + 3.0) * T::UNIT_ROUNDOFF) + 2.0 * d * tiny::<T>()) * (1.0 + 1e-9)
 }
 
+/// The kNN kernel's F from its value `f` = F - n_a (`survivors_shifted`) and the query's
+/// n2 `own`, in f32 from below and from above. F is the same number whichever of the two
+/// points is the query, so a symmetric search keys both points' pools by it: the lower one
+/// is compared with `FilterBound::cutoff` (F > G rejects), the upper one bounds the
+/// accumulator through `canonical_upper` (with `own` 0). The f64 sum of two f32 values is
+/// exact unless their exponents are far apart, and then within 2^-53 of it: the pad covers
+/// that. NaN stays NaN (kept by a cutoff, never a bound).
+pub(crate) fn full_value(f: f32, own: f32) -> (f32, f32) {
+    let s = f as f64 + own as f64;
+    let pad = s.abs() * f64::EPSILON;
+    (-round_up_f32(-(s - pad)), round_up_f32(s + pad))
+}
+
 /// The f32 value nearest to `x` from above (x finite or infinite, not NaN).
 fn round_up_f32(x: f64) -> f32 {
     let v = x as f32;
@@ -558,41 +571,68 @@ unsafe fn survivors_fma(
 /// tile's accumulators start at the candidates' n_b and sum -2 x~_a.x~_b onto them: F - n_a,
 /// evaluated in another order (see the bound's note at `FilterBound`), compared with
 /// `h[i]` = `FilterBound::cutoff_less_own` (or +inf: keep all, -inf: keep none). Calls
-/// `keep(i, j0, mask, f)` for every query i < q.len and tile `j0..j0 + COLS` of `c` where bit l
-/// of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN kept; lane l
-/// of `f` is that F - n_a, for `canonical_upper`), in row
-/// tiles `i0 / ROWS` whose bit is set in `tiles` (the others are skipped); when it
-/// returns `Some(g)`, g is query i's cutoff for the tiles after this one (a heap that
-/// tightened filters the rest of the block). Candidates run in the outer loop (a tile of
-/// them stays in L1 while the queries pass); tiles without a survivor cost one test.
+/// `keep(i, j0, mask, cmask, f)` for every query i < q.len and tile `j0..j0 + COLS` of `c`
+/// where bit l of `mask` marks candidate j0 + l (< c.len) with `!(F - n_a > h[i])` (NaN
+/// kept; lane l of `f` is that F - n_a, for `canonical_upper`), or bit l of `cmask` passes
+/// `columns`' test (below; `cmask` is 0 without it), in row tiles `i0 / ROWS` whose bit is
+/// set in `tiles` (the others are skipped); when it returns `Some(g)`, g is query i's cutoff
+/// for the tiles after this one (a heap that tightened filters the rest of the block).
+/// Candidates run in the outer loop (a tile of them stays in L1 while the queries pass);
+/// tiles without a survivor cost one test.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn survivors_shifted(
     q: &Block,
     c: &Block,
     dim: usize,
     h: &mut [f32],
     tiles: u64,
+    columns: Option<&ColumnTest>,
     kernel: Kernel,
-    mut keep: impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
+    mut keep: impl FnMut(usize, usize, u16, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     q.check(dim, ROWS);
     c.check(dim, COLS);
     assert!(h.len() >= q.len.next_multiple_of(ROWS));
     // Tiles past q.len are never visited: their bits may be anything.
     assert!(q.len <= 64 * ROWS);
+    let none = ColumnTest { own: &[], cut: &[] };
+    if let Some(ct) = columns {
+        // Read as far as the norms are (whole tiles, padding included).
+        assert!(ct.own.len() >= q.n2.len() && ct.cut.len() >= c.n2.len());
+    }
+    macro_rules! run {
+        ($f:ident) => {
+            match columns {
+                None => $f::<false>(q, c, dim, h, tiles, &none, &mut keep),
+                Some(ct) => $f::<true>(q, c, dim, h, tiles, ct, &mut keep),
+            }
+        };
+    }
     #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
     if kernel == Kernel::Avx512 && c.readable(dim, WIDE) {
-        // SAFETY: avx512f was detected at run time (Kernel::detect); q and h were checked
-        // above, c just now for tiles of WIDE candidates.
-        return unsafe { shifted_avx512(q, c, dim, h, tiles, &mut keep) };
+        // SAFETY: avx512f was detected at run time (Kernel::detect); q, h and `columns`
+        // were checked above, c just now for tiles of WIDE candidates (the column test's
+        // cutoffs are as long as c's norms).
+        return unsafe { run!(shifted_avx512) };
     }
     #[cfg(target_arch = "x86_64")]
     if kernel != Kernel::Portable {
         // SAFETY: avx2 and fma were detected at run time (Kernel::detect; Avx512 implies
-        // them); the blocks and h were checked above.
-        return unsafe { shifted_fma(q, c, dim, h, tiles, &mut keep) };
+        // them); the blocks, h and `columns` were checked above.
+        return unsafe { run!(shifted_fma) };
     }
     let _ = kernel;
-    shifted_portable(q, c, dim, h, tiles, &mut keep)
+    run!(shifted_portable)
+}
+
+/// The second test of `survivors_shifted`, for a symmetric self-kNN where each candidate is
+/// also a query: candidate j is kept for itself when `!(F > cut[j])`, F = (F - n_a) + own[i]
+/// rounded once more in f32 (one more order of the same sum, inside the bound's spare: see
+/// the module doc) and `cut[j]` = `FilterBound::cutoff` for that candidate (+inf: keep all).
+/// `own` is as long as the queries' norms, `cut` as the candidates'.
+pub(crate) struct ColumnTest<'a> {
+    pub own: &'a [f32],
+    pub cut: &'a [f32],
 }
 
 /// Candidates per tile of the AVX-512 kernel (two 16-lane registers).
@@ -604,19 +644,27 @@ const WIDE: usize = 2 * COLS;
 #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
 #[allow(clippy::incompatible_msrv)]
 #[target_feature(enable = "avx512f")]
-unsafe fn shifted_avx512(
+unsafe fn shifted_avx512<const BOTH: bool>(
     q: &Block,
     c: &Block,
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
+    ct: &ColumnTest,
+    keep: &mut impl FnMut(usize, usize, u16, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     use std::arch::x86_64::*;
     let mut j0 = 0;
     while j0 < c.len {
         let cn0 = _mm512_loadu_ps(c.n2.as_ptr().add(j0));
         let cn1 = _mm512_loadu_ps(c.n2.as_ptr().add(j0 + 16));
+        let (g0, g1) = match BOTH {
+            true => (
+                _mm512_loadu_ps(ct.cut.as_ptr().add(j0)),
+                _mm512_loadu_ps(ct.cut.as_ptr().add(j0 + 16)),
+            ),
+            false => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+        };
         let mut i0 = 0;
         while i0 < q.len {
             if tiles >> (i0 / ROWS) & 1 == 0 {
@@ -639,12 +687,21 @@ unsafe fn shifted_avx512(
             }
             // "not greater than, unordered true": a NaN is kept. One test for the tile.
             let mut kept = [[0u16; 2]; ROWS];
+            let mut ckept = [[0u16; 2]; ROWS];
             let mut any = 0u16;
             for r in 0..ROWS {
                 let hv = _mm512_set1_ps(*h.as_ptr().add(i0 + r));
                 kept[r][0] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][0], hv);
                 kept[r][1] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(acc[r][1], hv);
                 any |= kept[r][0] | kept[r][1];
+                if BOTH {
+                    let na = _mm512_set1_ps(*ct.own.as_ptr().add(i0 + r));
+                    let f0 = _mm512_add_ps(acc[r][0], na);
+                    let f1 = _mm512_add_ps(acc[r][1], na);
+                    ckept[r][0] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(f0, g0);
+                    ckept[r][1] = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(f1, g1);
+                    any |= ckept[r][0] | ckept[r][1];
+                }
             }
             if any != 0 {
                 for (r, k) in kept.iter().enumerate().take(q.len - i0) {
@@ -654,12 +711,15 @@ unsafe fn shifted_avx512(
                         if j >= c.len {
                             break;
                         }
-                        let mask = m as u32 & tail_mask(c.len, j);
+                        let tail = tail_mask(c.len, j);
+                        let mask = m as u32 & tail;
+                        let cmask = ckept[r][half] as u32 & tail;
                         m = k[1];
-                        if mask != 0 {
+                        if mask | cmask != 0 {
                             let mut vals = [0.0f32; COLS];
                             _mm512_storeu_ps(vals.as_mut_ptr(), acc[r][half]);
-                            if let Some(g) = keep(i0 + r, j, mask as u16, &vals) {
+                            let got = keep(i0 + r, j, mask as u16, cmask as u16, &vals);
+                            if let Some(g) = got {
                                 h[i0 + r] = g;
                                 // The second half is a later tile: it sees the new cutoff.
                                 let gv = _mm512_set1_ps(g);
@@ -675,13 +735,14 @@ unsafe fn shifted_avx512(
     }
 }
 
-fn shifted_portable(
+fn shifted_portable<const BOTH: bool>(
     q: &Block,
     c: &Block,
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
+    ct: &ColumnTest,
+    keep: &mut impl FnMut(usize, usize, u16, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     for j0 in (0..c.len).step_by(COLS) {
         let cn: &[f32; COLS] = c.n2[j0..][..COLS].try_into().unwrap();
@@ -699,14 +760,19 @@ fn shifted_portable(
                     }
                 }
             }
+            let tail = tail_mask(c.len, j0);
             for (r, row) in acc.iter().enumerate().take(q.len - i0) {
-                let mut mask = 0u32;
+                let (mut mask, mut cmask) = (0u32, 0u32);
                 for (l, &f) in row.iter().enumerate() {
                     mask |= (!(f > h[i0 + r]) as u32) << l;
+                    if BOTH {
+                        cmask |= (!(f + ct.own[i0 + r] > ct.cut[j0 + l]) as u32) << l;
+                    }
                 }
-                mask &= tail_mask(c.len, j0);
-                if mask != 0 {
-                    if let Some(g) = keep(i0 + r, j0, mask as u16, row) {
+                mask &= tail;
+                cmask &= tail;
+                if mask | cmask != 0 {
+                    if let Some(g) = keep(i0 + r, j0, mask as u16, cmask as u16, row) {
                         h[i0 + r] = g;
                     }
                 }
@@ -717,19 +783,27 @@ fn shifted_portable(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn shifted_fma(
+unsafe fn shifted_fma<const BOTH: bool>(
     q: &Block,
     c: &Block,
     dim: usize,
     h: &mut [f32],
     tiles: u64,
-    keep: &mut impl FnMut(usize, usize, u16, &[f32; COLS]) -> Option<f32>,
+    ct: &ColumnTest,
+    keep: &mut impl FnMut(usize, usize, u16, u16, &[f32; COLS]) -> Option<f32>,
 ) {
     use std::arch::x86_64::*;
     let mut j0 = 0;
     while j0 < c.len {
         let cn0 = _mm256_loadu_ps(c.n2.as_ptr().add(j0));
         let cn1 = _mm256_loadu_ps(c.n2.as_ptr().add(j0 + 8));
+        let (g0, g1) = match BOTH {
+            true => (
+                _mm256_loadu_ps(ct.cut.as_ptr().add(j0)),
+                _mm256_loadu_ps(ct.cut.as_ptr().add(j0 + 8)),
+            ),
+            false => (_mm256_setzero_ps(), _mm256_setzero_ps()),
+        };
         let mut i0 = 0;
         while i0 < q.len {
             if tiles >> (i0 / ROWS) & 1 == 0 {
@@ -752,24 +826,36 @@ unsafe fn shifted_fma(
             }
             // "not greater than, unordered true": a NaN is kept. One test for the tile.
             let mut kept = [[_mm256_setzero_ps(); 2]; ROWS];
+            let mut ckept = [[_mm256_setzero_ps(); 2]; ROWS];
             let mut any = _mm256_setzero_ps();
             for r in 0..ROWS {
                 let hv = _mm256_broadcast_ss(&*h.as_ptr().add(i0 + r));
                 kept[r][0] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][0], hv);
                 kept[r][1] = _mm256_cmp_ps::<_CMP_NGT_UQ>(acc[r][1], hv);
                 any = _mm256_or_ps(any, _mm256_or_ps(kept[r][0], kept[r][1]));
+                if BOTH {
+                    let na = _mm256_broadcast_ss(&*ct.own.as_ptr().add(i0 + r));
+                    let f0 = _mm256_add_ps(acc[r][0], na);
+                    let f1 = _mm256_add_ps(acc[r][1], na);
+                    ckept[r][0] = _mm256_cmp_ps::<_CMP_NGT_UQ>(f0, g0);
+                    ckept[r][1] = _mm256_cmp_ps::<_CMP_NGT_UQ>(f1, g1);
+                    any = _mm256_or_ps(any, _mm256_or_ps(ckept[r][0], ckept[r][1]));
+                }
             }
             if _mm256_testz_ps(any, any) == 0 {
                 let tail = tail_mask(c.len, j0);
-                for (r, k) in kept.iter().enumerate().take(q.len - i0) {
-                    let m0 = _mm256_movemask_ps(k[0]) as u32;
-                    let m1 = _mm256_movemask_ps(k[1]) as u32;
-                    let mask = (m0 | m1 << 8) & tail;
-                    if mask != 0 {
+                let bits = |v: &[__m256; 2]| {
+                    (_mm256_movemask_ps(v[0]) as u32 | (_mm256_movemask_ps(v[1]) as u32) << 8)
+                        & tail
+                };
+                for r in 0..(q.len - i0).min(ROWS) {
+                    let mask = bits(&kept[r]);
+                    let cmask = bits(&ckept[r]);
+                    if mask | cmask != 0 {
                         let mut vals = [0.0f32; COLS];
                         _mm256_storeu_ps(vals.as_mut_ptr(), acc[r][0]);
                         _mm256_storeu_ps(vals.as_mut_ptr().add(8), acc[r][1]);
-                        if let Some(g) = keep(i0 + r, j0, mask as u16, &vals) {
+                        if let Some(g) = keep(i0 + r, j0, mask as u16, cmask as u16, &vals) {
                             h[i0 + r] = g;
                         }
                     }
@@ -969,6 +1055,7 @@ mod tests {
             kernels.push(Kernel::Avx512);
         }
         let mut fast: Option<Vec<bool>> = None;
+        let mut fast_cols: Option<Vec<bool>> = None;
         for kernel in kernels {
             let mut h = vec![f32::NEG_INFINITY; qs];
             for i in 0..nq {
@@ -978,20 +1065,29 @@ mod tests {
             // Row tile 1 (queries 6..12) skipped.
             let tiles = !(1u64 << 1);
             let mut kept = vec![false; nq * nc];
-            survivors_shifted(&q, &c, dim, &mut h, tiles, kernel, |i, j0, mut mask, f| {
-                while mask != 0 {
-                    let l = mask.trailing_zeros() as usize;
-                    let j = j0 + l;
-                    // The values reported are F - n_a (within the bound's error).
-                    let shifted = exact(i, j) - qn2[i] as f64;
-                    assert!((f[l] as f64 - shifted).abs() < 1e-3, "{} {shifted}", f[l]);
-                    mask &= mask - 1;
-                    assert!(j < nc && i < nq);
-                    assert!(!kept[i * nc + j], "reported twice");
-                    kept[i * nc + j] = true;
-                }
-                None
-            });
+            survivors_shifted(
+                &q,
+                &c,
+                dim,
+                &mut h,
+                tiles,
+                None,
+                kernel,
+                |i, j0, mut mask, _, f| {
+                    while mask != 0 {
+                        let l = mask.trailing_zeros() as usize;
+                        let j = j0 + l;
+                        // The values reported are F - n_a (within the bound's error).
+                        let shifted = exact(i, j) - qn2[i] as f64;
+                        assert!((f[l] as f64 - shifted).abs() < 1e-3, "{} {shifted}", f[l]);
+                        mask &= mask - 1;
+                        assert!(j < nc && i < nq);
+                        assert!(!kept[i * nc + j], "reported twice");
+                        kept[i * nc + j] = true;
+                    }
+                    None
+                },
+            );
             let (mut inside, mut outside) = (0, 0);
             for i in 0..nq {
                 for j in 0..nc {
@@ -1018,7 +1114,7 @@ mod tests {
             // A cutoff of -inf returned for query 0 after its first report: nothing more.
             let mut h = vec![f32::INFINITY; qs];
             let mut reports = 0;
-            survivors_shifted(&q, &c, dim, &mut h, !0, kernel, |i, _, _, _| {
+            survivors_shifted(&q, &c, dim, &mut h, !0, None, kernel, |i, _, _, _, _| {
                 if i == 0 {
                     reports += 1;
                     return Some(f32::NEG_INFINITY);
@@ -1026,6 +1122,63 @@ mod tests {
                 None
             });
             assert_eq!(reports, 1, "{kernel:?}");
+
+            // The column test (symmetric self-kNN): rows keep nothing (h = -inf), each
+            // candidate j keeps the queries with F clearly below its own cutoff; candidate
+            // 5 keeps everything.
+            let gc: Vec<f64> = (0..cs).map(|j| 2.5 + 0.02 * j as f64).collect();
+            let mut cut: Vec<f32> = gc.iter().map(|&g| round_up_f32(g)).collect();
+            cut[5] = f32::INFINITY;
+            let ct = ColumnTest {
+                own: &qn2,
+                cut: &cut,
+            };
+            let mut h = vec![f32::NEG_INFINITY; qs];
+            let mut kept = vec![false; nq * nc];
+            survivors_shifted(
+                &q,
+                &c,
+                dim,
+                &mut h,
+                !0,
+                Some(&ct),
+                kernel,
+                |i, j0, m, cm, f| {
+                    assert_eq!(m, 0, "{kernel:?}: a row kept at -inf");
+                    let mut cm = cm;
+                    while cm != 0 {
+                        let l = cm.trailing_zeros() as usize;
+                        cm &= cm - 1;
+                        let j = j0 + l;
+                        assert!(j < nc && i < nq);
+                        let full = f[l] as f64 + qn2[i] as f64;
+                        assert!((full - exact(i, j)).abs() < 1e-3, "{full}");
+                        assert!(!kept[i * nc + j], "reported twice");
+                        kept[i * nc + j] = true;
+                    }
+                    None
+                },
+            );
+            let (mut inside, mut outside) = (0, 0);
+            for i in 0..nq {
+                for j in 0..nc {
+                    let d2 = exact(i, j);
+                    if j == 5 || d2 < gc[j] * 0.999 {
+                        assert!(kept[i * nc + j], "{kernel:?}: column ({i}, {j}) dropped");
+                        inside += 1;
+                    } else if d2 > gc[j] * 1.001 {
+                        assert!(!kept[i * nc + j], "{kernel:?}: column ({i}, {j}) kept");
+                        outside += 1;
+                    }
+                }
+            }
+            assert!(inside > 100 && outside > 100, "{inside} {outside}");
+            if kernel != Kernel::Portable {
+                match &fast_cols {
+                    None => fast_cols = Some(kept),
+                    Some(f) => assert_eq!(f, &kept, "AVX2 and AVX-512 columns differ"),
+                }
+            }
         }
     }
 

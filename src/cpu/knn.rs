@@ -406,18 +406,23 @@ fn build_node<T: Coord>(
     if perm.len() <= leaf_max {
         return me;
     }
-    // The widest dimension of this subset.
+    // The widest dimension of this subset (rows read whole, in order: a column at a time
+    // would touch a cache line per point and dimension).
     let coord = |i: u32, d: usize| data[i as usize * dim + d].to_f64();
+    let mut lo = vec![f64::INFINITY; dim];
+    let mut hi = vec![f64::NEG_INFINITY; dim];
+    for &i in perm.iter() {
+        let row = &data[i as usize * dim..(i as usize + 1) * dim];
+        for ((l, h), x) in lo.iter_mut().zip(hi.iter_mut()).zip(row) {
+            let x = x.to_f64();
+            *l = l.min(x);
+            *h = h.max(x);
+        }
+    }
     let mut best = (0usize, -1.0f64);
     for d in 0..dim {
-        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-        for &i in perm.iter() {
-            let x = coord(i, d);
-            lo = lo.min(x);
-            hi = hi.max(x);
-        }
-        if hi - lo > best.1 {
-            best = (d, hi - lo);
+        if hi[d] - lo[d] > best.1 {
+            best = (d, hi[d] - lo[d]);
         }
     }
     if best.1 <= 0.0 {
@@ -429,7 +434,8 @@ fn build_node<T: Coord>(
     perm.select_nth_unstable_by(mid, |&a, &b| coord(a, sd).total_cmp(&coord(b, sd)));
     let split = coord(perm[mid], sd);
     let (lp, rp) = perm.split_at_mut(mid);
-    let (left, right) = if lp.len() + rp.len() > 1 << 16 {
+    // In parallel where the halves are large (by coordinates read: high dimensions too).
+    let (left, right) = if (lp.len() + rp.len()) * dim.max(8) > 1 << 19 {
         let (mut ln, mut rn) = (Vec::new(), Vec::new());
         rayon::join(
             || build_node(data, dim, lp, start, leaf_max, &mut ln),

@@ -38,6 +38,8 @@ use crate::options::Metric;
 use rayon::prelude::*;
 use std::ops::Range;
 
+mod symmetric;
+
 /// Candidates confirmed together below DEFER_MIN_DIM: one kernel column tile.
 const TILE: usize = dot_filter::COLS;
 /// Queries per task: 16 kernel row tiles (a multiple of `dot_filter::ROWS`).
@@ -273,6 +275,7 @@ pub(super) fn search<T: Coord>(
 ) -> Result<Option<String>> {
     search_with(
         dot_filter::Kernel::detect(),
+        true,
         data,
         query,
         dim,
@@ -283,10 +286,12 @@ pub(super) fn search<T: Coord>(
     )
 }
 
-/// `search` with a given kernel (the tests run each the CPU has).
+/// `search` with a given kernel (the tests run each the CPU has); `symmetric`: a self-kNN
+/// may take the symmetric schedule (`symmetric.rs`).
 #[allow(clippy::too_many_arguments)]
 fn search_with<T: Coord>(
     kernel: dot_filter::Kernel,
+    symmetric: bool,
     data: &[T],
     query: Option<&[T]>,
     dim: usize,
@@ -310,6 +315,9 @@ fn search_with<T: Coord>(
     control.check()?;
     let ptree = Tree::build_with(data, dim, ORDER_LEAF);
     control.check()?;
+    if symmetric && query.is_none() && dim >= DEFER_MIN_DIM && symmetric::usable::<T>(n, k) {
+        return symmetric::search(kernel, &ptree, &center, k, indices, acc, control);
+    }
     let Some(points) = Side::new(&ptree, PB, &center, dim < DEFER_MIN_DIM) else {
         return Ok(None);
     };
@@ -454,8 +462,9 @@ fn search_with<T: Coord>(
                     dim,
                     &mut h,
                     tiles,
+                    None,
                     kernel,
-                    |i, j0, mask, f| {
+                    |i, j0, mask, _, f| {
                         let st = &mut states[i];
                         let mut tighter = false;
                         if dim < DEFER_MIN_DIM {
@@ -607,6 +616,9 @@ mod tests {
             (48, 1400, 0, 7, 2),
             (48, 1400, 300, 600, 2),
             (384, 700, 300, 26, 0),
+            (384, 700, 0, 26, 0),
+            (40, 500, 0, 33, 1),
+            (48, 1400, 0, 1, 2),
         ] {
             let mut gen = |count: usize| -> Vec<f32> {
                 (0..count * dim)
@@ -641,11 +653,20 @@ mod tests {
                 all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 want.extend_from_slice(&all[..k]);
             }
-            for &kernel in &kernels {
+            // A self-kNN from 384 points and DEFER_MIN_DIM dimensions also through the
+            // symmetric schedule.
+            let symmetric = m == 0 && dim >= DEFER_MIN_DIM && symmetric::usable::<f32>(n, k);
+            let runs = kernels.iter().flat_map(|&kn| {
+                [(kn, false), (kn, true)]
+                    .into_iter()
+                    .filter(move |&(_, s)| !s || symmetric)
+            });
+            for (kernel, sym) in runs {
                 let mut idx = vec![0u32; rows * k];
                 let mut acc = vec![0.0f32; rows * k];
                 let done = search_with(
                     kernel,
+                    sym,
                     &data,
                     query.as_deref(),
                     dim,
@@ -655,14 +676,14 @@ mod tests {
                     &Control::default(),
                 )
                 .unwrap();
-                assert!(done.is_some());
+                assert_eq!(done.unwrap().contains("symmetric"), sym);
                 let got: Vec<(f32, u32)> = acc.iter().copied().zip(idx.iter().copied()).collect();
                 for (r, (g, w)) in got.chunks(k).zip(want.chunks(k)).enumerate() {
                     assert!(
                         g.iter()
                             .zip(w)
                             .all(|(a, b)| a.0.to_bits() == b.0.to_bits() && a.1 == b.1),
-                        "{kernel:?} dim {dim} n {n} m {m} k {k} row {r}: {g:?} vs {w:?}"
+                        "{kernel:?} symmetric {sym} dim {dim} n {n} m {m} k {k} row {r}: {g:?} vs {w:?}"
                     );
                 }
             }
@@ -727,8 +748,9 @@ mod tests {
                     dim,
                     &mut h,
                     !0,
+                    None,
                     kernel,
-                    |i, j0, mut m, f| {
+                    |i, j0, mut m, _, f| {
                         while m != 0 {
                             let l = m.trailing_zeros() as usize;
                             m &= m - 1;
