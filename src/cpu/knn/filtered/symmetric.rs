@@ -20,7 +20,7 @@
 //! smallest F from above bound the k-th accumulator (`canonical_upper`). The rest is the
 //! one-sided search's: the same bounds, pools, confirmation and ranking.
 
-use super::{box_bound, confirm, kept, Query, Side, ORDER_LEAF, POOL, ROWS};
+use super::{box_bound, confirm, kept, Query, Side, POOL, ROWS};
 use crate::control::Control;
 use crate::cpu::dot_filter::{self, Block, ColumnTest, FilterBound};
 use crate::cpu::knn::{key_less, Heap, Tree};
@@ -139,7 +139,6 @@ pub(super) fn search<T: Coord>(
     acc: &mut [T],
     control: &Control,
 ) -> Result<Option<String>> {
-    debug_assert!(ORDER_LEAF <= SB);
     let dim = tree.dim;
     let Some(side) = Side::new(tree, SB, center, false) else {
         return Ok(None);
@@ -195,7 +194,7 @@ pub(super) fn search<T: Coord>(
             box_bound(alo, ahi, blo, bhi)
         };
         // Skipped when no point of either block can enter the other's heaps.
-        let open = |w: Option<f64>| w.map_or(true, |w| bound <= w * margin + slack);
+        let open = |w: Option<f64>| w.is_none_or(|w| bound <= w * margin + slack);
         let b_open = sb_guard.as_deref().is_some_and(|s| open(loosest(s)));
         if a != b && !open(loosest(&sa)) && !b_open {
             return;
