@@ -247,6 +247,15 @@ fn kept(v: f32, h: f32) -> bool {
 /// deferring: 8-24-D 3-25% faster at once; deferred 64-D 12% and 384-D 35% faster).
 const DEFER_MIN_DIM: usize = 32;
 
+/// Query blocks searched first to choose the schedule of a self-kNN.
+const SAMPLE: usize = 4;
+
+/// The share of point blocks a query block compares from which the symmetric schedule
+/// runs (it compares each pair of blocks once, but in an order that prunes less: clusters
+/// 32-D, 100k, where a query block compared few, took 1.3-1.5 s symmetric against
+/// 0.8-0.9 s; uniform and exponential 64-D, where every block is compared, 13-27% less).
+const SYMMETRIC_FROM: f64 = 0.6;
+
 /// Pending candidates a query holds before confirming them.
 const POOL: usize = 512;
 
@@ -275,7 +284,7 @@ pub(super) fn search<T: Coord>(
 ) -> Result<Option<String>> {
     search_with(
         dot_filter::Kernel::detect(),
-        true,
+        Schedule::Auto,
         data,
         query,
         dim,
@@ -286,12 +295,21 @@ pub(super) fn search<T: Coord>(
     )
 }
 
-/// `search` with a given kernel (the tests run each the CPU has); `symmetric`: a self-kNN
-/// may take the symmetric schedule (`symmetric.rs`).
+/// Whether a self-kNN takes the symmetric schedule (`symmetric.rs`) where it can.
+#[derive(Clone, Copy, PartialEq)]
+enum Schedule {
+    #[cfg_attr(not(test), allow(dead_code))]
+    OneSided,
+    /// Where a sample shows that the blocks' bounds prune little.
+    Auto,
+    Symmetric,
+}
+
+/// `search` with a given kernel and schedule (the tests run each the CPU has).
 #[allow(clippy::too_many_arguments)]
 fn search_with<T: Coord>(
     kernel: dot_filter::Kernel,
-    symmetric: bool,
+    schedule: Schedule,
     data: &[T],
     query: Option<&[T]>,
     dim: usize,
@@ -315,9 +333,6 @@ fn search_with<T: Coord>(
     control.check()?;
     let ptree = Tree::build_with(data, dim, ORDER_LEAF);
     control.check()?;
-    if symmetric && query.is_none() && dim >= DEFER_MIN_DIM && symmetric::usable::<T>(n, k) {
-        return symmetric::search(kernel, &ptree, &center, k, indices, acc, control);
-    }
     let Some(points) = Side::new(&ptree, PB, &center, dim < DEFER_MIN_DIM) else {
         return Ok(None);
     };
@@ -342,216 +357,243 @@ fn search_with<T: Coord>(
 
     // Each query block's answers, in the queries' tree order, then gathered into rows.
     control.stage("knn", queries.blocks.len() as u64);
-    let per_block: Vec<Vec<(T, u32)>> = queries
-        .blocks
-        .par_iter()
-        .enumerate()
-        .map(|(qb, qr)| {
-            // Once stopped, the remaining blocks end before their setup (sorting every
-            // point block by distance, the tiles' boxes): together it is tens of ms.
-            if control.is_cancelled() {
-                return Vec::new();
-            }
-            let qn = qr.len();
-            let mut states: Vec<Query<T>> = (0..qn)
-                .map(|_| Query {
-                    exact: Heap::new(k),
-                    approx: Heap::new(k),
-                    pool: Vec::new(),
-                    w: f64::INFINITY,
-                })
-                .collect();
-            let (qblock, q_err, _) = queries.fp.block(qb);
-            // The kernel's cutoff for a query of n2 `own` whose k-th accumulator is at most w.
-            let cutoff = |w: f64, own: f32| match FilterBound::from_f64::<T>(w, dim) {
-                Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
-                None => f32::INFINITY,
-            };
-            // The kernel's query copy: -2 x~ (exact).
-            let scaled: Vec<f32> = qblock.cols.iter().map(|&v| -2.0 * v).collect();
-            let sblock = Block {
-                cols: &scaled,
-                stride: qblock.stride,
-                n2: qblock.n2,
-                len: qn,
-            };
-            // Cutoffs: +inf until a heap is full; padding rows never survive.
-            let mut h = vec![f32::NEG_INFINITY; qn.next_multiple_of(ROWS)];
-            h[..qn].iter_mut().for_each(|x| *x = f32::INFINITY);
-            // Point blocks by their centre's distance to this query block's, nearest first,
-            // each with its box bound: a block beyond every heap's k-th value is skipped.
-            let (qlo, qhi) = queries.bounds(qb, dim);
-            let mut order: Vec<(f64, f64, u32)> = (0..nblocks)
-                .map(|b| {
-                    let (blo, bhi) = points.bounds(b, dim);
-                    let key = centre_dist(qlo, qhi, blo, bhi);
-                    (key, box_bound(qlo, qhi, blo, bhi), b as u32)
-                })
-                .collect();
-            order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            let qpts = &qtree.pts[qr.start * dim..qr.end * dim];
-            // Each kernel row tile's bounding box.
-            let ntiles = qn.div_ceil(ROWS);
-            let mut tile_lo = vec![f64::INFINITY; ntiles * dim];
-            let mut tile_hi = vec![f64::NEG_INFINITY; ntiles * dim];
-            for (i, p) in qpts.chunks_exact(dim).enumerate() {
-                let t = i / ROWS;
-                for (c, &x) in p.iter().enumerate() {
-                    let x = x.to_f64();
-                    tile_lo[t * dim + c] = tile_lo[t * dim + c].min(x);
-                    tile_hi[t * dim + c] = tile_hi[t * dim + c].max(x);
-                }
-            }
-            let qids = &qtree.ids[qr.clone()];
-            // The loosest bound on a k-th accumulator once every query has one.
-            let loosest = |states: &[Query<T>]| {
-                states
-                    .iter()
-                    .try_fold(0.0f64, |m, st| st.w.is_finite().then(|| m.max(st.w)))
-            };
-            let mut loose: Option<f64> = None;
-            for &(_, bound, b) in &order {
-                // A stop leaves the block's heaps short: the caller discards them.
-                if control.is_cancelled() {
-                    break;
-                }
-                if let Some(w) = loose {
-                    if bound > w * margin + slack {
-                        continue;
-                    }
-                }
-                let b = b as usize;
-                let (cblock, _, _) = points.fp.block(b);
-                let pr = points.blocks[b].clone();
-                let cids = &ptree.ids[pr.clone()];
-                let ccols = match points.cols.is_empty() {
-                    true => &[][..],
-                    false => &points.cols[b * dim * PB..(b + 1) * dim * PB],
-                };
-                // Row tiles whose box may still enter one of their heaps.
+    // One query block's answers and the number of point blocks it compared.
+    let search_block = |qb: usize| -> (Vec<(T, u32)>, usize) {
+        let qr = &queries.blocks[qb];
+        let mut visited = 0;
+        // Once stopped, the remaining blocks end before their setup (sorting every
+        // point block by distance, the tiles' boxes): together it is tens of ms.
+        if control.is_cancelled() {
+            return (Vec::new(), 0);
+        }
+        let qn = qr.len();
+        let mut states: Vec<Query<T>> = (0..qn)
+            .map(|_| Query {
+                exact: Heap::new(k),
+                approx: Heap::new(k),
+                pool: Vec::new(),
+                w: f64::INFINITY,
+            })
+            .collect();
+        let (qblock, q_err, _) = queries.fp.block(qb);
+        // The kernel's cutoff for a query of n2 `own` whose k-th accumulator is at most w.
+        let cutoff = |w: f64, own: f32| match FilterBound::from_f64::<T>(w, dim) {
+            Some(fb) => fb.cutoff_less_own(q_err, p_err, own as f64, p_n2, own),
+            None => f32::INFINITY,
+        };
+        // The kernel's query copy: -2 x~ (exact).
+        let scaled: Vec<f32> = qblock.cols.iter().map(|&v| -2.0 * v).collect();
+        let sblock = Block {
+            cols: &scaled,
+            stride: qblock.stride,
+            n2: qblock.n2,
+            len: qn,
+        };
+        // Cutoffs: +inf until a heap is full; padding rows never survive.
+        let mut h = vec![f32::NEG_INFINITY; qn.next_multiple_of(ROWS)];
+        h[..qn].iter_mut().for_each(|x| *x = f32::INFINITY);
+        // Point blocks by their centre's distance to this query block's, nearest first,
+        // each with its box bound: a block beyond every heap's k-th value is skipped.
+        let (qlo, qhi) = queries.bounds(qb, dim);
+        let mut order: Vec<(f64, f64, u32)> = (0..nblocks)
+            .map(|b| {
                 let (blo, bhi) = points.bounds(b, dim);
-                let mut tiles = 0u64;
-                for (t, rows) in states.chunks(ROWS).enumerate() {
-                    let open = match loosest(rows) {
-                        None => true,
-                        Some(w) => {
-                            let (tlo, thi) =
-                                (&tile_lo[t * dim..][..dim], &tile_hi[t * dim..][..dim]);
-                            box_bound(tlo, thi, blo, bhi) <= w * margin + slack
-                        }
-                    };
-                    tiles |= (open as u64) << t;
-                }
-                if tiles == 0 {
+                let key = centre_dist(qlo, qhi, blo, bhi);
+                (key, box_bound(qlo, qhi, blo, bhi), b as u32)
+            })
+            .collect();
+        order.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let qpts = &qtree.pts[qr.start * dim..qr.end * dim];
+        // Each kernel row tile's bounding box.
+        let ntiles = qn.div_ceil(ROWS);
+        let mut tile_lo = vec![f64::INFINITY; ntiles * dim];
+        let mut tile_hi = vec![f64::NEG_INFINITY; ntiles * dim];
+        for (i, p) in qpts.chunks_exact(dim).enumerate() {
+            let t = i / ROWS;
+            for (c, &x) in p.iter().enumerate() {
+                let x = x.to_f64();
+                tile_lo[t * dim + c] = tile_lo[t * dim + c].min(x);
+                tile_hi[t * dim + c] = tile_hi[t * dim + c].max(x);
+            }
+        }
+        let qids = &qtree.ids[qr.clone()];
+        // The loosest bound on a k-th accumulator once every query has one.
+        let loosest = |states: &[Query<T>]| {
+            states
+                .iter()
+                .try_fold(0.0f64, |m, st| st.w.is_finite().then(|| m.max(st.w)))
+        };
+        let mut loose: Option<f64> = None;
+        for &(_, bound, b) in &order {
+            // A stop leaves the block's heaps short: the caller discards them.
+            if control.is_cancelled() {
+                break;
+            }
+            if let Some(w) = loose {
+                if bound > w * margin + slack {
                     continue;
                 }
-                // A tile's candidates (lane, id) in `mask`, a self-kNN's query left out.
-                let others = |i: usize, j0: usize, mut mask: u16| {
-                    std::iter::from_fn(move || {
-                        let l = mask.trailing_zeros() as usize;
-                        mask &= mask.wrapping_sub(1);
-                        (l < dot_filter::COLS).then_some(l)
-                    })
-                    .map(move |l| (l, cids[j0 + l]))
-                    .filter(move |&(_, id)| !(self_join && id == qids[i]))
+            }
+            let b = b as usize;
+            let (cblock, _, _) = points.fp.block(b);
+            let pr = points.blocks[b].clone();
+            let cids = &ptree.ids[pr.clone()];
+            let ccols = match points.cols.is_empty() {
+                true => &[][..],
+                false => &points.cols[b * dim * PB..(b + 1) * dim * PB],
+            };
+            // Row tiles whose box may still enter one of their heaps.
+            let (blo, bhi) = points.bounds(b, dim);
+            let mut tiles = 0u64;
+            for (t, rows) in states.chunks(ROWS).enumerate() {
+                let open = match loosest(rows) {
+                    None => true,
+                    Some(w) => {
+                        let (tlo, thi) = (&tile_lo[t * dim..][..dim], &tile_hi[t * dim..][..dim]);
+                        box_bound(tlo, thi, blo, bhi) <= w * margin + slack
+                    }
                 };
-                let mut changed = false;
-                dot_filter::survivors_shifted(
-                    &sblock,
-                    &cblock,
-                    dim,
-                    &mut h,
-                    tiles,
-                    None,
-                    kernel,
-                    |i, j0, mask, _, f| {
-                        let st = &mut states[i];
-                        let mut tighter = false;
-                        if dim < DEFER_MIN_DIM {
-                            // Measured at once, 16 lanes from the column copy: cheap here,
-                            // and the exact k-th is the tightest bound.
-                            let w = st.exact.full().then(|| st.exact.worst());
-                            let q = &qpts[i * dim..(i + 1) * dim];
-                            let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
-                            let heap = &mut st.exact;
-                            let mut offered = false;
-                            for (l, id) in others(i, j0, mask) {
-                                if !heap.full() || key_less((a[l], id), heap.worst_item()) {
-                                    heap.offer((a[l], id));
-                                    offered = true;
-                                }
-                            }
-                            if !offered || !heap.full() {
-                                return None;
-                            }
-                            st.w = heap.worst().to_f64();
-                            changed = true;
-                            return Some(cutoff(st.w, qblock.n2[i]));
-                        }
+                tiles |= (open as u64) << t;
+            }
+            if tiles == 0 {
+                continue;
+            }
+            visited += 1;
+            // A tile's candidates (lane, id) in `mask`, a self-kNN's query left out.
+            let others = |i: usize, j0: usize, mut mask: u16| {
+                std::iter::from_fn(move || {
+                    let l = mask.trailing_zeros() as usize;
+                    mask &= mask.wrapping_sub(1);
+                    (l < dot_filter::COLS).then_some(l)
+                })
+                .map(move |l| (l, cids[j0 + l]))
+                .filter(move |&(_, id)| !(self_join && id == qids[i]))
+            };
+            let mut changed = false;
+            dot_filter::survivors_shifted(
+                &sblock,
+                &cblock,
+                dim,
+                &mut h,
+                tiles,
+                None,
+                kernel,
+                |i, j0, mask, _, f| {
+                    let st = &mut states[i];
+                    let mut tighter = false;
+                    if dim < DEFER_MIN_DIM {
+                        // Measured at once, 16 lanes from the column copy: cheap here,
+                        // and the exact k-th is the tightest bound.
+                        let w = st.exact.full().then(|| st.exact.worst());
+                        let q = &qpts[i * dim..(i + 1) * dim];
+                        let a = exact_tile(q, &ccols[j0..], PB, w, mask)?;
+                        let heap = &mut st.exact;
+                        let mut offered = false;
                         for (l, id) in others(i, j0, mask) {
-                            let v = f[l];
-                            st.pool.push((v, (pr.start + j0 + l) as u32));
-                            if !v.is_nan()
-                                && (!st.approx.full() || key_less((v, id), st.approx.worst_item()))
-                            {
-                                st.approx.offer((v, id));
-                                tighter |= st.approx.full();
+                            if !heap.full() || key_less((a[l], id), heap.worst_item()) {
+                                heap.offer((a[l], id));
+                                offered = true;
                             }
                         }
-                        let own = qblock.n2[i];
-                        if tighter {
-                            let up = dot_filter::canonical_upper::<T>(
-                                st.approx.worst(),
-                                own,
-                                q_err,
-                                p_err,
-                                own as f64,
-                                p_n2,
-                                dim,
-                            );
-                            tighter = up < st.w;
-                            st.w = st.w.min(up);
-                        }
-                        if st.pool.len() >= POOL {
-                            // Drop what the bound now rules out; confirm the rest when
-                            // that leaves many (ties, duplicates), so the pool stays small.
-                            let h = cutoff(st.w, own);
-                            st.pool.retain(|&(v, _)| kept(v, h));
-                            if st.pool.len() >= POOL / 2 {
-                                let q = &qpts[i * dim..(i + 1) * dim];
-                                let slots = st.pool.drain(..).map(|(_, s)| s);
-                                confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
-                                if st.exact.full() && st.exact.worst().to_f64() < st.w {
-                                    st.w = st.exact.worst().to_f64();
-                                    tighter = true;
-                                }
-                            }
-                        }
-                        if !tighter {
+                        if !offered || !heap.full() {
                             return None;
                         }
+                        st.w = heap.worst().to_f64();
                         changed = true;
-                        // The tightened cutoff, for the rest of this block and the next.
-                        Some(cutoff(st.w, own))
-                    },
-                );
-                if changed {
-                    loose = loosest(&states);
-                }
+                        return Some(cutoff(st.w, qblock.n2[i]));
+                    }
+                    for (l, id) in others(i, j0, mask) {
+                        let v = f[l];
+                        st.pool.push((v, (pr.start + j0 + l) as u32));
+                        if !v.is_nan()
+                            && (!st.approx.full() || key_less((v, id), st.approx.worst_item()))
+                        {
+                            st.approx.offer((v, id));
+                            tighter |= st.approx.full();
+                        }
+                    }
+                    let own = qblock.n2[i];
+                    if tighter {
+                        let up = dot_filter::canonical_upper::<T>(
+                            st.approx.worst(),
+                            own,
+                            q_err,
+                            p_err,
+                            own as f64,
+                            p_n2,
+                            dim,
+                        );
+                        tighter = up < st.w;
+                        st.w = st.w.min(up);
+                    }
+                    if st.pool.len() >= POOL {
+                        // Drop what the bound now rules out; confirm the rest when
+                        // that leaves many (ties, duplicates), so the pool stays small.
+                        let h = cutoff(st.w, own);
+                        st.pool.retain(|&(v, _)| kept(v, h));
+                        if st.pool.len() >= POOL / 2 {
+                            let q = &qpts[i * dim..(i + 1) * dim];
+                            let slots = st.pool.drain(..).map(|(_, s)| s);
+                            confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
+                            if st.exact.full() && st.exact.worst().to_f64() < st.w {
+                                st.w = st.exact.worst().to_f64();
+                                tighter = true;
+                            }
+                        }
+                    }
+                    if !tighter {
+                        return None;
+                    }
+                    changed = true;
+                    // The tightened cutoff, for the rest of this block and the next.
+                    Some(cutoff(st.w, own))
+                },
+            );
+            if changed {
+                loose = loosest(&states);
             }
-            // Confirm what the final bounds leave: the k nearest are among them.
-            let mut out = Vec::with_capacity(qn * k);
-            for (i, st) in states.iter_mut().enumerate() {
-                let h = cutoff(st.w, qblock.n2[i]);
-                let q = &qpts[i * dim..(i + 1) * dim];
-                st.pool.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-                let slots = st.pool.iter().filter(|p| kept(p.0, h)).map(|p| p.1);
-                confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
-                out.extend(st.exact.take_sorted());
-            }
-            control.advance(1, qn as u64);
-            out
-        })
+        }
+        // Confirm what the final bounds leave: the k nearest are among them.
+        let mut out = Vec::with_capacity(qn * k);
+        for (i, st) in states.iter_mut().enumerate() {
+            let h = cutoff(st.w, qblock.n2[i]);
+            let q = &qpts[i * dim..(i + 1) * dim];
+            st.pool.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            let slots = st.pool.iter().filter(|p| kept(p.0, h)).map(|p| p.1);
+            confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
+            out.extend(st.exact.take_sorted());
+        }
+        control.advance(1, qn as u64);
+        (out, visited)
+    };
+    // A self-kNN from DEFER_MIN_DIM dimensions takes the symmetric schedule where the
+    // blocks' bounds prune little: a sample of query blocks, searched first, shows how many
+    // point blocks a query block compares (their answers are kept otherwise).
+    let nq = queries.blocks.len();
+    let sample: Vec<usize> = (0..SAMPLE.min(nq))
+        .map(|i| i * nq / SAMPLE.min(nq))
+        .collect();
+    let mut done: Vec<Option<Vec<(T, u32)>>> = vec![None; nq];
+    let can = self_join && dim >= DEFER_MIN_DIM && symmetric::usable::<T>(n, k);
+    if can && schedule == Schedule::Symmetric {
+        return symmetric::search(kernel, &ptree, &center, k, indices, acc, control);
+    }
+    if can && schedule == Schedule::Auto {
+        let probe: Vec<(Vec<(T, u32)>, usize)> =
+            sample.par_iter().map(|&qb| search_block(qb)).collect();
+        control.check()?;
+        let compared: usize = probe.iter().map(|p| p.1).sum();
+        if compared as f64 > SYMMETRIC_FROM * (sample.len() * nblocks) as f64 {
+            return symmetric::search(kernel, &ptree, &center, k, indices, acc, control);
+        }
+        for (&qb, (out, _)) in sample.iter().zip(probe) {
+            done[qb] = Some(out);
+        }
+    }
+    let per_block: Vec<Vec<(T, u32)>> = done
+        .into_par_iter()
+        .enumerate()
+        .map(|(qb, out)| out.unwrap_or_else(|| search_block(qb).0))
         .collect();
     // Blocks cut short by a stop have short rows: they are never read.
     control.check()?;
@@ -656,17 +698,17 @@ mod tests {
             // A self-kNN from 384 points and DEFER_MIN_DIM dimensions also through the
             // symmetric schedule.
             let symmetric = m == 0 && dim >= DEFER_MIN_DIM && symmetric::usable::<f32>(n, k);
-            let runs = kernels.iter().flat_map(|&kn| {
-                [(kn, false), (kn, true)]
-                    .into_iter()
-                    .filter(move |&(_, s)| !s || symmetric)
-            });
-            for (kernel, sym) in runs {
+            let schedules = [Schedule::OneSided, Schedule::Auto, Schedule::Symmetric];
+            let runs = kernels
+                .iter()
+                .flat_map(|&kn| schedules.map(|s| (kn, s)))
+                .filter(|&(_, s)| s == Schedule::OneSided || symmetric);
+            for (kernel, schedule) in runs {
                 let mut idx = vec![0u32; rows * k];
                 let mut acc = vec![0.0f32; rows * k];
                 let done = search_with(
                     kernel,
-                    sym,
+                    schedule,
                     &data,
                     query.as_deref(),
                     dim,
@@ -676,7 +718,8 @@ mod tests {
                     &Control::default(),
                 )
                 .unwrap();
-                assert_eq!(done.unwrap().contains("symmetric"), sym);
+                let sym = done.unwrap().contains("symmetric");
+                assert!(schedule == Schedule::Auto || sym == (schedule == Schedule::Symmetric));
                 let got: Vec<(f32, u32)> = acc.iter().copied().zip(idx.iter().copied()).collect();
                 for (r, (g, w)) in got.chunks(k).zip(want.chunks(k)).enumerate() {
                     assert!(
