@@ -338,6 +338,45 @@ fn kernel_dispatch_and_argument_checks() {
     assert_no_validation_errors();
 }
 
+/// A caller can stop waiting for a kernel's compile, which a driver cannot interrupt:
+/// `kernel_stoppable` returns the check's error while the compile goes on on its own
+/// thread, and that compile then fills the cache.
+#[test]
+fn a_stop_returns_during_a_kernel_compile() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    let ctx = shared_context();
+    // Workgroup 32: a specialization no other test compiles, so it is not in the cache.
+    let spec = KernelSpec::new(32).push_bytes(72);
+    let calls = AtomicUsize::new(0);
+    let t = Instant::now();
+    let got = ctx.kernel_stoppable("grouped_tiles", shaders::GROUPED_TILES, &spec, || {
+        // The check before the compile passes, the first one during it stops.
+        match calls.fetch_add(1, Ordering::SeqCst) {
+            0 => Ok(()),
+            _ => Err(simjoin::Error::new(ErrorKind::Cancelled, "stopped")),
+        }
+    });
+    let stopped = t.elapsed();
+    let t = Instant::now();
+    ctx.kernel("grouped_tiles", shaders::GROUPED_TILES, &spec)
+        .unwrap();
+    let rest = t.elapsed();
+    let t = Instant::now();
+    ctx.kernel("grouped_tiles", shaders::GROUPED_TILES, &spec)
+        .unwrap();
+    let cached = t.elapsed();
+    eprintln!("stopped after {stopped:?}, the compile ended {rest:?} later, cached {cached:?}");
+    match got {
+        Err(e) => assert_eq!(e.kind(), ErrorKind::Cancelled, "{e}"),
+        // A hardware driver may compile it within the first 2 ms poll; lavapipe does not.
+        Ok(_) => assert!(!common::on_lavapipe(), "the compile was not stopped"),
+    }
+    assert!(stopped < Duration::from_millis(100), "{stopped:?}");
+    assert!(cached < Duration::from_millis(20), "{cached:?}");
+    assert_no_validation_errors();
+}
+
 #[test]
 fn dispatch_beyond_max_workgroup_count_uses_a_2d_grid() {
     let ctx = shared_context();

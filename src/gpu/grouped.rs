@@ -147,10 +147,11 @@ pub(super) fn run(
         .result_buffer_pairs
         .unwrap_or(if software { 1 << 20 } else { 1 << 24 })
         .clamp(SIDE * SIDE, 1 << 28) as u32;
-    let kernel = ctx.kernel(
+    let kernel = ctx.kernel_stoppable(
         "grouped_tiles",
         shaders::GROUPED_TILES,
         &KernelSpec::new(WORKGROUP).push_bytes(size_of::<Params>() as u32),
+        || control.check(),
     )?;
     let rows_a = ctx.upload(&plan.ga.rows, "grouped rows A")?;
     let rows_b = if plan.self_join {
@@ -431,10 +432,11 @@ pub(super) fn nearest_leaders(
             "too many rows or leaders for the GPU's assignment",
         ));
     }
-    let kernel = ctx.kernel(
+    let kernel = ctx.kernel_stoppable(
         "nearest_leaders",
         shaders::NEAREST_LEADERS,
         &KernelSpec::new(WORKGROUP).push_bytes(size_of::<AssignParams>() as u32),
+        || control.check(),
     )?;
     let rows = ctx.upload(x, "assignment rows")?;
     let lead = ctx.upload(leaders, "assignment leaders")?;

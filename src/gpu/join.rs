@@ -193,6 +193,7 @@ pub(super) fn workgroup_and_budget(ctx: &Context) -> (u32, u32) {
 }
 
 /// The join kernel for `algorithm` and `T`, specialised for this job.
+#[allow(clippy::too_many_arguments)]
 fn join_kernel<T: Coord>(
     ctx: &Arc<Context>,
     algorithm: Algorithm,
@@ -201,6 +202,7 @@ fn join_kernel<T: Coord>(
     metric: u32,
     prepared: &Prepared,
     tiling: Option<Tiling>,
+    control: &crate::control::Control,
 ) -> Result<Kernel> {
     let tiled = tiling.is_some();
     let (name, spirv) = match (algorithm, std::mem::size_of::<T>()) {
@@ -222,7 +224,9 @@ fn join_kernel<T: Coord>(
         Some(t) => spec.constant(5, t.tile).constant(6, t.floats),
         None => spec,
     };
-    ctx.kernel(name, spirv, &spec)
+    // Compiling it can take a software device a good part of a second: a stop returns
+    // during it.
+    ctx.kernel_stoppable(name, spirv, &spec, || control.check())
 }
 
 /// The grid or brute-force join of `job` into `sink` (count only without one), and what
@@ -381,12 +385,20 @@ where
         opts.metric as u32,
         &prepared,
         tiling,
-    )?;
+        &opts.control,
+    );
+    let kernel = match kernel {
+        Ok(k) => k,
+        Err(e) => {
+            // The uploads complete before the buffers they write go.
+            prepared.ready.wait()?;
+            return Err(e);
+        }
+    };
     if rows.is_some() {
         // The rows' sort kernels too, before the batches (and a stop) begin.
         crate::vk::sort::prepare_u32(ctx)?;
     }
-    // Compiling the kernel can take a software device a good part of a second.
     if opts.control.is_cancelled() {
         prepared.ready.wait()?;
         return Err(crate::control::cancelled());

@@ -2,7 +2,7 @@
 //! storage buffers at set 0, bindings 0..n. Pipelines are cached per context.
 
 use super::context::Context;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use ash::vk;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -58,6 +58,17 @@ struct KernelKey {
     spirv_hash: u64,
     spirv_len: usize,
     spec: KernelSpec,
+}
+
+/// The cache's key of a module and its specialization.
+fn key(spirv: &[u8], spec: &KernelSpec) -> KernelKey {
+    let mut h = DefaultHasher::new();
+    spirv.hash(&mut h);
+    KernelKey {
+        spirv_hash: h.finish(),
+        spirv_len: spirv.len(),
+        spec: spec.clone(),
+    }
 }
 
 #[derive(Default)]
@@ -141,13 +152,7 @@ impl Context {
                 "kernel {name}: constant_id 0 is the workgroup size"
             )));
         }
-        let mut h = DefaultHasher::new();
-        spirv.hash(&mut h);
-        let key = KernelKey {
-            spirv_hash: h.finish(),
-            spirv_len: spirv.len(),
-            spec: spec.clone(),
-        };
+        let key = key(spirv, spec);
         let mut map = self.kernels.map.lock().unwrap_or_else(|p| p.into_inner());
         let objects = match map.get(&key) {
             Some(o) => o.clone(),
@@ -163,6 +168,57 @@ impl Context {
             name: name.into(),
             spec: Arc::new(spec.clone()),
         })
+    }
+
+    /// `kernel`, whose wait a caller can stop: `check` is called every few milliseconds
+    /// while the pipeline is compiled (its error, such as a cancelled job's, is returned).
+    /// A driver's compile cannot be interrupted (lavapipe takes up to half a second for a
+    /// join kernel on a slow machine), so it runs on a thread of its own: a stopped caller
+    /// returns at once, and the compile ends on that thread and still fills the cache (the
+    /// thread holds the context until then). A cached kernel is returned without a thread.
+    pub fn kernel_stoppable(
+        self: &Arc<Self>,
+        name: &str,
+        spirv: &'static [u8],
+        spec: &KernelSpec,
+        check: impl Fn() -> Result<()>,
+    ) -> Result<Kernel> {
+        if self
+            .kernels
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&key(spirv, spec))
+        {
+            return self.kernel(name, spirv, spec);
+        }
+        check()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (ctx, owned_name, owned_spec) = (self.clone(), name.to_string(), spec.clone());
+        std::thread::Builder::new()
+            .name("simjoin-compile".into())
+            .spawn(move || {
+                // The receiver is gone when the caller stopped: the cache keeps the kernel.
+                let _ = tx.send(ctx.kernel(&owned_name, spirv, &owned_spec));
+            })
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Internal,
+                    format!("kernel {name}: no compile thread: {e}"),
+                )
+            })?;
+        loop {
+            match rx.recv_timeout(std::time::Duration::from_millis(2)) {
+                Ok(kernel) => return kernel,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => check()?,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(Error::new(
+                        ErrorKind::Internal,
+                        format!("kernel {name}: the compile thread ended without a result"),
+                    ))
+                }
+            }
+        }
     }
 
     fn build_pipeline(&self, name: &str, spirv: &[u8], spec: &KernelSpec) -> Result<KernelObjects> {

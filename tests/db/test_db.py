@@ -470,11 +470,11 @@ def test_pg_cancel():
             sess.run("RESET statement_timeout")
         pg_check_stopped(f"pg {attempt}", sess, before, ref_time)
     # The same on the GPU backend (lavapipe in CI): the device opened by a first small join,
-    # then statement_timeout stops a GPU join (in its planning or its batches). Compiling
-    # the join's kernel for these points (32-D) is the one step that cannot be interrupted:
-    # lavapipe took up to half a second on a slow CI machine (a stop at 1 s landed in it and
-    # took 280 ms), a GPU's driver milliseconds. A first statement, stopped at 3 s, compiles
-    # it (kernels are kept per device and specialization); the timed one finds it compiled.
+    # then statement_timeout stops a GPU join (in its planning or its batches). A first
+    # statement, stopped at 3 s, compiles the join's kernel for these points (32-D; kernels
+    # are kept per device and specialization), so the timed stop lands in the join itself.
+    # (A stop during a compile returns at once too, the compile finishing on its own thread:
+    # tests/vk_kernels.rs, a_stop_returns_during_a_kernel_compile.)
     gpu_small = "SELECT count(*) FROM simjoin_self_join('SELECT id, x, y FROM ref2 WHERE id <= 1000', 0.01, 'euclidean', 'gpu')"
     gpu_long = ("SELECT count(*) FROM simjoin_self_join('SELECT id, v FROM u32 WHERE id <= 50000', 0.5, "
                 "'euclidean', 'gpu')")
