@@ -271,6 +271,71 @@ struct Query<T> {
     w: f64,
 }
 
+impl<T: Coord> Query<T> {
+    fn new(k: usize) -> Self {
+        Query {
+            exact: Heap::new(k),
+            approx: Heap::new(k),
+            pool: Vec::new(),
+            w: f64::INFINITY,
+        }
+    }
+
+    /// For a full pool: drops what the cutoff `g` (on the pool's keys) now rules out, and
+    /// confirms the rest against the query point `q` when that leaves many (ties,
+    /// duplicates), so the pool stays small. True when that tightened w.
+    fn trim(&mut self, g: f32, q: &[T], tree: &Tree<T>) -> bool {
+        self.pool.retain(|&(v, _)| kept(v, g));
+        if self.pool.len() < POOL / 2 {
+            return false;
+        }
+        let slots = self.pool.drain(..).map(|(_, s)| s);
+        confirm(q, &tree.pts, &tree.ids, slots, &mut self.exact);
+        let tighter = self.exact.full() && self.exact.worst().to_f64() < self.w;
+        if tighter {
+            self.w = self.exact.worst().to_f64();
+        }
+        tighter
+    }
+
+    /// Confirms what the final cutoff `g` leaves of the pool (the k nearest are among it)
+    /// and appends the k nearest to `out`, nearest first.
+    fn finish(&mut self, g: f32, q: &[T], tree: &Tree<T>, out: &mut Vec<(T, u32)>) {
+        self.pool.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        let slots = self.pool.iter().filter(|p| kept(p.0, g)).map(|p| p.1);
+        confirm(q, &tree.pts, &tree.ids, slots, &mut self.exact);
+        out.extend(self.exact.take_sorted());
+    }
+}
+
+/// Writes answers kept per block of `size` slots of the tree order (k per slot) into rows
+/// `indices` / `acc`: slot s is the original row `ids[s]`.
+fn scatter_rows<T: Coord>(
+    ids: &[u32],
+    size: usize,
+    k: usize,
+    per_block: &[Vec<(T, u32)>],
+    indices: &mut [u32],
+    acc: &mut [T],
+) {
+    let mut slot_of_row = vec![0u32; ids.len()];
+    for (s, &id) in ids.iter().enumerate() {
+        slot_of_row[id as usize] = s as u32;
+    }
+    indices
+        .par_chunks_mut(k)
+        .zip(acc.par_chunks_mut(k))
+        .zip(slot_of_row.par_iter())
+        .for_each(|((oi, oa), &s)| {
+            let s = s as usize;
+            let row = &per_block[s / size][(s % size) * k..(s % size + 1) * k];
+            for (c, &(a, id)) in row.iter().enumerate() {
+                oi[c] = id;
+                oa[c] = a;
+            }
+        });
+}
+
 /// Runs the search into row-major `indices` / `acc` (accumulators, not yet square-rooted).
 /// `Ok(None)` when the filter cannot be used on these data (norms too large for f32).
 pub(super) fn search<T: Coord>(
@@ -367,14 +432,7 @@ fn search_with<T: Coord>(
             return (Vec::new(), 0);
         }
         let qn = qr.len();
-        let mut states: Vec<Query<T>> = (0..qn)
-            .map(|_| Query {
-                exact: Heap::new(k),
-                approx: Heap::new(k),
-                pool: Vec::new(),
-                w: f64::INFINITY,
-            })
-            .collect();
+        let mut states: Vec<Query<T>> = (0..qn).map(|_| Query::new(k)).collect();
         let (qblock, q_err, _) = queries.fp.block(qb);
         // The kernel's cutoff for a query of n2 `own` whose k-th accumulator is at most w.
         let cutoff = |w: f64, own: f32| match FilterBound::from_f64::<T>(w, dim) {
@@ -527,19 +585,8 @@ fn search_with<T: Coord>(
                         st.w = st.w.min(up);
                     }
                     if st.pool.len() >= POOL {
-                        // Drop what the bound now rules out; confirm the rest when
-                        // that leaves many (ties, duplicates), so the pool stays small.
-                        let h = cutoff(st.w, own);
-                        st.pool.retain(|&(v, _)| kept(v, h));
-                        if st.pool.len() >= POOL / 2 {
-                            let q = &qpts[i * dim..(i + 1) * dim];
-                            let slots = st.pool.drain(..).map(|(_, s)| s);
-                            confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
-                            if st.exact.full() && st.exact.worst().to_f64() < st.w {
-                                st.w = st.exact.worst().to_f64();
-                                tighter = true;
-                            }
-                        }
+                        let q = &qpts[i * dim..(i + 1) * dim];
+                        tighter |= st.trim(cutoff(st.w, own), q, &ptree);
                     }
                     if !tighter {
                         return None;
@@ -556,12 +603,8 @@ fn search_with<T: Coord>(
         // Confirm what the final bounds leave: the k nearest are among them.
         let mut out = Vec::with_capacity(qn * k);
         for (i, st) in states.iter_mut().enumerate() {
-            let h = cutoff(st.w, qblock.n2[i]);
             let q = &qpts[i * dim..(i + 1) * dim];
-            st.pool.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            let slots = st.pool.iter().filter(|p| kept(p.0, h)).map(|p| p.1);
-            confirm(q, &ptree.pts, &ptree.ids, slots, &mut st.exact);
-            out.extend(st.exact.take_sorted());
+            st.finish(cutoff(st.w, qblock.n2[i]), q, &ptree, &mut out);
         }
         control.advance(1, qn as u64);
         (out, visited)
@@ -597,24 +640,7 @@ fn search_with<T: Coord>(
         .collect();
     // Blocks cut short by a stop have short rows: they are never read.
     control.check()?;
-    // Scatter rows: query slot s of the tree order is the original row ids[s].
-    let qids = &qtree.ids;
-    let mut pos_of_row = vec![0u32; qids.len()];
-    for (s, &id) in qids.iter().enumerate() {
-        pos_of_row[id as usize] = s as u32;
-    }
-    indices
-        .par_chunks_mut(k)
-        .zip(acc.par_chunks_mut(k))
-        .zip(pos_of_row.par_iter())
-        .for_each(|((oi, oa), &s)| {
-            let s = s as usize;
-            let row = &per_block[s / QB][(s % QB) * k..(s % QB + 1) * k];
-            for (c, &(a, id)) in row.iter().enumerate() {
-                oi[c] = id;
-                oa[c] = a;
-            }
-        });
+    scatter_rows(&qtree.ids, QB, k, &per_block, indices, acc);
     Ok(Some(format!(
         "dot-product filter: blocks of {QB} queries x {PB} points in k-d tree order ({} point blocks, {} kernel), survivors confirmed exactly",
         nblocks,

@@ -20,10 +20,10 @@
 //! smallest F from above bound the k-th accumulator (`canonical_upper`). The rest is the
 //! one-sided search's: the same bounds, pools, confirmation and ranking.
 
-use super::{box_bound, confirm, kept, Query, Side, POOL, ROWS};
+use super::{box_bound, scatter_rows, Query, Side, POOL, ROWS};
 use crate::control::Control;
 use crate::cpu::dot_filter::{self, Block, ColumnTest, FilterBound};
-use crate::cpu::knn::{key_less, Heap, Tree};
+use crate::cpu::knn::{key_less, Tree};
 use crate::error::Result;
 use crate::metric::Coord;
 use rayon::prelude::*;
@@ -107,20 +107,8 @@ impl<T: Coord> Ctx<'_, T> {
             }
         }
         if st.pool.len() >= POOL {
-            // As in the one-sided search: drop what the bound rules out, confirm the rest
-            // when that leaves many (ties, duplicates).
-            let g = self.cut(st.w, own);
-            st.pool.retain(|&(v, _)| kept(v, g));
-            if st.pool.len() >= POOL / 2 {
-                let slots = st.pool.drain(..).map(|(_, s)| s);
-                let dim = self.dim;
-                let qp = &self.tree.pts[q * dim..(q + 1) * dim];
-                confirm(qp, &self.tree.pts, &self.tree.ids, slots, &mut st.exact);
-                if st.exact.full() && st.exact.worst().to_f64() < st.w {
-                    st.w = st.exact.worst().to_f64();
-                    tighter = true;
-                }
-            }
+            let qp = &self.tree.pts[q * self.dim..(q + 1) * self.dim];
+            tighter |= st.trim(self.cut(st.w, own), qp, self.tree);
         }
         tighter
     }
@@ -161,18 +149,7 @@ pub(super) fn search<T: Coord>(
     let states: Vec<Mutex<Vec<Query<T>>>> = side
         .blocks
         .iter()
-        .map(|r| {
-            Mutex::new(
-                r.clone()
-                    .map(|_| Query {
-                        exact: Heap::new(k),
-                        approx: Heap::new(k),
-                        pool: Vec::new(),
-                        w: f64::INFINITY,
-                    })
-                    .collect(),
-            )
-        })
+        .map(|r| Mutex::new(r.clone().map(|_| Query::new(k)).collect()))
         .collect();
     // The loosest bound of a block's points once all have one.
     let loosest = |st: &[Query<T>]| {
@@ -291,36 +268,16 @@ pub(super) fn search<T: Coord>(
             let b0 = side.blocks[b].start;
             let mut out = Vec::with_capacity(st.len() * k);
             for (i, st) in st.iter_mut().enumerate() {
-                let g = ctx.cut(st.w, bb.n2[i]);
                 let q = &tree.pts[(b0 + i) * dim..(b0 + i + 1) * dim];
-                st.pool.sort_unstable_by(|x, y| x.0.total_cmp(&y.0));
-                let slots = st.pool.iter().filter(|p| kept(p.0, g)).map(|p| p.1);
-                confirm(q, &tree.pts, &tree.ids, slots, &mut st.exact);
-                out.extend(st.exact.take_sorted());
+                st.finish(ctx.cut(st.w, bb.n2[i]), q, tree, &mut out);
             }
             out
         })
         .collect();
     control.check()?;
-    // Slot s of the tree order is the original row ids[s].
-    let mut slot_of_row = vec![0u32; tree.ids.len()];
-    for (s, &id) in tree.ids.iter().enumerate() {
-        slot_of_row[id as usize] = s as u32;
-    }
-    indices
-        .par_chunks_mut(k)
-        .zip(acc.par_chunks_mut(k))
-        .zip(slot_of_row.par_iter())
-        .for_each(|((oi, oa), &s)| {
-            let s = s as usize;
-            let row = &per_block[s / SB][(s % SB) * k..(s % SB + 1) * k];
-            for (c, &(a, id)) in row.iter().enumerate() {
-                oi[c] = id;
-                oa[c] = a;
-            }
-        });
+    scatter_rows(&tree.ids, SB, k, &per_block, indices, acc);
     Ok(Some(format!(
-        "dot-product filter, symmetric: {nb} blocks of {SB} points in k-d tree order, each pair of blocks compared once in {p} rounds ({} kernel), survivors confirmed exactly",
+        "dot-product filter, symmetric: {nb} blocks of {SB} points in k-d tree order, each pair of blocks compared once ({groups} rounds of groups of {g} blocks, {} kernel), survivors confirmed exactly",
         kernel.name()
     )))
 }
