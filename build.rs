@@ -93,18 +93,24 @@ fn compile_shaders() {
             })
         });
         let file = path.file_name().unwrap().to_str().unwrap();
-        let artifact = compiler
-            .compile_into_spirv(
-                &source,
-                shaderc::ShaderKind::Compute,
-                file,
-                "main",
-                Some(&opts),
-            )
-            .unwrap_or_else(|e| panic!("compiling {}:\n{e}", path.display()));
         let stem = path.file_stem().unwrap().to_str().unwrap();
+        let binary = match compiler.compile_into_spirv(
+            &source,
+            shaderc::ShaderKind::Compute,
+            file,
+            "main",
+            Some(&opts),
+        ) {
+            Ok(artifact) => artifact.as_binary_u8().to_vec(),
+            Err(e) => prebuilt(glsl, stem, &source).unwrap_or_else(|why| {
+                panic!(
+                    "compiling {}:\n{e}\n(no prebuilt SPIR-V either: {why})",
+                    path.display()
+                )
+            }),
+        };
         let spv = out.join(format!("{stem}.spv"));
-        fs::write(&spv, artifact.as_binary_u8()).unwrap();
+        fs::write(&spv, binary).unwrap();
         module.push_str(&format!(
             "pub const {}: &[u8] = include_bytes!({:?});\n",
             stem.to_uppercase(),
@@ -113,4 +119,48 @@ fn compile_shaders() {
     }
     fs::write(out.join("shaders.rs"), module).unwrap();
     fs::write(out.join("join_interface.glsl"), generated).unwrap();
+}
+
+/// The SPIR-V of a kernel the system's shaderc cannot compile (an extension newer than its
+/// glslang, such as `GL_KHR_cooperative_matrix` for Debian 12's glslang 12):
+/// `glsl/spirv/STEM.spv`, made by `scripts/prebuilt-spirv.sh` with the glslang bundled in
+/// shaderc-sys, used only while `glsl/spirv/STEM.source` holds the hash of the kernel's
+/// source and its includes ([`source_hash`]): an edited kernel must be compiled again.
+#[cfg(feature = "gpu")]
+fn prebuilt(glsl: &std::path::Path, stem: &str, source: &str) -> Result<Vec<u8>, String> {
+    let dir = glsl.join("spirv");
+    let recorded = std::fs::read_to_string(dir.join(format!("{stem}.source")))
+        .map_err(|e| format!("glsl/spirv/{stem}.source: {e}"))?;
+    let now = source_hash(glsl, source);
+    if recorded.trim() != now {
+        return Err(format!(
+            "glsl/spirv/{stem}.spv was made from another source (hash {} there, {now} now): run scripts/prebuilt-spirv.sh",
+            recorded.trim()
+        ));
+    }
+    std::fs::read(dir.join(format!("{stem}.spv")))
+        .map_err(|e| format!("glsl/spirv/{stem}.spv: {e}"))
+}
+
+/// FNV-1a (64 bits, hex) of a kernel's source followed by each file it `#include`s from
+/// glsl/, in order: what scripts/prebuilt-spirv.sh records. Not a cryptographic hash:
+/// it tells an edited source from the one compiled.
+#[cfg(feature = "gpu")]
+fn source_hash(glsl: &std::path::Path, source: &str) -> String {
+    let mut text = source.to_string();
+    for line in source.lines() {
+        if let Some(name) = line
+            .trim()
+            .strip_prefix("#include \"")
+            .and_then(|r| r.strip_suffix('"'))
+        {
+            text.push_str(&std::fs::read_to_string(glsl.join(name)).unwrap_or_default());
+        }
+    }
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in text.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    format!("{h:016x}")
 }

@@ -517,6 +517,18 @@ fn gpu_grouped_join_matches_the_rule() {
                 let got = engine().self_join(&a, &o).unwrap();
                 let notes = got.report.notes.join("; ");
                 assert!(notes.contains("on the GPU: "), "{what}: {notes}");
+                // The matrix units ran the tiles where the device has them (the device kit
+                // sets SIMJOIN_EXPECT_MATRIX=1 where `simjoin info` says "f16 tiles: yes"
+                // and SIMJOIN_GPU_MATRIX is not 0), f32 tiles elsewhere (lavapipe).
+                let matrix = std::env::var("SIMJOIN_EXPECT_MATRIX").as_deref() == Ok("1");
+                assert!(
+                    notes.contains(if matrix {
+                        "on the matrix units"
+                    } else {
+                        "of f32 products"
+                    }),
+                    "{what}: {notes}"
+                );
                 assert!(
                     notes.contains("leaders assigned on the GPU"),
                     "{what}: {notes}"

@@ -1,9 +1,11 @@
 """Issue 40 on a GPU: the grouped cosine join with its tiles on the device (gpu/grouped.rs)
 against the same join on simjoin's CPU backend (every core of the machine) and against the
-GPU's brute force (`--algorithm brute`: every pair's distance on the device, what a
-chunked `X @ X.T` with a threshold does; PyTorch itself cannot be carried to the device
-machine), same data, same run, through the CLI with the pairs written sorted to a .npy
-file (what a user gets). Data: bench/embed_bench.py's generator (clusters around random
+GPU's brute force (`--algorithm brute`: every pair's distance on the device), and against
+PyTorch on the same GPU (where the device image has it): a chunked `X @ X.T` of the
+normalised rows with a threshold, in f32 (TF32 off) and in f16, pairs (i < j) as a NumPy
+array, timed from the rows in host memory to the pairs in host memory after a warm-up.
+simjoin runs through the CLI with the pairs written sorted to a .npy file (what a user
+gets); its column is the join's own time (`seconds`), the process's wall time in the notes. Data: bench/embed_bench.py's generator (clusters around random
 centres, and uniform on the sphere). Prints a Markdown table with ratios; every system's
 pair count must agree.
 
@@ -35,13 +37,14 @@ SMALL = [
 ]
 
 
-def run(binary, path, eps, backend, algorithm, timeout, tmp):
+def run(binary, path, eps, backend, algorithm, timeout, tmp, env=None):
     out = os.path.join(tmp, "pairs.npy")
     cmd = [binary, "self-join", path, "--eps", str(eps), "--metric", "cosine", "--backend",
            backend, "--algorithm", algorithm, "--stats", "-o", out]
     t = time.perf_counter()
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, **(env or {})))
     except subprocess.TimeoutExpired:
         return {"error": f"timeout {timeout} s"}
     wall = time.perf_counter() - t
@@ -53,6 +56,45 @@ def run(binary, path, eps, backend, algorithm, timeout, tmp):
     return stats
 
 
+def torch_join(x, eps, half, chunk=4096):
+    """PyTorch's brute force: pairs i < j with cos(x_i, x_j) >= 1 - eps, as NumPy (i, j)
+    rows sorted (row-major nonzero per chunk of rows). Returns (pairs, seconds)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    g = torch.from_numpy(x).cuda()
+    g = torch.nn.functional.normalize(g, dim=1)
+    if half:
+        g = g.half()
+    n = g.shape[0]
+    out = []
+    for i0 in range(0, n, chunk):
+        i1 = min(n, i0 + chunk)
+        s = g[i0:i1] @ g[i0:].T
+        keep = s.float() >= (1.0 - eps)
+        # Upper triangle only: column (i0 + c) > row (i0 + r).
+        keep[:, : i1 - i0] &= torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=g.device).triu(1)
+        nz = keep.nonzero()
+        nz[:, 0] += i0
+        nz[:, 1] += i0
+        out.append(nz)
+        del s, keep
+    pairs = torch.cat(out).cpu().numpy()
+    torch.cuda.synchronize()
+    return pairs, time.perf_counter() - t
+
+
+def have_torch():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--simjoin-bin", required=True)
@@ -60,38 +102,75 @@ def main():
     ap.add_argument("--small", action="store_true", help="rehearsal sizes (lavapipe)")
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--tmp", default="/tmp/simjoin-cosine")
+    ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
     os.makedirs(args.tmp, exist_ok=True)
     rows = []
     notes = []
+    torch_ok = have_torch() and not args.no_torch
+    warmed = False
+    if not torch_ok:
+        notes.append("- PyTorch with CUDA not found here: no PyTorch columns")
     for name, n, dim, centres, spread, eps, brute in SMALL if args.small else FULL:
         path = os.path.join(args.tmp, name + ".npy")
         t = time.perf_counter()
         np.save(path, make(name, n, dim, centres, spread))
         print(f"{name}: data made in {time.perf_counter() - t:.1f} s", flush=True)
-        modes = [("gpu", "auto"), ("cpu", "auto")] + ([("gpu", "brute")] if brute else [])
+        # ("gpu", "f32"): the grouped join with the matrix units off (SIMJOIN_GPU_MATRIX=0).
+        modes = [("gpu", "auto"), ("gpu", "f32"), ("cpu", "auto")] + ([("gpu", "brute")] if brute else [])
         got = {}
+        if torch_ok:
+            x = np.load(path)
+            for half in (False, True):
+                key = ("torch", "f16" if half else "f32")
+                try:
+                    if not warmed:
+                        torch_join(x[:2048], eps, half)
+                        warmed = True
+                    pairs, secs = torch_join(x, eps, half)
+                    got[key] = {"seconds": secs, "pairs_inexact": len(pairs)}
+                    del pairs
+                except Exception as e:  # noqa: BLE001 (out of memory and the like: reported)
+                    got[key] = {"error": type(e).__name__ + ": " + str(e).splitlines()[0][:80]}
+                print(f"  torch {key[1]}: {got[key].get('seconds', got[key].get('error'))} s, "
+                      f"{got[key].get('pairs_inexact')} pairs", flush=True)
+            del x
+            import torch
+
+            torch.cuda.empty_cache()
         for backend, algorithm in modes:
-            r = run(args.simjoin_bin, path, eps, backend, algorithm, args.timeout, args.tmp)
+            r = run(args.simjoin_bin, path, eps, backend, "auto" if algorithm == "f32" else algorithm,
+                    args.timeout, args.tmp, {"SIMJOIN_GPU_MATRIX": "0"} if algorithm == "f32" else None)
             got[(backend, algorithm)] = r
             print(f"  {backend} {algorithm}: {r.get('seconds', r.get('error'))} s, "
                   f"{r.get('pairs')} pairs", flush=True)
+            if "wall" in r:
+                notes.append(f"- {name} {backend} {algorithm}: process wall {r['wall']:.2f} s")
             if "notes" in r:
                 cosine = [x for x in r["notes"] if x.startswith("cosine:")]
                 notes.append(f"- {name} {backend} {algorithm} ({r.get('device')}): " + "; ".join(cosine))
         os.remove(path)
         counts = {r["pairs"] for r in got.values() if "pairs" in r}
+        import gc
+
+        gc.collect()
         g = got[("gpu", "auto")].get("seconds")
         cell = lambda r: f"{r['seconds']:.2f}" if "seconds" in r else r.get("error", "-")  # noqa: E731
         ratio = lambda r: f"{r['seconds'] / g:.1f}x" if g and "seconds" in r else "-"  # noqa: E731
         c, b = got[("cpu", "auto")], got.get(("gpu", "brute"), {"error": "not run"})
+        f = got[("gpu", "f32")]
+        tf, th = (got.get(("torch", h), {"error": "not run"}) for h in ("f32", "f16"))
+        tcount = lambda r: f" ({r['pairs_inexact']:,} pairs)" if "pairs_inexact" in r else ""  # noqa: E731
         rows.append(f"| {name} | {n:,} | {dim} | {eps} | {'/'.join(map(str, sorted(counts)))} "
-                    f"| {cell(got[('gpu', 'auto')])} | {cell(c)} | {cell(b)} | {ratio(c)} | {ratio(b)} |")
+                    f"| {cell(got[('gpu', 'auto')])} | {cell(f)} | {ratio(f)} | {cell(c)} | {cell(b)} | {cell(tf)}{tcount(tf)} "
+                    f"| {cell(th)}{tcount(th)} | {ratio(c)} | {ratio(b)} | {ratio(tf)} |")
         if len(counts) > 1:
             notes.append(f"- {name}: PAIR COUNTS DIFFER: {sorted(counts)}")
-    table = ["| workload | n | dims | eps (1 - cos) | pairs | simjoin GPU grouped s | simjoin CPU s "
-             "| GPU brute force s | CPU / GPU grouped | brute / GPU grouped |",
-             "|---|---|---|---|---|---|---|---|---|---|"] + rows
+    table = ["| workload | n | dims | eps (1 - cos) | pairs | simjoin GPU grouped s | same, f32 tiles s "
+             "| f32 / default | simjoin CPU s "
+             "| GPU brute force s | PyTorch f32 s | PyTorch f16 s | CPU / GPU grouped "
+             "| brute / GPU grouped | PyTorch f32 / GPU grouped |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows
     text = "\n".join(table + ["", "Notes (what ran):"] + notes) + "\n"
     print(text)
     with open(args.out, "w") as f:

@@ -51,10 +51,17 @@ if [ ! -d $x11 ]; then
   mkdir -p $x11
   for f in $kit/debs/lib{x11-6,xext6,xcb1,xau6,xdmcp6,bsd0,md0}_*.deb; do [ -f "$f" ] && dpkg -x "$f" $x11; done
 fi
+# The newest validation layer whose libraries load here: Debian 13's (1.4, knows
+# VK_KHR_cooperative_matrix, needs glibc 2.38 and libstdc++ 14), else Debian 12's (1.3.239).
 vl=/tmp/simjoin-vl
 if [ ! -d $vl ]; then
-  mkdir -p $vl && dpkg -x $kit/debs/vulkan-validationlayers_*.deb $vl
+  for deb in $(ls -r $kit/debs/vulkan-validationlayers_*.deb); do
+    rm -rf $vl && mkdir -p $vl && dpkg -x "$deb" $vl
+    ldd $vl/usr/lib/x86_64-linux-gnu/libVkLayer_khronos_validation.so 2>&1 | grep -q "not found" || break
+  done
+  echo "$(basename "$deb")" >$vl/which
 fi
+say "validation layer: $(cat $vl/which)"
 export VK_LAYER_PATH=$vl/usr/share/vulkan/explicit_layer.d
 export LD_LIBRARY_PATH=$vl/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$x11/usr/lib/x86_64-linux-gnu:$x11/lib/x86_64-linux-gnu
 nvidia_icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -64,6 +71,11 @@ manifest=$(cat $kit/MANIFEST_DIR)
 if [ ! -e "$manifest" ]; then mkdir -p "$(dirname "$manifest")" && ln -s "$PWD" "$manifest"; fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
 VK_LOADER_DEBUG=error,warn $kit/simjoin info 2>&1 | tee -a "$log"
+# The grouped cosine join's tiles run on the matrix units where the device has them: the
+# tests then check that they did (tests/cosine.rs).
+if $kit/simjoin info 2>/dev/null | grep -q "f16 tiles: yes" && [ "${SIMJOIN_GPU_MATRIX:-1}" != 0 ]; then
+  export SIMJOIN_EXPECT_MATRIX=1
+fi
 
 failed=0
 # Seconds since $1 (date +%s.%N), without bc (the device image may lack it).
@@ -87,6 +99,15 @@ run_tests() {
     for f in "$OUT"/tests/*.log; do
       grep -E "^test .* FAILED|panicked|VUID|error" "$f" | tail -8 | sed "s|^|$(basename "$f" .log): |" >>"$log"
     done
+  fi
+  # Where the matrix units ran the cosine tests, the f32 tiles too (SIMJOIN_GPU_MATRIX=0).
+  if [ -n "${SIMJOIN_EXPECT_MATRIX:-}" ] && [ -x $kit/tests/cosine ] && [[ -z "${TESTS:-}" || " $TESTS " == *" cosine "* ]]; then
+    local t0; t0=$(date +%s.%N)
+    SIMJOIN_GPU_MATRIX=0 SIMJOIN_EXPECT_MATRIX=0 SIMJOIN_VALIDATION=1 timeout "${TEST_TIMEOUT:-300}" $kit/tests/cosine -q \
+      >"$OUT/tests/cosine-f32-tiles.log" 2>&1
+    local rc=$?
+    printf "%-20s rc=%-3s %6.1f s\n" "cosine (f32 tiles)" $rc "$(since "$t0")" | tee -a "$sum" "$log"
+    [ $rc -eq 0 ] || { failed=$((failed + 1)); grep -E "^test .* FAILED|panicked|VUID|error" "$OUT/tests/cosine-f32-tiles.log" | tail -8 >>"$log"; }
   fi
   # One file back instead of a folder of logs (the tool returns at most 8 files).
   tail -n 40 "$OUT"/tests/*.log >"$OUT/tests.log" 2>/dev/null; rm -rf "$OUT/tests"

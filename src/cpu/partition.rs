@@ -195,6 +195,31 @@ pub(crate) fn dot_slack(dim: usize) -> f64 {
     4.0 * (dim as f64 + 4.0) * u
 }
 
+/// The slack of the same comparison where the dot product is taken on a GPU's matrix units
+/// (glsl/grouped_tiles_coop.comp): f16 copies of the f32 rows scaled by 2^8, their exact
+/// products summed in f32. On top of [`dot_slack`] (the f32 copies' norms, an f32 sum):
+/// - each coordinate's conversion: within one f16 ulp (`u` = 2^-10 relative, any rounding
+///   mode), or 2^-22 absolute below f16's normal range once unscaled (a device may flush);
+///   so `|a.b - a'.b'| <= (2u + u^2) |a||b| + (1 + u) 2^-22 sqrt(d) (|a| + |b|) + d 2^-44`,
+///   counted twice;
+/// - the accumulation: matrix units may align a block's terms to its largest and truncate
+///   (one ulp a term, not half), taken as `4 (d + 16) 2^-23 sum |a'_i b'_i|`, twice the
+///   f32 sum's bound in [`dot_slack`] at a full ulp.
+///
+/// The norms are at most `sqrt(1 + (d + 2) 2^-24)` (f32 copies of unit vectors).
+pub(crate) fn dot_slack_f16(dim: usize) -> f64 {
+    let d = dim as f64;
+    let u = 2f64.powi(-10);
+    let tiny = 2f64.powi(-22);
+    let norm = (1.0 + (d + 2.0) * 2f64.powi(-24)).sqrt();
+    let input = (2.0 * u + u * u) * norm * norm
+        + (1.0 + u) * tiny * d.sqrt() * 2.0 * norm
+        + d * tiny * tiny;
+    let sum_abs = (norm * (1.0 + u) + tiny * d.sqrt()).powi(2);
+    let accumulate = 4.0 * (d + 16.0) * 2f64.powi(-23) * sum_abs;
+    dot_slack(dim) + 2.0 * input + accumulate
+}
+
 /// A lower bound on the real Euclidean distance of two f32 copies of unit vectors whose
 /// f32 dot product (by [`dot`]) is `dot` (see [`dot_slack`]).
 #[inline]
@@ -772,6 +797,12 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// [`Plan::floor`] for dot products taken on a GPU's matrix units from f16 copies
+    /// ([`dot_slack_f16`]).
+    pub(crate) fn floor_f16(&self) -> f32 {
+        (1.0 - self.eps * self.eps / 2.0 - dot_slack_f16(self.dim)) as f32
+    }
+
     /// B's groups (A's in a self-join).
     pub(crate) fn gb(&self) -> &Groups {
         self.gb.as_ref().unwrap_or(&self.ga)
@@ -1188,6 +1219,124 @@ mod tests {
                 leaders(&uniform, dim, 0.1, &Control::new()).is_none(),
                 "uniform data declined"
             );
+        }
+    }
+}
+
+/// [`dot_slack_f16`] against an emulation of the worst a matrix unit may do: every
+/// coordinate (scaled by 2^8) truncated to f16 (a full ulp; below f16's normal range
+/// flushed to zero), products exact, summed in blocks aligned to the block's largest term
+/// and truncated to f32's 24 bits. The error must stay within the f16 terms counted once
+/// (the slack counts them twice).
+#[cfg(test)]
+mod f16_bound_tests {
+    use super::{dot_slack, dot_slack_f16};
+
+    /// `y` truncated toward zero to f16, flushed to zero below 2^-14 (f64 arithmetic:
+    /// exact for these values).
+    fn f16_down(y: f64) -> f64 {
+        let a = y.abs();
+        if a < 2f64.powi(-14) {
+            return 0.0;
+        }
+        let ulp = 2f64.powi(a.log2().floor() as i32 - 10);
+        ((a / ulp).floor() * ulp).copysign(y)
+    }
+
+    /// `x` truncated toward zero to a 24-bit significand.
+    fn f32_down(x: f64) -> f64 {
+        if x == 0.0 {
+            return 0.0;
+        }
+        let ulp = 2f64.powi(x.abs().log2().floor() as i32 - 23);
+        ((x.abs() / ulp).floor() * ulp).copysign(x)
+    }
+
+    /// The emulated matrix unit's dot product of f32 rows `a`, `b` (unscaled), with
+    /// blocks of `block` products added to the accumulator at a time.
+    fn matrix_dot(a: &[f32], b: &[f32], block: usize) -> f64 {
+        let mut acc = 0.0f64;
+        let terms: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .map(|(&x, &y)| f16_down(x as f64 * 256.0) * f16_down(y as f64 * 256.0))
+            .collect();
+        for chunk in terms.chunks(block) {
+            let big = chunk.iter().fold(acc.abs(), |m, t| m.max(t.abs()));
+            if big == 0.0 {
+                continue;
+            }
+            // Every term (the accumulator too) truncated to the largest's 24 bits.
+            let ulp = 2f64.powi(big.log2().floor() as i32 - 23);
+            let cut = |t: f64| (t.abs() / ulp).floor().copysign(t) * ulp;
+            acc = f32_down(chunk.iter().map(|&t| cut(t)).sum::<f64>() + cut(acc));
+        }
+        acc / 65536.0
+    }
+
+    /// The f32 copy of the unit vector along `v`.
+    fn unit(v: &[f64]) -> Vec<f32> {
+        let n = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        v.iter().map(|x| (x / n) as f32).collect()
+    }
+
+    fn check(a: &[f32], b: &[f32], what: &str) -> f64 {
+        let d = a.len();
+        let exact: f64 = a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let once = (dot_slack_f16(d) - dot_slack(d)) / 2.0;
+        let mut worst = 0.0f64;
+        for block in [1, 4, 16] {
+            let err = (exact - matrix_dot(a, b, block)).abs();
+            assert!(
+                err <= once,
+                "{what}, {d}-D, blocks of {block}: error {err:e} > {once:e}"
+            );
+            worst = worst.max(err);
+        }
+        worst
+    }
+
+    #[test]
+    fn the_f16_slack_covers_truncation_flushing_and_truncated_sums() {
+        let mut state = 0x9E3779B97F4A7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for d in [2usize, 3, 16, 64, 128, 384, 768, 1024, 2048] {
+            // Every coordinate just below the next f16 (scaled): truncation loses almost a
+            // full ulp of each, all of one sign; one coordinate sets the norm.
+            let v = 1.0 / (d as f64).sqrt() * 256.0;
+            let ulp = 2f64.powi(v.log2().floor() as i32 - 10);
+            let top = ((v / ulp).floor() + 0.999) * ulp / 256.0;
+            let mut w = vec![top; d];
+            w[0] = (1.0 - (d - 1) as f64 * top * top).max(0.0).sqrt();
+            let a = unit(&w);
+            let worst = check(&a, &a, "worst truncation");
+            // Such data does come near the bound: the test can fail.
+            if d >= 16 {
+                assert!(
+                    worst > 0.25 * (dot_slack_f16(d) - dot_slack(d)) / 2.0,
+                    "{d}-D: {worst:e}"
+                );
+            }
+            // Tiny coordinates (flushed), a few large.
+            let mut t: Vec<f64> = (0..d)
+                .map(|i| if i % 7 == 0 { 1.0 } else { 1e-9 * next() })
+                .collect();
+            t[d - 1] = 3e-7;
+            let ta = unit(&t);
+            check(&ta, &ta, "flushed");
+            // Random pairs, near each other and not.
+            for _ in 0..20 {
+                let p: Vec<f64> = (0..d).map(|_| next() - 0.5).collect();
+                let q: Vec<f64> = p.iter().map(|x| x + 0.05 * (next() - 0.5)).collect();
+                check(&unit(&p), &unit(&q), "random");
+                let r: Vec<f64> = (0..d).map(|_| next() * next()).collect();
+                check(&unit(&p), &unit(&r), "random");
+            }
         }
     }
 }

@@ -147,10 +147,28 @@ pub(super) fn run(
         .result_buffer_pairs
         .unwrap_or(if software { 1 << 20 } else { 1 << 24 })
         .clamp(SIDE * SIDE, 1 << 28) as u32;
+    // The matrix units where the device has them (f16 copies, a wider floor), else f32 tiles.
+    let matrix = ctx.features().f16_matrix_tiles;
+    let (name, spirv, workgroup, floor) = if matrix {
+        let sub = ctx.limits().subgroup_size;
+        (
+            "grouped_tiles_coop",
+            shaders::GROUPED_TILES_COOP,
+            4 * sub,
+            plan.floor_f16(),
+        )
+    } else {
+        (
+            "grouped_tiles",
+            shaders::GROUPED_TILES,
+            WORKGROUP,
+            plan.floor,
+        )
+    };
     let kernel = ctx.kernel_stoppable(
-        "grouped_tiles",
-        shaders::GROUPED_TILES,
-        &KernelSpec::new(WORKGROUP).push_bytes(size_of::<Params>() as u32),
+        name,
+        spirv,
+        &KernelSpec::new(workgroup).push_bytes(size_of::<Params>() as u32),
         || control.check(),
     )?;
     let rows_a = ctx.upload(&plan.ga.rows, "grouped rows A")?;
@@ -197,7 +215,7 @@ pub(super) fn run(
         rows_b: rows_b.device_address(),
         capacity,
         dim: dim as u32,
-        floor_dot: plan.floor,
+        floor_dot: floor,
         ..Zeroable::zeroed()
     };
     let job = Job {
@@ -265,8 +283,13 @@ pub(super) fn run(
     }
     control.check()?;
     Ok(format!(
-        "{}; on the GPU: {tiles} tiles of 32 x 32 in {batches} batches, result buffers of {capacity} pairs{}{}",
+        "{}; on the GPU: {tiles} tiles of 32 x 32 {} in {batches} batches, result buffers of {capacity} pairs{}{}",
         plan.note(compared),
+        if matrix {
+            "on the matrix units (f16 copies, f32 sums)"
+        } else {
+            "of f32 products"
+        },
         if capacity < asked {
             format!(" (of {asked} asked: out of device memory)")
         } else {
@@ -348,7 +371,7 @@ impl Job<'_> {
         let s = &mut slot.stream;
         s.dispatch_threads(
             self.kernel,
-            n as u64 * WORKGROUP as u64,
+            n as u64 * self.kernel.workgroup_size() as u64,
             &[],
             bytemuck::bytes_of(&p),
         )?;

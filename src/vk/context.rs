@@ -57,6 +57,16 @@ pub struct Features {
     /// `hostQueryReset`: timestamp slots are reset on the host when a timer is made, so a
     /// transfer-only queue (which cannot record a reset) may write each slot once.
     pub host_query_reset: bool,
+    /// The f16 matrix-unit tiles (`VK_KHR_cooperative_matrix`, 16 x 16 x 16 f16 products
+    /// with f32 accumulation, and `shaderFloat16`) are enabled: glsl/grouped_tiles_coop.comp
+    /// can run. Off where the device lacks them or `SIMJOIN_GPU_MATRIX=0`.
+    pub f16_matrix_tiles: bool,
+}
+
+/// Whether to enable the device's matrix units where it has them: `SIMJOIN_GPU_MATRIX=0`
+/// turns them off (to compare the tiles with and without them).
+fn matrix_units_wanted() -> bool {
+    std::env::var("SIMJOIN_GPU_MATRIX").as_deref() != Ok("0")
 }
 
 /// Which queue families and how many queues the context uses.
@@ -166,7 +176,7 @@ impl Context {
         // Creation, enumeration and device creation under one hold of the lifecycle lock.
         let _serial = lifecycle_lock();
         let instance = Instance::new(validation)?;
-        let chosen = choose(candidates(&instance.raw)?, selector.as_deref())?;
+        let chosen = choose(candidates(&instance)?, selector.as_deref())?;
         let (device, layout) = Self::create_device(&instance.raw, &chosen)?;
         let ctx = Self::assemble(instance, chosen, device, layout)?;
         LIVE_CONTEXTS.fetch_add(1, Ordering::SeqCst);
@@ -202,10 +212,20 @@ impl Context {
             .shader_buffer_int64_atomics(c.int64_atomics)
             .scalar_block_layout(c.scalar_layout)
             .host_query_reset(c.host_query_reset);
-        let info = vk::DeviceCreateInfo::default()
+        let matrix = c.f16_matrix_tiles() && matrix_units_wanted();
+        let mut coop =
+            vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
+        let extensions = [ash::khr::cooperative_matrix::NAME.as_ptr()];
+        let mut info = vk::DeviceCreateInfo::default()
             .queue_create_infos(&queue_infos)
-            .enabled_features(&base)
-            .push_next(&mut f12);
+            .enabled_features(&base);
+        if matrix {
+            f12 = f12.shader_float16(true).vulkan_memory_model(true);
+            info = info
+                .enabled_extension_names(&extensions)
+                .push_next(&mut coop);
+        }
+        let info = info.push_next(&mut f12);
         let device = {
             let _serial = lifecycle_lock();
             // SAFETY: `c.physical` belongs to `instance`; the queue infos name existing
@@ -305,6 +325,7 @@ impl Context {
                 buffer_int64_atomics: c.int64_atomics,
                 scalar_block_layout: c.scalar_layout,
                 host_query_reset: c.host_query_reset,
+                f16_matrix_tiles: c.f16_matrix_tiles() && matrix_units_wanted(),
             },
             name: c.name(),
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,

@@ -65,10 +65,66 @@ pub(crate) struct Candidate {
     pub(crate) scalar_layout: bool,
     /// `hostQueryReset`: timestamp slots reset on the host (needed on transfer-only queues).
     pub(crate) host_query_reset: bool,
+    /// `shaderFloat16`: f16 arithmetic in shaders.
+    pub(crate) float16: bool,
+    /// `vulkanMemoryModel` (what kernels with cooperative matrices are compiled for).
+    pub(crate) memory_model: bool,
+    /// The shapes the device's matrix units take in compute shaders
+    /// (`VK_KHR_cooperative_matrix`, its feature on); empty without them.
+    pub(crate) matrix_shapes: Vec<MatrixShape>,
+}
+
+/// One product shape of `VK_KHR_cooperative_matrix`: C (m x n, type `c`) += A (m x k,
+/// type `a`) B (k x n, type `b`), by the invocations of one `scope`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MatrixShape {
+    pub(crate) m: u32,
+    pub(crate) n: u32,
+    pub(crate) k: u32,
+    pub(crate) a: vk::ComponentTypeKHR,
+    pub(crate) b: vk::ComponentTypeKHR,
+    pub(crate) c: vk::ComponentTypeKHR,
+    pub(crate) result: vk::ComponentTypeKHR,
+    pub(crate) saturating: bool,
+    pub(crate) scope: vk::ScopeKHR,
+}
+
+impl MatrixShape {
+    /// The shape the f16 tiles use (glsl/grouped_tiles_coop.comp): 16 x 16 x 16, f16
+    /// inputs, f32 accumulation, one subgroup.
+    pub(crate) const F16_TILES: MatrixShape = MatrixShape {
+        m: 16,
+        n: 16,
+        k: 16,
+        a: vk::ComponentTypeKHR::FLOAT16,
+        b: vk::ComponentTypeKHR::FLOAT16,
+        c: vk::ComponentTypeKHR::FLOAT32,
+        result: vk::ComponentTypeKHR::FLOAT32,
+        saturating: false,
+        scope: vk::ScopeKHR::SUBGROUP,
+    };
+}
+
+/// Whether `physical` lists the device extension `name`.
+fn has_extension(
+    instance: &ash::Instance,
+    physical: vk::PhysicalDevice,
+    name: &std::ffi::CStr,
+) -> bool {
+    // SAFETY: a plain query of a device enumerated from this live instance.
+    unsafe { instance.enumerate_device_extension_properties(physical) }.is_ok_and(|list| {
+        list.iter()
+            .any(|e| e.extension_name_as_c_str().is_ok_and(|n| n == name))
+    })
 }
 
 impl Candidate {
-    fn read(instance: &ash::Instance, index: usize, physical: vk::PhysicalDevice) -> Candidate {
+    fn read(
+        entry: &ash::Entry,
+        instance: &ash::Instance,
+        index: usize,
+        physical: vk::PhysicalDevice,
+    ) -> Candidate {
         // SAFETY: `physical` was enumerated from this live instance; plain queries.
         let (props, families, memory) = unsafe {
             (
@@ -81,12 +137,20 @@ impl Candidate {
         let mut subgroup = vk::PhysicalDeviceSubgroupProperties::default();
         let mut driver = vk::PhysicalDeviceDriverProperties::default();
         let mut f12 = vk::PhysicalDeviceVulkan12Features::default();
+        let mut fcoop = vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default();
+        let mut pcoop = vk::PhysicalDeviceCooperativeMatrixPropertiesKHR::default();
         let mut features = vk::PhysicalDeviceFeatures2::default();
+        let coop_ext =
+            api_ok && has_extension(instance, physical, ash::khr::cooperative_matrix::NAME);
         if api_ok {
             let mut props2 = vk::PhysicalDeviceProperties2::default()
                 .push_next(&mut subgroup)
                 .push_next(&mut driver);
             features = features.push_next(&mut f12);
+            if coop_ext {
+                props2 = props2.push_next(&mut pcoop);
+                features = features.push_next(&mut fcoop);
+            }
             // SAFETY: the device reports Vulkan >= 1.2, so these structs are known to it;
             // the chains point at locals that live across the calls.
             unsafe {
@@ -95,6 +159,33 @@ impl Candidate {
             }
         }
         let base = features.features;
+        let mut matrix_shapes = Vec::new();
+        if coop_ext
+            && fcoop.cooperative_matrix == vk::TRUE
+            && pcoop
+                .cooperative_matrix_supported_stages
+                .contains(vk::ShaderStageFlags::COMPUTE)
+        {
+            let loader = ash::khr::cooperative_matrix::Instance::new(entry, instance);
+            // SAFETY: the device lists the extension, whose instance-level query this is.
+            let listed =
+                unsafe { loader.get_physical_device_cooperative_matrix_properties(physical) };
+            matrix_shapes = listed
+                .unwrap_or_default()
+                .iter()
+                .map(|p| MatrixShape {
+                    m: p.m_size,
+                    n: p.n_size,
+                    k: p.k_size,
+                    a: p.a_type,
+                    b: p.b_type,
+                    c: p.c_type,
+                    result: p.result_type,
+                    saturating: p.saturating_accumulation == vk::TRUE,
+                    scope: p.scope,
+                })
+                .collect();
+        }
         Candidate {
             index,
             physical,
@@ -114,7 +205,20 @@ impl Candidate {
             int64_atomics: f12.shader_buffer_int64_atomics == vk::TRUE,
             scalar_layout: f12.scalar_block_layout == vk::TRUE,
             host_query_reset: f12.host_query_reset == vk::TRUE,
+            float16: f12.shader_float16 == vk::TRUE,
+            memory_model: f12.vulkan_memory_model == vk::TRUE,
+            matrix_shapes,
         }
+    }
+
+    /// Whether the f16 matrix-unit tiles can run here (the shape, f16 arithmetic, the
+    /// Vulkan memory model, and a subgroup size that divides 128).
+    pub(crate) fn f16_matrix_tiles(&self) -> bool {
+        self.float16
+            && self.memory_model
+            && (1..=128).contains(&self.subgroup_size)
+            && 128 % self.subgroup_size == 0
+            && self.matrix_shapes.contains(&MatrixShape::F16_TILES)
     }
 
     pub(crate) fn name(&self) -> String {
@@ -219,6 +323,34 @@ impl Candidate {
             "timelineSemaphore: {}, bufferDeviceAddress: {}, 64-bit buffer atomics: {}",
             self.timeline, self.bda, self.int64_atomics
         ));
+        details.push(format!("shaderFloat16: {}", self.float16));
+        if self.matrix_shapes.is_empty() {
+            details.push("matrix units (VK_KHR_cooperative_matrix): none".into());
+        } else {
+            let shapes: Vec<String> = self
+                .matrix_shapes
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}x{}x{} {:?}*{:?}+{:?}->{:?}{} {:?}",
+                        s.m,
+                        s.n,
+                        s.k,
+                        s.a,
+                        s.b,
+                        s.c,
+                        s.result,
+                        if s.saturating { " sat" } else { "" },
+                        s.scope
+                    )
+                })
+                .collect();
+            details.push(format!(
+                "matrix units (VK_KHR_cooperative_matrix): {}; f16 tiles: {}",
+                shapes.join(", "),
+                if self.f16_matrix_tiles() { "yes" } else { "no" }
+            ));
+        }
         let missing = self.missing();
         if missing.is_empty() {
             details.push("usable by simjoin: yes".into());
@@ -239,14 +371,14 @@ impl Candidate {
     }
 }
 
-pub(crate) fn candidates(instance: &ash::Instance) -> Result<Vec<Candidate>> {
+pub(crate) fn candidates(instance: &Instance) -> Result<Vec<Candidate>> {
     // SAFETY: a plain query of a live instance.
-    let physical =
-        unsafe { instance.enumerate_physical_devices() }.map_err(vkr("listing Vulkan devices"))?;
+    let physical = unsafe { instance.raw.enumerate_physical_devices() }
+        .map_err(vkr("listing Vulkan devices"))?;
     Ok(physical
         .into_iter()
         .enumerate()
-        .map(|(i, p)| Candidate::read(instance, i, p))
+        .map(|(i, p)| Candidate::read(&instance.entry, &instance.raw, i, p))
         .collect())
 }
 
@@ -266,7 +398,7 @@ fn probe() -> std::result::Result<&'static Probe, Error> {
         .get_or_init(|| {
             let _serial = super::instance::lifecycle_lock();
             let instance = Instance::new(false).map_err(|e| (e.kind(), e.to_string()))?;
-            let candidates = candidates(&instance.raw).map_err(|e| (e.kind(), e.to_string()))?;
+            let candidates = candidates(&instance).map_err(|e| (e.kind(), e.to_string()))?;
             Ok(Probe {
                 _instance: instance,
                 candidates,
@@ -387,6 +519,41 @@ mod tests {
             int64_atomics: false,
             scalar_layout: false,
             host_query_reset: false,
+            float16: true,
+            memory_model: true,
+            matrix_shapes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn matrix_tiles_need_the_shape_f16_the_memory_model_and_a_subgroup_dividing_128() {
+        let mut c = fake(0, vk::PhysicalDeviceType::DISCRETE_GPU, "GPU", true);
+        assert!(!c.f16_matrix_tiles(), "no shapes listed");
+        let other = MatrixShape {
+            k: 8,
+            ..MatrixShape::F16_TILES
+        };
+        c.matrix_shapes = vec![other];
+        assert!(!c.f16_matrix_tiles(), "only another shape");
+        c.matrix_shapes.push(MatrixShape::F16_TILES);
+        assert!(c.f16_matrix_tiles());
+        let info = c.info().details.join("\n");
+        assert!(
+            info.contains("16x16x16") && info.contains("f16 tiles: yes"),
+            "{info}"
+        );
+        for (what, change) in [
+            (
+                "no f16",
+                (|c: &mut Candidate| c.float16 = false) as fn(&mut Candidate),
+            ),
+            ("no memory model", |c| c.memory_model = false),
+            ("subgroup of 48", |c| c.subgroup_size = 48),
+            ("subgroup of 256", |c| c.subgroup_size = 256),
+        ] {
+            let mut d = c.clone();
+            change(&mut d);
+            assert!(!d.f16_matrix_tiles(), "{what}");
         }
     }
 

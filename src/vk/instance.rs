@@ -156,7 +156,7 @@ fn create_instance(entry: &ash::Entry, validation: bool) -> Result<ash::Instance
 /// which the owners guarantee: a `Context` drops its device before its instance).
 pub(crate) struct Instance {
     // Kept loaded for as long as the instance exists.
-    _entry: ash::Entry,
+    pub(crate) entry: ash::Entry,
     pub(crate) raw: ash::Instance,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
     pub(crate) validation: bool,
@@ -170,13 +170,13 @@ impl Instance {
         let _serial = lifecycle_lock();
         let raw = create_instance(&entry, validation)?;
         let mut instance = Instance {
-            _entry: entry,
+            entry,
             raw,
             debug: None,
             validation,
         };
         if validation {
-            let loader = ash::ext::debug_utils::Instance::new(&instance._entry, &instance.raw);
+            let loader = ash::ext::debug_utils::Instance::new(&instance.entry, &instance.raw);
             // SAFETY: the instance was created with VK_EXT_debug_utils enabled.
             let messenger = unsafe { loader.create_debug_utils_messenger(&messenger_info(), None) }
                 .map_err(vkr("creating the debug messenger"))?;
