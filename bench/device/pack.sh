@@ -50,14 +50,14 @@ apt-get "${o[@]}" update >/dev/null
 rm -rf "$lists"
 # Debian 13's validation layer too (1.4: it knows VK_KHR_cooperative_matrix, which the
 # matrix-unit tiles use; 1.3.239 does not); run.sh takes it where its libraries load.
-lists=$(mktemp -d); mkdir -p "$lists/partial"
-echo "deb http://deb.debian.org/debian trixie main" >"$lists/sources.list"
-o13=("${o[@]:0:2}" "-oDir::State::Lists=$lists" "-oDir::Etc::SourceList=$lists/sources.list" -oDir::Etc::SourceParts=/dev/null)
+w=$(mktemp -d); mkdir -p "$w/lists/partial"
+echo "deb http://deb.debian.org/debian trixie main" >"$w/sources.list"
+o13=("${o[@]:0:2}" "-oDir::State::Lists=$w/lists" "-oDir::Etc::SourceList=$w/sources.list" -oDir::Etc::SourceParts=/dev/null)
 if apt-get "${o13[@]}" update >/dev/null 2>&1; then
   (cd "$out/debs" && apt-get "${o13[@]}" download vulkan-validationlayers >/dev/null 2>&1) ||
     echo "pack: no Debian 13 validation layer: the device runs Debian 12's" >&2
 fi
-rm -rf "$lists"
+rm -rf "$w"
 
 gds=${GDS_JOIN_SRC:-../shared/peers/gds-join}
 if [ -d "$gds" ]; then
