@@ -12,7 +12,8 @@
 #      run, and the link;
 #   4. exponential 16-D, 32-D, 64-D at 2M, one eps each (selectivity 10), the same four;
 #   5. 16-D at selectivities 1 and 100, while time is left.
-# Rehearse here first (lavapipe, no nvcc: simjoin alone, small sizes):
+# Rehearse here first (lavapipe, no nvcc: simjoin alone, small sizes; it unpacks the binaries
+# into .device/, so pack again before the device call: the tool carries 64 MiB):
 #   bash bench/device/pack.sh && OUT=/tmp/devout VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json \
 #     REHEARSE=1 bash bench/device/round4.sh
 # On the device: carry [".device"], run `bash bench/device/round4.sh` with timeout_s 480.
