@@ -83,8 +83,10 @@ uint64_t dot_rejected = 0ul; // ... and rejected by it
 // a stop waits that long, and the reads cost nothing measurable), every 2^8 on a
 // software device (pc.budget != 0), whose budget allows a few thousand a dispatch. A
 // stopped thread saves its state as for an exhausted budget; the host sees the job
-// cancelled and discards the batch.
-layout(buffer_reference, std430, buffer_reference_align = 4) volatile coherent readonly buffer StopWord { uint word; };
+// cancelled and discards the batch. `volatile` alone: glslang decorates it Coherent too, and
+// `volatile coherent` decorated the member Coherent twice, which newer SPIR-V validators
+// reject (the H200 run of 2026-11-28, validation layer 1.4.309).
+layout(buffer_reference, std430, buffer_reference_align = 4) volatile readonly buffer StopWord { uint word; };
 
 bool stop_asked() {
     uint64_t at = uint64_t(pc.stop_hi) << 32 | uint64_t(pc.stop_lo);

@@ -184,10 +184,12 @@ where
     Ok(report)
 }
 
-/// Multiply-adds of a grouped plan's comparisons (`Plan::work`) from which `auto` sends
-/// them to a hardware GPU (about a second of two CPU cores' work; a guess until measured on
-/// a GPU: bench/device/cosine.py).
-const AUTO_GPU_WORK: f64 = 2e10;
+/// Whether `auto` sends a grouped plan's leaders' assignment and comparisons to a hardware
+/// GPU. Not yet: measured on an H200 against the CPU backend on the same machine's 16
+/// cores (bench/device/cosine.py, 2026-11-28; bench/EMBED_RESULTS.md), the device path took
+/// 2.6-3.2x the CPU's time on every clustered workload (100k at 384-D and 768-D, 1M at
+/// 384-D), its kernels a small part of it. `backend = gpu` still runs it.
+const AUTO_GROUPED_ON_GPU: bool = false;
 
 /// The grouped join of clustered vectors (`cpu/partition.rs`): the plan on the CPU, its
 /// comparisons on the device where the join runs on a GPU (`gpu/grouped.rs`), else on the
@@ -228,11 +230,10 @@ fn grouped<'d, T: Coord>(
         let compared = || -> Result<Option<(Vec<String>, &'static str, String)>> {
             use crate::cpu::partition;
             // The leaders' assignment (rows x leaders dot products) on the device where the
-            // join runs on a GPU, under `auto` from AUTO_GPU_WORK multiply-adds.
+            // join runs on a GPU (under `auto`, see AUTO_GROUPED_ON_GPU).
             let assigned = std::sync::Mutex::new(None);
             let assign = |x: &[f32], leaders: &[f32]| -> Option<Vec<(u32, f32)>> {
-                let work = x.len() as f64 * (leaders.len() / dim) as f64;
-                if opts.backend == crate::options::Backend::Auto && work < AUTO_GPU_WORK {
+                if opts.backend == crate::options::Backend::Auto && !AUTO_GROUPED_ON_GPU {
                     return None;
                 }
                 let found = engine.on_device_any_metric(opts, |gpu| {
@@ -262,10 +263,7 @@ fn grouped<'d, T: Coord>(
                 return Ok(None);
             };
             let plan = plan?;
-            // Under `auto` the device takes only plans with much work: opening it and
-            // uploading the rows cost more than a small plan's comparisons on the CPU.
-            let worth =
-                opts.backend != crate::options::Backend::Auto || plan.work() >= AUTO_GPU_WORK;
+            let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
             {

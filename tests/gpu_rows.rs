@@ -155,8 +155,8 @@ fn engine() -> Engine {
     Engine::new()
 }
 
-/// Device rows at every dimension (by default only below 8).
-fn rows_at_every_dim() {
+/// Device rows on (off by default: `rows::enabled`), unless the run sets the variable.
+fn rows_on() {
     if std::env::var_os("SIMJOIN_GPU_ROWS").is_none() {
         std::env::set_var("SIMJOIN_GPU_ROWS", "1");
     }
@@ -164,7 +164,7 @@ fn rows_at_every_dim() {
 
 #[test]
 fn device_rows_match_the_cpu() {
-    rows_at_every_dim();
+    rows_on();
     let engine = engine();
     let made = compare_forms(&engine, 17);
     // Every GPU result but those with fewer than two points came from device rows.
@@ -186,7 +186,7 @@ fn device_rows_match_the_cpu_through_pinned_buffers() {
         );
         return;
     }
-    rows_at_every_dim();
+    rows_on();
     let engine = engine();
     let made = compare_forms(&engine, 29);
     assert!(
@@ -200,6 +200,7 @@ fn device_rows_match_the_cpu_through_pinned_buffers() {
 /// exactly; with a buffer that holds them, the device makes the rows.
 #[test]
 fn rows_longer_than_a_buffer_take_the_host_path() {
+    rows_on();
     let engine = engine();
     let mut rng = Rng(5);
     let mut x: Vec<f64> = (0..300 * 3).map(|_| rng.unit()).collect();
@@ -226,17 +227,18 @@ fn rows_longer_than_a_buffer_take_the_host_path() {
     assert_no_validation_errors();
 }
 
-/// By default (no `SIMJOIN_GPU_ROWS`): rows below 8 dimensions, the host's sort from 8.
+/// By default (no `SIMJOIN_GPU_ROWS`): the host's sort at every dimension (measured faster
+/// on an H200, `rows::enabled`), the same output.
 #[test]
-fn rows_by_default_below_eight_dimensions() {
+fn rows_off_by_default() {
     if std::env::var_os(CHILD_ENV).is_none() {
-        common::run_in_child("rows_by_default_below_eight_dimensions", &[]);
+        common::run_in_child("rows_off_by_default", &[]);
         return;
     }
     std::env::remove_var("SIMJOIN_GPU_ROWS");
     let engine = engine();
     let mut rng = Rng(3);
-    for (dim, device) in [(2usize, true), (7, true), (8, false), (16, false)] {
+    for dim in [2usize, 7, 8, 16] {
         let x: Vec<f64> = (0..300 * dim).map(|_| rng.unit()).collect();
         let a = Dataset::from_f64(&x, dim).unwrap();
         let mut o = JoinOptions::new(eps_for(&x, dim, 5));
@@ -246,7 +248,7 @@ fn rows_by_default_below_eight_dimensions() {
         o.backend = Backend::Gpu;
         let got = engine.self_join(&a, &o).unwrap();
         assert!(got.output == want.output, "dim {dim}");
-        assert_eq!(on_device(&got), device, "dim {dim}: {:?}", got.report.notes);
+        assert!(!on_device(&got), "dim {dim}: {:?}", got.report.notes);
     }
     assert_no_validation_errors();
 }

@@ -52,12 +52,12 @@ def run_gpu_mode(args) -> int:
                                       binary, d, e, r, t, "gpu", "auto", device=args.device,
                                       env_extra={"SIMJOIN_GPU_TILE": tile})))  # fmt: skip
     if args.compare_rows:
-        # Sorted output bucketed and sorted on the host as the pairs arrive (the path before
-        # device-sorted rows), in the same run.
-        systems.append(System("simjoin-gpu-hostsort", f"simjoin Vulkan ({args.device}), host sort", True, True,
+        # Sorted output as rows sorted on the device (SIMJOIN_GPU_ROWS=1; the default sorts
+        # on the host as the pairs arrive), in the same run.
+        systems.append(System("simjoin-gpu-devicerows", f"simjoin Vulkan ({args.device}), device rows", True, True,
                               lambda d, e, r, t: run_simjoin_cli(
                                   binary, d, e, r, t, "gpu", "auto", device=args.device,
-                                  env_extra={"SIMJOIN_GPU_ROWS": "0"})))  # fmt: skip
+                                  env_extra={"SIMJOIN_GPU_ROWS": "1"})))  # fmt: skip
     if args.gds_join:
         # The seed authors' CUDA join on the same GPU and data, built for each dimension.
         defines = dict(d.split("=", 1) for d in args.gds_define)

@@ -361,7 +361,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gpu.add_argument("--no-gpu-warmup", action="store_true",
                      help="with --in-process-repeat 1, no untimed warm-up process before the GPU rows")  # fmt: skip
     gpu.add_argument("--compare-rows", action="store_true",
-                     help="also run the GPU join with sorted output assembled on the host (SIMJOIN_GPU_ROWS=0) beside the device-sorted rows")  # fmt: skip
+                     help="also run the GPU join with sorted output as rows sorted on the device (SIMJOIN_GPU_ROWS=1) beside the default host sort")  # fmt: skip
     gpu.add_argument("--compare-tiles", action="store_true",
                      help="also run the GPU join with the filter's shared-memory tiles off and on (SIMJOIN_GPU_TILE=0, 1)")  # fmt: skip
     gpu.add_argument("--gds-join", metavar="DIR",

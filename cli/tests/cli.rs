@@ -304,9 +304,10 @@ fn join_a_b_with_stats() {
     assert_ne!(stats["algorithm"], "auto");
 }
 
-/// Sorted output from a GPU (lavapipe under tests/run.sh) comes from the engine's rows
-/// sorted on the device, written in order: the oracle's pairs, self-join and A ⋈ B, and
-/// --stats says so; with the sort's memory too small for them, the external sort instead.
+/// Sorted output from a GPU (lavapipe under tests/run.sh) with `SIMJOIN_GPU_ROWS=1` comes
+/// from the engine's rows sorted on the device, written in order: the oracle's pairs,
+/// self-join and A ⋈ B, and --stats says so; with the sort's memory too small for them, the
+/// external sort instead; without the variable (the default), the host's sort.
 #[test]
 fn gpu_sorted_output_is_sorted_on_the_device() {
     if std::env::var_os("VK_DRIVER_FILES").is_none() {
@@ -328,6 +329,11 @@ fn gpu_sorted_output_is_sorted_on_the_device() {
             true,
         ),
         (
+            vec!["self-join", "a.csv", "--default-rows"],
+            oracle::self_join(&da, Metric::Euclidean, 0.06),
+            false,
+        ),
+        (
             vec!["join", "a.csv", "b.csv"],
             oracle::join(&da, &db, Metric::Euclidean, 0.06),
             true,
@@ -339,6 +345,9 @@ fn gpu_sorted_output_is_sorted_on_the_device() {
         ),
     ] {
         let mut args = args.clone();
+        // "--default-rows" (this test's marker, not the CLI's): SIMJOIN_GPU_ROWS unset.
+        let rows = !args.contains(&"--default-rows");
+        args.retain(|a| *a != "--default-rows");
         args.extend([
             "--eps",
             "0.06",
@@ -348,7 +357,15 @@ fn gpu_sorted_output_is_sorted_on_the_device() {
             "out.npy",
             "--stats",
         ]);
-        let out = stdout_ok(&run(&dir, &args));
+        let mut command = Command::new(BIN);
+        command
+            .args(&args)
+            .current_dir(&dir)
+            .env_remove("SIMJOIN_GPU_ROWS");
+        if rows {
+            command.env("SIMJOIN_GPU_ROWS", "1");
+        }
+        let out = stdout_ok(&command.output().expect("cannot run simjoin"));
         assert!(want.len() > 100);
         assert_eq!(read_npy_pairs(&dir.join("out.npy")), want, "{args:?}");
         let stats: serde_json::Value =

@@ -856,12 +856,6 @@ impl Plan {
         Some((sa, near(gb, rb, g, ga.radius[g as usize]), false))
     }
 
-    /// Multiply-adds of comparing every pair of groups whole (an upper bound on the
-    /// comparisons' work).
-    pub(crate) fn work(&self) -> f64 {
-        self.grouped_pairs() * self.dim as f64
-    }
-
     /// Vector pairs in the pairs of groups (a group with itself: n(n-1)/2).
     fn grouped_pairs(&self) -> f64 {
         let (ga, gb) = (&self.ga, self.gb());

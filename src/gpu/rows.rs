@@ -43,23 +43,15 @@ pub(super) fn filter(form: RowsForm, self_join: bool) -> u32 {
     }
 }
 
-/// Whether device rows make a `dim`-dimensional job's sorted output: by default below
-/// [`ROWS_MAX_DIM`] dimensions, where the search is cheap beside the host's assembly of
-/// every pair; from there the search dominates, and the rows' second pass would cost more
-/// than the host's sort saves (a guess until measured on a GPU: `bench/device/` compares
-/// both). `SIMJOIN_GPU_ROWS=1` makes them at any dimension, `=0` never (sorted pairs and
-/// the CSR then bucketed and sorted on the host as the pairs arrive).
-pub(crate) fn enabled(dim: usize) -> bool {
-    match std::env::var("SIMJOIN_GPU_ROWS").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => dim < ROWS_MAX_DIM,
-    }
+/// Whether device rows make a `dim`-dimensional job's sorted output: only where
+/// `SIMJOIN_GPU_ROWS=1` asks (`=0` or unset: sorted pairs and the CSR bucketed and sorted on
+/// the host as the pairs arrive). Measured on an H200 with 16 host cores (2026-11-28,
+/// BENCHMARKS.md "Fourth GPU session"), uniform 2-D and 6-D at 2M points: the rows' count
+/// pass and sorts took about three times the search's GPU time, and the host's sort was
+/// faster in three of four rows (1.3-2.1x), 5% slower in the fourth.
+pub(crate) fn enabled(_dim: usize) -> bool {
+    std::env::var("SIMJOIN_GPU_ROWS").as_deref() == Ok("1")
 }
-
-/// Dimensions from which device rows are off by default (where the GPU's dot-product
-/// filter starts: the search is then the join's largest part).
-const ROWS_MAX_DIM: usize = 8;
 
 /// Runs the count and write passes of `run` (its flags: the whole-stencil search with the
 /// row filter) over the query positions, whose point ids are `ids` (a permutation of the

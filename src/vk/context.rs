@@ -220,7 +220,10 @@ impl Context {
             .queue_create_infos(&queue_infos)
             .enabled_features(&base);
         if matrix {
-            f12 = f12.shader_float16(true).vulkan_memory_model(true);
+            f12 = f12
+                .shader_float16(true)
+                .vulkan_memory_model(true)
+                .vulkan_memory_model_device_scope(true);
             info = info
                 .enabled_extension_names(&extensions)
                 .push_next(&mut coop);

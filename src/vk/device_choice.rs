@@ -67,7 +67,9 @@ pub(crate) struct Candidate {
     pub(crate) host_query_reset: bool,
     /// `shaderFloat16`: f16 arithmetic in shaders.
     pub(crate) float16: bool,
-    /// `vulkanMemoryModel` (what kernels with cooperative matrices are compiled for).
+    /// `vulkanMemoryModel` and `vulkanMemoryModelDeviceScope`: kernels with cooperative
+    /// matrices are compiled for the Vulkan memory model, and once it is on, every kernel's
+    /// device-scope atomics need the second (VUID-RuntimeSpirv-vulkanMemoryModel-06265).
     pub(crate) memory_model: bool,
     /// The shapes the device's matrix units take in compute shaders
     /// (`VK_KHR_cooperative_matrix`, its feature on); empty without them.
@@ -206,7 +208,8 @@ impl Candidate {
             scalar_layout: f12.scalar_block_layout == vk::TRUE,
             host_query_reset: f12.host_query_reset == vk::TRUE,
             float16: f12.shader_float16 == vk::TRUE,
-            memory_model: f12.vulkan_memory_model == vk::TRUE,
+            memory_model: f12.vulkan_memory_model == vk::TRUE
+                && f12.vulkan_memory_model_device_scope == vk::TRUE,
             matrix_shapes,
         }
     }
