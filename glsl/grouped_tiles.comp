@@ -2,12 +2,10 @@
 // The grouped cosine join's blocks (src/gpu/grouped.rs, plan from src/cpu/partition.rs):
 // one workgroup per tile of up to 32 x 32 vectors (positions into the f32 rows of A's and
 // B's groups, listed in `list`), every f32 dot product of the tile, and each pair whose
-// product reaches `floor` appended to `pairs` as (A position, B position). A tile flagged
-// TRIANGLE (a self-join's group with itself, the same list block on both sides) keeps
-// only list positions x < y.
-//
-// Overflow: the slot counter always advances; a pair is written only below `capacity`, so
-// the host sees a count above capacity and runs the batch again in parts (none is lost).
+// product reaches `floor` appended to `pairs` as (A position, B position) by
+// grouped_emit.glsl (one slot reservation a workgroup; overflow runs the batch again in
+// parts). A tile flagged TRIANGLE (a self-join's group with itself, the same list block on
+// both sides) keeps only list positions x < y.
 // The dot products are f32 sums in any order (fused or not): the bound that `floor` comes
 // from (cpu/partition.rs `dot_slack`) holds for any order.
 #extension GL_EXT_buffer_reference : require
@@ -45,6 +43,9 @@ shared float sa[CHUNK * SIDE];
 shared float sb[CHUNK * SIDE];
 shared uint ida[SIDE];
 shared uint idb[SIDE];
+// The tile's products: sc[x * SIDE + y].
+shared float sc[SIDE * SIDE];
+#include "grouped_emit.glsl"
 
 void main() {
     uint t = linear_workgroup();
@@ -107,16 +108,10 @@ void main() {
         barrier();
     }
     for (uint r = 0; r < 4; r++) {
-        uint x = ty + 8u * r;
         for (uint q = 0; q < 4; q++) {
-            uint y = tx + 8u * q;
-            if (x < na && y < nb && (!tri || x < y) && acc[r][q] >= floor_dot) {
-                uint slot = atomicAdd(counter.v[0], 1u);
-                if (slot < capacity) {
-                    pairs.v[2u * slot] = ida[x];
-                    pairs.v[2u * slot + 1u] = idb[y];
-                }
-            }
+            sc[(ty + 8u * r) * SIDE + tx + 8u * q] = acc[r][q];
         }
     }
+    barrier();
+    emit_tile(na, nb, tri, floor_dot);
 }

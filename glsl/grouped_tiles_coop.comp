@@ -54,6 +54,7 @@ shared float16_t sb[SIDE * CHUNK];
 shared float sc[SIDE * SIDE];
 shared uint ida[SIDE];
 shared uint idb[SIDE];
+#include "grouped_emit.glsl"
 
 void main() {
     uint t = linear_workgroup();
@@ -106,16 +107,5 @@ void main() {
     }
     coopMatStore(acc, sc, qa * 16u * SIDE + qb * 16u, SIDE, gl_CooperativeMatrixLayoutRowMajor);
     barrier();
-    float floor_scaled = floor_dot * SCALE2;
-    for (uint e = lid; e < SIDE * SIDE; e += WORKGROUP_SIZE) {
-        uint x = e / SIDE;
-        uint y = e % SIDE;
-        if (x < na && y < nb && (!tri || x < y) && sc[e] >= floor_scaled) {
-            uint slot = atomicAdd(counter.v[0], 1u);
-            if (slot < capacity) {
-                pairs.v[2u * slot] = ida[x];
-                pairs.v[2u * slot + 1u] = idb[y];
-            }
-        }
-    }
+    emit_tile(na, nb, tri, floor_dot * SCALE2);
 }
