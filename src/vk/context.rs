@@ -177,15 +177,21 @@ impl Context {
         let _serial = lifecycle_lock();
         let instance = Instance::new(validation)?;
         let chosen = choose(candidates(&instance)?, selector.as_deref())?;
-        let (device, layout) = Self::create_device(&instance.raw, &chosen)?;
-        let ctx = Self::assemble(instance, chosen, device, layout)?;
+        // Read once: the device is created with the matrix units exactly when the context
+        // says it has them.
+        let matrix = chosen.f16_matrix_tiles() && matrix_units_wanted();
+        let (device, layout) = Self::create_device(&instance.raw, &chosen, matrix)?;
+        let ctx = Self::assemble(instance, chosen, device, layout, matrix)?;
         LIVE_CONTEXTS.fetch_add(1, Ordering::SeqCst);
         Ok(Arc::new(ctx))
     }
 
+    /// The logical device of `c`; with `matrix`, its matrix units enabled (and what their
+    /// kernels need: f16 arithmetic, the Vulkan memory model at device scope).
     fn create_device(
         instance: &ash::Instance,
         c: &Candidate,
+        matrix: bool,
     ) -> Result<(LogicalDevice, QueueLayout)> {
         let compute_family = c.compute_family().expect("checked by missing()");
         let compute_queues = c.families[compute_family as usize]
@@ -212,7 +218,6 @@ impl Context {
             .shader_buffer_int64_atomics(c.int64_atomics)
             .scalar_block_layout(c.scalar_layout)
             .host_query_reset(c.host_query_reset);
-        let matrix = c.f16_matrix_tiles() && matrix_units_wanted();
         let mut coop =
             vk::PhysicalDeviceCooperativeMatrixFeaturesKHR::default().cooperative_matrix(true);
         let extensions = [ash::khr::cooperative_matrix::NAME.as_ptr()];
@@ -253,6 +258,7 @@ impl Context {
         c: Candidate,
         device: LogicalDevice,
         layout: QueueLayout,
+        matrix: bool,
     ) -> Result<Context> {
         let allocator = Allocator::new(&AllocatorCreateDesc {
             instance: instance.raw.clone(),
@@ -328,7 +334,7 @@ impl Context {
                 buffer_int64_atomics: c.int64_atomics,
                 scalar_block_layout: c.scalar_layout,
                 host_query_reset: c.host_query_reset,
-                f16_matrix_tiles: c.f16_matrix_tiles() && matrix_units_wanted(),
+                f16_matrix_tiles: matrix,
             },
             name: c.name(),
             software: c.props.device_type == vk::PhysicalDeviceType::CPU,
