@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--tmp", default="/tmp/simjoin-cosine")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--only", default="", help="comma list of workload names (default: all)")
+    ap.add_argument("--no-brute", action="store_true", help="skip the GPU brute force rows")
     args = ap.parse_args()
     os.makedirs(args.tmp, exist_ok=True)
     rows = []
@@ -111,7 +113,11 @@ def main():
     warmed = False
     if not torch_ok:
         notes.append("- PyTorch with CUDA not found here: no PyTorch columns")
+    only = set(filter(None, args.only.split(",")))
     for name, n, dim, centres, spread, eps, brute in SMALL if args.small else FULL:
+        if only and name not in only:
+            continue
+        brute = brute and not args.no_brute
         path = os.path.join(args.tmp, name + ".npy")
         t = time.perf_counter()
         np.save(path, make(name, n, dim, centres, spread))
