@@ -338,6 +338,65 @@ fn kernel_dispatch_and_argument_checks() {
     assert_no_validation_errors();
 }
 
+/// Another kernel's compile does not hold up a stop: a compile holds only its own kernel's
+/// cache slot. (With one lock over the cache, the H200 run of 2026-11-28 saw a stop wait
+/// 250 ms for another test's compile.) One thread compiles a kernel no other test compiles;
+/// while it does, a second asks for another such kernel and is stopped at its first check.
+#[test]
+fn a_stop_does_not_wait_for_another_kernels_compile() {
+    use std::time::{Duration, Instant};
+    let ctx = shared_context();
+    // The tiled grid join in f64 at 65-127-D (lavapipe takes 100-200 ms), its dimension
+    // drawn per run so that no driver's disk cache holds it; and the grouped tiles at
+    // workgroup 160: specializations no other test compiles.
+    let dim = 65
+        + std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos()
+            % 63;
+    let slow = KernelSpec::new(96)
+        .bindings(17)
+        .push_bytes(128)
+        .constant(1, dim)
+        .constant(2, 3)
+        .constant(3, 0)
+        .constant(4, 0)
+        .constant(5, 32)
+        .constant(6, dim * 32);
+    let asked = KernelSpec::new(160).push_bytes(72);
+    let t = Instant::now();
+    let compiling = {
+        let ctx = ctx.clone();
+        std::thread::spawn(move || {
+            ctx.kernel("grid_tile_join", shaders::GRID_TILE_JOIN_F64, &slow)
+                .map(|_| t.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let asked_at = t.elapsed();
+    let got = ctx.kernel_stoppable("grouped_tiles", shaders::GROUPED_TILES, &asked, || {
+        Err(simjoin::Error::new(ErrorKind::Cancelled, "stopped"))
+    });
+    let returned = t.elapsed();
+    let compiled = compiling.join().unwrap().unwrap();
+    eprintln!(
+        "asked at {asked_at:?}, returned at {returned:?}; the other compile ended at {compiled:?}"
+    );
+    assert_eq!(got.unwrap_err().kind(), ErrorKind::Cancelled);
+    // The test means something only when the stop came during the other compile.
+    assert!(
+        compiled > returned,
+        "the other compile ended first: {compiled:?}"
+    );
+    assert!(
+        returned - asked_at < Duration::from_millis(50),
+        "{:?}",
+        returned - asked_at
+    );
+    assert_no_validation_errors();
+}
+
 /// A caller can stop waiting for a kernel's compile, which a driver cannot interrupt:
 /// `kernel_stoppable` returns the check's error while the compile goes on on its own
 /// thread, and that compile then fills the cache.

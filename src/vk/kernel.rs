@@ -71,12 +71,33 @@ fn key(spirv: &[u8], spec: &KernelSpec) -> KernelKey {
     }
 }
 
+/// One cached kernel: empty until its first compile ends.
+type Slot = Arc<Mutex<Option<Arc<KernelObjects>>>>;
+
+/// The map is locked only to find a kernel's slot, and a compile holds only its own slot:
+/// a compile (up to half a second) never makes a caller of another kernel wait, so a
+/// stopped job returns at once even while another job compiles (the H200 run of
+/// 2026-11-28: a stop waited 250 ms for another test's compile behind one map lock).
 #[derive(Default)]
 pub(crate) struct KernelCache {
-    map: Mutex<HashMap<KernelKey, Arc<KernelObjects>>>,
+    map: Mutex<HashMap<KernelKey, Slot>>,
 }
 
 impl KernelCache {
+    fn slot(&self, key: KernelKey) -> Slot {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(key).or_default().clone()
+    }
+
+    /// Whether the kernel is compiled, without waiting for a compile in progress.
+    fn is_cached(&self, key: KernelKey) -> bool {
+        match self.slot(key).try_lock() {
+            Ok(s) => s.is_some(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().is_some(),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
     /// Destroys every cached pipeline. Called by the context's Drop.
     ///
     /// # Safety
@@ -84,7 +105,10 @@ impl KernelCache {
     /// `Arc` of the context, so the context's Drop runs only after the last one is gone).
     pub(crate) unsafe fn destroy(&self, device: &ash::Device) {
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        for (_, k) in map.drain() {
+        for (_, slot) in map.drain() {
+            let Some(k) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+                continue;
+            };
             // SAFETY: per this function's contract nothing uses these objects any more;
             // each is destroyed once (drained from the map), dependents first.
             unsafe {
@@ -152,13 +176,14 @@ impl Context {
                 "kernel {name}: constant_id 0 is the workgroup size"
             )));
         }
-        let key = key(spirv, spec);
-        let mut map = self.kernels.map.lock().unwrap_or_else(|p| p.into_inner());
-        let objects = match map.get(&key) {
+        let slot = self.kernels.slot(key(spirv, spec));
+        // Held through the compile: a second caller of the same kernel waits for it.
+        let mut cached = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let objects = match &*cached {
             Some(o) => o.clone(),
             None => {
                 let o = Arc::new(self.build_pipeline(name, spirv, spec)?);
-                map.insert(key, o.clone());
+                *cached = Some(o.clone());
                 o
             }
         };
@@ -183,13 +208,7 @@ impl Context {
         spec: &KernelSpec,
         check: impl Fn() -> Result<()>,
     ) -> Result<Kernel> {
-        if self
-            .kernels
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&key(spirv, spec))
-        {
+        if self.kernels.is_cached(key(spirv, spec)) {
             return self.kernel(name, spirv, spec);
         }
         check()?;
