@@ -206,9 +206,20 @@ fn grouped<'d, T: Coord>(
 ) -> Result<Option<JoinReport>> {
     let dim = rule.dim;
     let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
+    // Where the time goes (the report's phases): the copies, the device's assignment of
+    // leaders where it ran, the whole plan (that assignment included), the comparisons.
+    let phases = std::sync::Mutex::new(Vec::<(String, f64)>::new());
+    let phase = |name: &str, t: std::time::Instant| {
+        phases
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((name.into(), t.elapsed().as_secs_f64()))
+    };
     let out = engine.install(|| {
+        let t = std::time::Instant::now();
         let fa = f32s(ca);
         let fb = cb.map(f32s);
+        phase("cosine: f32 copies", t);
         let candidates = std::sync::atomic::AtomicU64::new(0);
         let accepted = std::sync::atomic::AtomicU64::new(0);
         let sink = std::sync::Mutex::new(sink);
@@ -236,11 +247,15 @@ fn grouped<'d, T: Coord>(
                 if opts.backend == crate::options::Backend::Auto && !AUTO_GROUPED_ON_GPU {
                     return None;
                 }
+                let t = std::time::Instant::now();
                 let found = engine.on_device_any_metric(opts, |gpu| {
                     gpu.nearest_leaders(x, dim, leaders, &opts.control)
                 });
                 let (note, found) = match found {
-                    Ok(Some(v)) => ("cosine: leaders assigned on the GPU".to_string(), Some(v)),
+                    Ok(Some(v)) => {
+                        phase("cosine: leaders assigned on the device", t);
+                        ("cosine: leaders assigned on the GPU".to_string(), Some(v))
+                    }
                     // Not on a device, or stopped (the CPU's pass sees the stop too).
                     Ok(None) => return None,
                     Err(_) if opts.control.is_cancelled() => return None,
@@ -252,8 +267,10 @@ fn grouped<'d, T: Coord>(
                 *assigned.lock().unwrap_or_else(|p| p.into_inner()) = Some(note);
                 found
             };
+            let t = std::time::Instant::now();
             let planned =
                 partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign));
+            phase("cosine: plan (leaders, groups, bounds)", t);
             let mut notes: Vec<String> = assigned
                 .into_inner()
                 .unwrap_or_else(|p| p.into_inner())
@@ -263,6 +280,7 @@ fn grouped<'d, T: Coord>(
                 return Ok(None);
             };
             let plan = plan?;
+            let t = std::time::Instant::now();
             let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
@@ -291,6 +309,7 @@ fn grouped<'d, T: Coord>(
                     )
                 }
             };
+            phase("cosine: comparisons and confirmation", t);
             notes.insert(0, note);
             Ok(Some((notes, backend, device)))
         };
@@ -301,8 +320,10 @@ fn grouped<'d, T: Coord>(
         // Declined: nothing was emitted.
         return Ok(None);
     };
+    // The tiles' products were f32, or f16 with f32 sums on the matrix units (the GPU's
+    // note says which): either way under the plan's floor for them.
     notes.push(format!(
-        "cosine: {candidates} candidates from f32 dot products, {accepted} confirmed by the cosine rule"
+        "cosine: {candidates} candidates from the tiles' dot products, {accepted} confirmed by the cosine rule"
     ));
     Ok(Some(JoinReport {
         pairs: accepted,
@@ -311,6 +332,7 @@ fn grouped<'d, T: Coord>(
         algorithm: crate::options::Algorithm::Auto,
         batches: 1,
         notes,
+        phases: phases.into_inner().unwrap_or_else(|p| p.into_inner()),
         ..Default::default()
     }))
 }

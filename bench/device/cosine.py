@@ -155,6 +155,9 @@ def main():
             if "notes" in r:
                 cosine = [x for x in r["notes"] if x.startswith("cosine:")]
                 notes.append(f"- {name} {backend} {algorithm} ({r.get('device')}): " + "; ".join(cosine))
+            if r.get("phases"):
+                notes.append(f"- {name} {backend} {algorithm} phases: " +
+                             ", ".join(f"{p['name']} {p['seconds']:.3f} s" for p in r["phases"]))
         os.remove(path)
         counts = {r["pairs"] for r in got.values() if "pairs" in r}
         import gc

@@ -225,7 +225,11 @@ pub(super) fn run(
         emit,
         control,
         found: std::cell::Cell::new(0),
+        waited: std::cell::Cell::new(0.0),
+        confirmed: std::cell::Cell::new(0.0),
     };
+    // Where the host's time goes (the report's note): member lists, waits, confirmations.
+    let mut listed = 0.0f64;
     control.stage("join", plan.pairs.len() as u64);
     let (mut batches, mut reruns, mut compared, mut tiles) = (0u64, 0u64, 0u64, 0u64);
     let mut next = 0usize;
@@ -237,6 +241,7 @@ pub(super) fn run(
         // The next pairs of groups, a chunk at a time (members found in parallel), until
         // they make a batch's worth of tiles.
         let mut work = Batch::default();
+        let t = std::time::Instant::now();
         while next < plan.pairs.len() && work.tiles.len() < max_tiles {
             let end = (next + PLAN_CHUNK).min(plan.pairs.len());
             let members: Vec<_> = (next..end)
@@ -249,6 +254,7 @@ pub(super) fn run(
             work.groups += (end - next) as u64;
             next = end;
         }
+        listed += t.elapsed().as_secs_f64();
         compared += work.compared;
         tiles += work.tiles.len() as u64;
         if work.tiles.is_empty() {
@@ -283,7 +289,8 @@ pub(super) fn run(
     }
     control.check()?;
     Ok(format!(
-        "{}; on the GPU: {tiles} tiles of 32 x 32 {} in {batches} batches, result buffers of {capacity} pairs{}{}",
+        "{}; on the GPU: {tiles} tiles of 32 x 32 {} in {batches} batches, result buffers of {capacity} pairs{}{}; \
+         host: member lists {listed:.3} s, waiting for the device {:.3} s, reading and confirming pairs {:.3} s",
         plan.note(compared),
         if matrix {
             "on the matrix units (f16 copies, f32 sums)"
@@ -299,7 +306,9 @@ pub(super) fn run(
             format!(", {reruns} parts run again after a full result buffer")
         } else {
             String::new()
-        }
+        },
+        job.waited.get(),
+        job.confirmed.get(),
     ))
 }
 
@@ -312,6 +321,9 @@ struct Job<'a> {
     control: &'a Control,
     /// Pairs found by the batches drained so far.
     found: std::cell::Cell<u64>,
+    /// Seconds spent waiting for batches, and reading and confirming their pairs.
+    waited: std::cell::Cell<f64>,
+    confirmed: std::cell::Cell<f64>,
 }
 
 impl Job<'_> {
@@ -396,7 +408,10 @@ impl Job<'_> {
                     self.dispatch(slot, first, n)?
                 }
             };
+            let t = std::time::Instant::now();
             ticket.wait()?;
+            self.waited
+                .set(self.waited.get() + t.elapsed().as_secs_f64());
             let found = slot.counter.read_vec::<u32>(0, 1)?[0];
             if found > self.base.capacity {
                 // A tile holds at most SIDE^2 <= capacity pairs: n > 1 here.
@@ -406,6 +421,7 @@ impl Job<'_> {
                 continue;
             }
             self.found.set(self.found.get() + found as u64);
+            let t = std::time::Instant::now();
             let raw: Vec<[u32; 2]> = slot.pairs.read_vec(0, found as usize)?;
             raw.par_chunks(4096)
                 .try_for_each(|chunk| {
@@ -416,6 +432,8 @@ impl Job<'_> {
                     (self.emit)(&ids)
                 })
                 .map_err(crate::result::sink_error)?;
+            self.confirmed
+                .set(self.confirmed.get() + t.elapsed().as_secs_f64());
         }
         self.control.advance(groups, 0);
         Ok(reruns)
