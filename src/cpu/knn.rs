@@ -295,19 +295,31 @@ fn gather_rows<T: Coord>(
     indices: &mut [u32],
     acc: &mut [T],
 ) {
-    let mut row_of = vec![0u32; qids.len()];
-    for (p, &id) in qids.iter().enumerate() {
-        row_of[id as usize] = p as u32;
+    unpermute_rows(qids, k, indices, acc, |p, oi, oa| {
+        oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
+        oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
+    });
+}
+
+/// Fills rows `indices` / `acc` (k per row, in the rows' order) from answers kept in a
+/// search's order, where position p answered row `ids[p]`: `fill(p, row's indices, row's
+/// accumulators)`, rows in parallel.
+fn unpermute_rows<T: Coord>(
+    ids: &[u32],
+    k: usize,
+    indices: &mut [u32],
+    acc: &mut [T],
+    fill: impl Fn(usize, &mut [u32], &mut [T]) + Sync,
+) {
+    let mut position_of = vec![0u32; ids.len()];
+    for (p, &id) in ids.iter().enumerate() {
+        position_of[id as usize] = p as u32;
     }
     indices
         .par_chunks_mut(k)
         .zip(acc.par_chunks_mut(k))
-        .zip(row_of.par_iter())
-        .for_each(|((oi, oa), &p)| {
-            let p = p as usize;
-            oi.copy_from_slice(&pos_idx[p * k..(p + 1) * k]);
-            oa.copy_from_slice(&pos_acc[p * k..(p + 1) * k]);
-        });
+        .zip(position_of.par_iter())
+        .for_each(|((oi, oa), &p)| fill(p as usize, oi, oa));
 }
 
 /// A node: an inner node splits on `dim` at `split` (left: coordinate <= split, right:

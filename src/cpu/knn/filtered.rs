@@ -318,22 +318,13 @@ fn scatter_rows<T: Coord>(
     indices: &mut [u32],
     acc: &mut [T],
 ) {
-    let mut slot_of_row = vec![0u32; ids.len()];
-    for (s, &id) in ids.iter().enumerate() {
-        slot_of_row[id as usize] = s as u32;
-    }
-    indices
-        .par_chunks_mut(k)
-        .zip(acc.par_chunks_mut(k))
-        .zip(slot_of_row.par_iter())
-        .for_each(|((oi, oa), &s)| {
-            let s = s as usize;
-            let row = &per_block[s / size][(s % size) * k..(s % size + 1) * k];
-            for (c, &(a, id)) in row.iter().enumerate() {
-                oi[c] = id;
-                oa[c] = a;
-            }
-        });
+    super::unpermute_rows(ids, k, indices, acc, |s, oi, oa| {
+        let row = &per_block[s / size][(s % size) * k..(s % size + 1) * k];
+        for (c, &(a, id)) in row.iter().enumerate() {
+            oi[c] = id;
+            oa[c] = a;
+        }
+    });
 }
 
 /// Runs the search into row-major `indices` / `acc` (accumulators, not yet square-rooted).
