@@ -389,10 +389,13 @@ fn a_stop_does_not_wait_for_another_kernels_compile() {
         compiled > returned,
         "the other compile ended first: {compiled:?}"
     );
+    // Well before it ended (behind one lock it returned with it), however loaded the
+    // machine: both waits stretch alike.
     assert!(
-        returned - asked_at < Duration::from_millis(50),
-        "{:?}",
-        returned - asked_at
+        (returned - asked_at) * 4 < compiled - asked_at,
+        "returned {:?} after the request, the other compile {:?} after it",
+        returned - asked_at,
+        compiled - asked_at
     );
     assert_no_validation_errors();
 }
