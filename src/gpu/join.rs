@@ -135,7 +135,7 @@ pub(crate) fn rows(
     job: &Job,
     form: RowsForm,
 ) -> Result<Option<(JoinOutput, JoinReport)>> {
-    if !super::rows::enabled(job.a.dim()) || choose_algorithm(job)? == Algorithm::Lss {
+    if !super::rows::enabled() || choose_algorithm(job)? == Algorithm::Lss {
         return Ok(None);
     }
     let mut out = None;

@@ -43,13 +43,13 @@ pub(super) fn filter(form: RowsForm, self_join: bool) -> u32 {
     }
 }
 
-/// Whether device rows make a `dim`-dimensional job's sorted output: only where
+/// Whether device rows make a job's sorted output: only where
 /// `SIMJOIN_GPU_ROWS=1` asks (`=0` or unset: sorted pairs and the CSR bucketed and sorted on
 /// the host as the pairs arrive). Measured on an H200 with 16 host cores (2026-11-28,
 /// BENCHMARKS.md "Fourth GPU session"), uniform 2-D and 6-D at 2M points: the rows' count
 /// pass and sorts took about three times the search's GPU time, and the host's sort was
 /// faster in three of four rows (1.3-2.1x), 5% slower in the fourth.
-pub(crate) fn enabled(_dim: usize) -> bool {
+pub(crate) fn enabled() -> bool {
     std::env::var("SIMJOIN_GPU_ROWS").as_deref() == Ok("1")
 }
 
