@@ -17,19 +17,8 @@
 #   bash bench/device/pack.sh && OUT=/tmp/devout VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json \
 #     REHEARSE=1 bash bench/device/round4.sh
 # On the device: carry [".device"], run `bash bench/device/round4.sh` with timeout_s 480.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-/tmp/simjoin-device-out}
-mkdir -p "$OUT"
-deadline=$(($(date +%s) + ${BUDGET_S:-440}))
-pick() { if [ -n "${REHEARSE:-}" ]; then echo "$1"; else echo "$2"; fi; }
-run=bench/device/run.sh
-# A step runs only with 20 s left, and is stopped (with its children) at the deadline.
-step() {
-  local left=$((deadline - $(date +%s)))
-  if [ $left -lt 20 ]; then echo "== skipped (deadline): $*" | tee -a "$OUT/run.log"; return; fi
-  timeout -k 5 $left "$@" || echo "== step ended rc=$? ($((deadline - $(date +%s))) s left): $*" | tee -a "$OUT/run.log"
-}
+budget=440
+source "$(dirname "$0")/steps.sh"
 step env TEST_TIMEOUT=$(pick 300 180) TEST_JOBS=$(pick 2 8) bash $run tests
 step env COSINE_TIMEOUT=$(pick 60 45) bash $run cosine
 step env REPEATS=1 COMPARE_ROWS=1 SIZES=$(pick 20000 2000000) BANDWIDTH_MIB=$(pick 16 1024) bash $run bench low

@@ -11,18 +11,8 @@
 #   bash bench/device/pack.sh && OUT=/tmp/devout VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json \
 #     REHEARSE=1 bash bench/device/round5.sh
 # On the device: carry [".device"], run `bash bench/device/round5.sh` with timeout_s 270.
-set -uo pipefail
-cd "$(dirname "$0")/../.."
-export OUT=${OUT:-/tmp/simjoin-device-out}
-mkdir -p "$OUT"
-deadline=$(($(date +%s) + ${BUDGET_S:-250}))
-pick() { if [ -n "${REHEARSE:-}" ]; then echo "$1"; else echo "$2"; fi; }
-run=bench/device/run.sh
-step() {
-  local left=$((deadline - $(date +%s)))
-  if [ $left -lt 20 ]; then echo "== skipped (deadline): $*" | tee -a "$OUT/run.log"; return; fi
-  timeout -k 5 $left "$@" || echo "== step ended rc=$? ($((deadline - $(date +%s))) s left): $*" | tee -a "$OUT/run.log"
-}
+budget=250
+source "$(dirname "$0")/steps.sh"
 step env TEST_TIMEOUT=$(pick 300 140) TEST_JOBS=$(pick 2 8) bash $run tests
 step env COSINE_TIMEOUT=$(pick 60 40) COSINE_NO_BRUTE=1 \
   COSINE_ONLY=$(pick clusters-384d-6k clusters-384d-100k,clusters-768d-100k,clusters-384d-1m) bash $run cosine
