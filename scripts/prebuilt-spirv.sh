@@ -18,30 +18,27 @@ if [ ! -x "$bin" ]; then
 fi
 mkdir -p glsl/spirv
 for k in "${kernels[@]}"; do
-  # The includes spliced in (shaderc's include directive, which glslang alone lacks), then
-  # the same target as build.rs: Vulkan 1.2, SPIR-V 1.5.
+  # The includes spliced in (shaderc's include directive, which glslang alone lacks), and
+  # the hash build.rs checks (its `source_hash`: FNV-1a of the source, then each include).
   tmp=$(mktemp -d)
-  python3 - "glsl/$k.comp" >"$tmp/$k.comp" <<'PY'
+  python3 - "glsl/$k.comp" "$tmp/$k.comp" >"glsl/spirv/$k.source" <<'PY'
 import os, re, sys
-for line in open(sys.argv[1]).read().splitlines():
-    m = re.fullmatch(r'#include "(.*)"', line.strip())
-    print(open(os.path.join(os.path.dirname(sys.argv[1]), m.group(1))).read() if m else line)
-PY
-  "$bin" -V --target-env vulkan1.2 --target-env spirv1.5 "$tmp/$k.comp" -o "glsl/spirv/$k.spv" >/dev/null ||
-    { "$bin" -V --target-env vulkan1.2 --target-env spirv1.5 "$tmp/$k.comp" -o /dev/null; exit 1; }
-  rm -rf "$tmp"
-  python3 - "glsl/$k.comp" >"glsl/spirv/$k.source" <<'PY'
-import re, sys, os
 src = open(sys.argv[1]).read()
-text = src
+spliced, hashed = [], src
 for line in src.splitlines():
     m = re.fullmatch(r'#include "(.*)"', line.strip())
-    if m:
-        text += open(os.path.join(os.path.dirname(sys.argv[1]), m.group(1))).read()
+    inc = open(os.path.join(os.path.dirname(sys.argv[1]), m.group(1))).read() if m else None
+    spliced.append(inc if m else line)
+    hashed += inc or ""
+open(sys.argv[2], "w").write("\n".join(spliced) + "\n")
 h = 0xcbf29ce484222325
-for b in text.encode():
+for b in hashed.encode():
     h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
 print(f"{h:016x}")
 PY
+  # The same target as build.rs: Vulkan 1.2, SPIR-V 1.5.
+  "$bin" -V --target-env vulkan1.2 --target-env spirv1.5 "$tmp/$k.comp" -o "glsl/spirv/$k.spv" >/dev/null ||
+    { "$bin" -V --target-env vulkan1.2 --target-env spirv1.5 "$tmp/$k.comp" -o /dev/null; exit 1; }
+  rm -rf "$tmp"
   echo "glsl/spirv/$k.spv: $(wc -c <"glsl/spirv/$k.spv") bytes, source $(cat "glsl/spirv/$k.source")"
 done
