@@ -225,6 +225,11 @@ def threads_idle(pid, what, skip=()):
     ended and the engine's pool sleeps). The engine's "simjoin-scratch" thread is not the
     join: it frees the result path's idle scratch memory a second after its last use
     (src/result/scratch.rs), on a timer, and may do so in this window."""
+    if pid == os.getpid():
+        # The calling thread measures (it reads /proc and sleeps): a tick is sampled, so the
+        # reads themselves took one in the window once (CI, 2026-11-28). The join ran on the
+        # engine's threads; this one's statement has returned.
+        skip = tuple(skip) + (threading.get_native_id(),)
     time.sleep(0.1)
     before = thread_ticks(pid)
     time.sleep(0.5)
