@@ -7,7 +7,11 @@
 //! cargo run --release --example gpu_join_bench -- --n 20000 --d 3 --eps 0.01 --repeat 3
 //! cargo run --release --example gpu_join_bench -- --n 5000 --d 64 --selectivity 20 --algorithm brute
 //! cargo run --release --example gpu_join_bench -- --n 20000 --d 16 --algorithm lss --lists 9
+//! cargo run --release --example gpu_join_bench -- --npy x.npy --metric cosine --eps 0.1 --algorithm auto --cpu
 //! ```
+//! With `--npy` the points are a 2-D float32/float64 .npy file's rows (their precision kept);
+//! the repeats then time the join on an engine already open (device, kernels, pools warm),
+//! as a program or a Python session that joins more than once sees it.
 //! On lavapipe set `VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json`: it checks
 //! correctness paths, its times say nothing about a real GPU.
 
@@ -17,6 +21,10 @@ use std::time::Instant;
 
 #[derive(Parser)]
 struct Args {
+    /// Read the points from this 2-D .npy file (float32 or float64) instead of generating
+    /// them (--n, --d, --data and --f64 are then ignored; give --eps).
+    #[arg(long)]
+    npy: Option<std::path::PathBuf>,
     /// Points.
     #[arg(long, default_value_t = 20_000)]
     n: usize,
@@ -32,7 +40,7 @@ struct Args {
     /// grid | lss | brute | auto
     #[arg(long, default_value = "grid")]
     algorithm: Algorithm,
-    /// euclidean | manhattan | chebyshev
+    /// euclidean | manhattan | chebyshev (cosine and haversine with --npy and --eps)
     #[arg(long, default_value = "euclidean")]
     metric: Metric,
     /// uniform | clusters | skewed (uniform, dimension j scaled by (j+1)/d: the variance
@@ -122,18 +130,55 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() -> simjoin::Result<()> {
-    let args = Args::parse();
-    let x = points(&args);
+/// Points as read or made: float32 or float64 rows.
+enum Points {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// A 2-D .npy file's rows, float32 or float64 as stored, and their dimension.
+fn read_npy(path: &std::path::Path) -> anyhow::Result<(Points, usize)> {
+    let open = || -> anyhow::Result<_> {
+        Ok(npyz::NpyFile::new(std::io::BufReader::new(
+            std::fs::File::open(path)?,
+        ))?)
+    };
+    let file = open()?;
+    let shape = file.shape().to_vec();
+    anyhow::ensure!(shape.len() == 2, "{path:?}: a 2-D array, got shape {shape:?}");
+    let points = match file.into_vec::<f32>() {
+        Ok(x) => Points::F32(x),
+        Err(_) => Points::F64(open()?.into_vec::<f64>()?),
+    };
+    Ok((points, shape[1] as usize))
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    let points = if let Some(path) = &args.npy {
+        let (points, d) = read_npy(path)?;
+        args.d = d;
+        args.data = path.display().to_string();
+        args.f64 = matches!(points, Points::F64(_));
+        points
+    } else {
+        let x = points(&args);
+        args.eps
+            .get_or_insert_with(|| eps_for(&x, args.d, args.metric, args.selectivity));
+        if args.f64 {
+            Points::F64(x)
+        } else {
+            Points::F32(x.iter().map(|&v| v as f32).collect())
+        }
+    };
+    let data = match &points {
+        Points::F32(x) => Dataset::from_f32(x, args.d)?,
+        Points::F64(x) => Dataset::from_f64(x, args.d)?,
+    };
+    args.n = data.len();
     let eps = args
         .eps
-        .unwrap_or_else(|| eps_for(&x, args.d, args.metric, args.selectivity));
-    let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
-    let data = if args.f64 {
-        Dataset::from_f64(&x, args.d)?
-    } else {
-        Dataset::from_f32(&x32, args.d)?
-    };
+        .ok_or_else(|| anyhow::anyhow!("--npy needs --eps"))?;
     let mut opts = JoinOptions::new(eps);
     opts.backend = Backend::Gpu;
     opts.algorithm = args.algorithm;
@@ -206,14 +251,22 @@ fn main() -> simjoin::Result<()> {
     if args.cpu {
         opts.backend = Backend::Cpu;
         opts.algorithm = Algorithm::Auto;
-        let walls: Vec<f64> = (0..args.repeat.max(1))
-            .map(|_| {
-                let t = Instant::now();
-                engine
-                    .self_join(&data, &opts)
-                    .map(|_| t.elapsed().as_secs_f64())
-            })
-            .collect::<simjoin::Result<_>>()?;
+        let mut walls = Vec::new();
+        for rep in 0..args.repeat.max(1) {
+            let t = Instant::now();
+            let result = engine.self_join(&data, &opts)?;
+            walls.push(t.elapsed().as_secs_f64());
+            let r = &result.report;
+            println!("cpu run {rep}: {:.4} s, {} pairs, {}", walls[rep], r.pairs, r.algorithm);
+            if rep + 1 == args.repeat.max(1) {
+                for (phase, secs) in &r.phases {
+                    println!("    {phase:<40} {secs:.4} s");
+                }
+                for note in &r.notes {
+                    println!("    note: {note}");
+                }
+            }
+        }
         let cpu = median(walls);
         println!("cpu median wall: {cpu:.4} s; gpu/cpu = {:.2}", gpu / cpu);
     }

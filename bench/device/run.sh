@@ -178,7 +178,7 @@ run_cosine() {
   # GPU's brute force (bench/device/cosine.py), COSINE_TIMEOUT s a run.
   say "cosine: grouped join on the GPU vs CPU vs GPU brute force${REHEARSE:+ (rehearsal sizes)}"
   PYTHONUNBUFFERED=1 python3 bench/device/cosine.py --simjoin-bin $kit/simjoin --out "$OUT/cosine.md" \
-    --timeout "${COSINE_TIMEOUT:-90}" ${REHEARSE:+--small} --only "${COSINE_ONLY:-}" ${COSINE_NO_BRUTE:+--no-brute} 2>&1 | tee -a "$log"
+    --warm-bin $kit/gpu_join_bench --timeout "${COSINE_TIMEOUT:-90}" ${REHEARSE:+--small} --only "${COSINE_ONLY:-}" ${COSINE_NO_BRUTE:+--no-brute} 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 }
 
