@@ -647,3 +647,28 @@ fn grouped_knn_matches_the_rule() {
     assert!(notes.contains("grouped leaders' index declined"), "{notes}");
     assert!(notes.contains("Euclidean kNN"), "{notes}");
 }
+
+/// The grouped join's batches on the GPU are sized so that the first ones cannot fill the
+/// result buffer (a full tile's pairs each, before any batch came back) and the later ones
+/// by the pairs a tile has found: on dense candidates with a buffer of 32 full tiles'
+/// pairs (the smallest batch), nothing runs again. Sized by the candidates so far alone,
+/// the first batches overflowed (the H200's 1M run of 2026-11-28 ran 6 parts again).
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_grouped_batches_fit_their_result_buffer() {
+    common::gpu_test_setup();
+    let mut rng = Rng(48);
+    let x = directions(&mut rng, 5000, 64, 40, 0.08);
+    let a = Dataset::from_f64(&x, 64).unwrap();
+    let mut o = cosine(0.02, Backend::Gpu, Algorithm::Auto);
+    o.result_buffer_pairs = Some(32 * 1024);
+    let got = engine().self_join(&a, &o).unwrap();
+    let notes = got.report.notes.join("; ");
+    eprintln!("{notes}");
+    assert!(notes.contains("on the GPU: "), "{notes}");
+    assert!(!notes.contains("run again"), "{notes}");
+    assert_eq!(
+        got.pairs().unwrap(),
+        &oracle::self_join(&a, Metric::Cosine, 0.02)[..]
+    );
+}

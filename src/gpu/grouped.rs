@@ -225,6 +225,7 @@ pub(super) fn run(
         emit,
         control,
         found: std::cell::Cell::new(0),
+        drained: std::cell::Cell::new(0),
         waited: std::cell::Cell::new(0.0),
         confirmed: std::cell::Cell::new(0.0),
     };
@@ -234,8 +235,6 @@ pub(super) fn run(
     let (mut batches, mut reruns, mut compared, mut tiles) = (0u64, 0u64, 0u64, 0u64);
     let mut next = 0usize;
     let mut turn = 0usize;
-    // Tiles submitted (the pairs found so far are counted over the drained ones: a guess).
-    let mut tiles_done = 0u64;
     while next < plan.pairs.len() {
         control.check()?;
         // The next pairs of groups, a chunk at a time (members found in parallel), until
@@ -262,12 +261,18 @@ pub(super) fn run(
             continue;
         }
         // In batches of at most max_tiles (each with the whole member list), fewer where
-        // the pairs found so far say more would overflow half the result buffer: a stop
-        // waits for at most the two in flight. The last one counts the pairs of groups.
+        // the pairs a tile found so far say more would overflow half the result buffer
+        // (before any batch came back, a full tile's SIDE^2: the first batches cannot
+        // overflow, and the H200's 1M run of 2026-11-28 ran 6 parts again without that):
+        // a stop waits for at most the two in flight. The last one counts the pairs of
+        // groups.
         let mut from = 0;
         while from < work.tiles.len() {
             control.check()?;
-            let per_tile = job.found.get() as f64 / tiles_done.max(1) as f64;
+            let per_tile = match job.drained.get() {
+                0 => (SIDE * SIDE) as f64,
+                t => job.found.get() as f64 / t as f64,
+            };
             let fit = (capacity as f64 / 2.0 / per_tile.max(1.0)) as usize;
             let to = work.tiles.len().min(from + fit.clamp(SIDE, max_tiles));
             let slot = &mut slots[turn];
@@ -279,7 +284,6 @@ pub(super) fn run(
                 0
             };
             job.submit(ctx, slot, &work.list, &work.tiles[from..to], groups)?;
-            tiles_done += (to - from) as u64;
             batches += 1;
             from = to;
         }
@@ -319,8 +323,9 @@ struct Job<'a> {
     plan: &'a Plan,
     emit: &'a crate::backend::Emit<'a>,
     control: &'a Control,
-    /// Pairs found by the batches drained so far.
+    /// Pairs found by the batches drained so far, and their tiles.
     found: std::cell::Cell<u64>,
+    drained: std::cell::Cell<u64>,
     /// Seconds spent waiting for batches, and reading and confirming their pairs.
     waited: std::cell::Cell<f64>,
     confirmed: std::cell::Cell<f64>,
@@ -421,6 +426,7 @@ impl Job<'_> {
                 continue;
             }
             self.found.set(self.found.get() + found as u64);
+            self.drained.set(self.drained.get() + n as u64);
             let t = std::time::Instant::now();
             let raw: Vec<[u32; 2]> = slot.pairs.read_vec(0, found as usize)?;
             raw.par_chunks(4096)
