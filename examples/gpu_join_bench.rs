@@ -145,7 +145,10 @@ fn read_npy(path: &std::path::Path) -> anyhow::Result<(Points, usize)> {
     };
     let file = open()?;
     let shape = file.shape().to_vec();
-    anyhow::ensure!(shape.len() == 2, "{path:?}: a 2-D array, got shape {shape:?}");
+    anyhow::ensure!(
+        shape.len() == 2,
+        "{path:?}: a 2-D array, got shape {shape:?}"
+    );
     let points = match file.into_vec::<f32>() {
         Ok(x) => Points::F32(x),
         Err(_) => Points::F64(open()?.into_vec::<f64>()?),
@@ -257,7 +260,10 @@ fn main() -> anyhow::Result<()> {
             let result = engine.self_join(&data, &opts)?;
             walls.push(t.elapsed().as_secs_f64());
             let r = &result.report;
-            println!("cpu run {rep}: {:.4} s, {} pairs, {}", walls[rep], r.pairs, r.algorithm);
+            println!(
+                "cpu run {rep}: {:.4} s, {} pairs, {}",
+                walls[rep], r.pairs, r.algorithm
+            );
             if rep + 1 == args.repeat.max(1) {
                 for (phase, secs) in &r.phases {
                     println!("    {phase:<40} {secs:.4} s");
