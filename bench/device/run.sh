@@ -9,6 +9,7 @@
 #   bash bench/device/run.sh bench high     exponential 16/32/64-D (GPU-JOIN), tiles on and off
 #   bash bench/device/run.sh stress         the test binaries repeatedly (STRESS_RUNS, STRESS_JOBS)
 #   bash bench/device/run.sh cosine         issue 40: grouped cosine join, GPU vs CPU vs GPU brute
+#                                           (and on an engine kept open: COSINE_WARM_REPEAT runs, 2)
 #   bash bench/device/run.sh tests bench low    steps run in order, in one call
 # Sizes, selectivities and repeats: SIZES (default 2000000,10000000 for low, 2000000 for
 # high), SEL (10,100 low; 1,10,100 high), WORKLOADS (a comma list), REPEATS (2), RUN_TIMEOUT
@@ -178,7 +179,7 @@ run_cosine() {
   # GPU's brute force (bench/device/cosine.py), COSINE_TIMEOUT s a run.
   say "cosine: grouped join on the GPU vs CPU vs GPU brute force${REHEARSE:+ (rehearsal sizes)}"
   PYTHONUNBUFFERED=1 python3 bench/device/cosine.py --simjoin-bin $kit/simjoin --out "$OUT/cosine.md" \
-    --warm-bin $kit/gpu_join_bench --timeout "${COSINE_TIMEOUT:-90}" ${REHEARSE:+--small} --only "${COSINE_ONLY:-}" ${COSINE_NO_BRUTE:+--no-brute} 2>&1 | tee -a "$log"
+    --warm-bin $kit/gpu_join_bench --warm-repeat "${COSINE_WARM_REPEAT:-2}" --timeout "${COSINE_TIMEOUT:-90}" ${REHEARSE:+--small} --only "${COSINE_ONLY:-}" ${COSINE_NO_BRUTE:+--no-brute} 2>&1 | tee -a "$log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || failed=$((failed + 1))
 }
 
