@@ -1,10 +1,13 @@
 #version 460
 // The grouped cosine join's assignment on the device (src/gpu/grouped.rs): each of 32 rows
-// a workgroup takes meets every leader in tiles of 32 (f32 dot products, coordinates
-// staged in shared memory as in grouped_tiles.comp), and its largest product and that
-// leader (the first of equal ones) are written to `out` as (leader, float bits). Only the
-// choice of leaders rests on it: the join's bounds are measured on whatever leader a row
-// gets (cpu/partition.rs `group`).
+// a workgroup takes meets leaders first_leader .. first_leader + n_leaders in tiles of 32
+// (f32 dot products, coordinates staged in shared memory as in grouped_tiles.comp), and
+// its largest product and that leader (the first of equal ones) are written to `out` as
+// (leader, float bits), kept against the earlier leaders' best already there where
+// first_leader > 0 (a dispatch takes many rows and a share of the leaders: enough
+// workgroups to fill a GPU, a bounded time for a stop). Only the choice of leaders rests
+// on it: the join's bounds are measured on whatever leader a row gets
+// (cpu/partition.rs `group`).
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #include "common.glsl"
@@ -13,7 +16,7 @@ const uint SIDE = 32;
 const uint CHUNK = 32;
 
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F32s { float v[]; };
-layout(buffer_reference, std430, buffer_reference_align = 8) writeonly buffer Out { uvec2 v[]; };
+layout(buffer_reference, std430, buffer_reference_align = 8) buffer Out { uvec2 v[]; };
 
 layout(push_constant) uniform Params {
     uint64_t rows;
@@ -22,8 +25,10 @@ layout(push_constant) uniform Params {
     // Rows first_row .. first_row + n_rows of `rows`, their answers at the same places.
     uint first_row;
     uint n_rows;
-    uint k;
+    uint first_leader;
+    uint n_leaders;
     uint dim;
+    uint pad;
 };
 
 shared float sa[CHUNK * SIDE];
@@ -47,8 +52,9 @@ void main() {
         best[r] = -3.0e38;
         best_at[r] = 0xFFFFFFFFu;
     }
-    for (uint l0 = 0; l0 < k; l0 += SIDE) {
-        uint nb = min(SIDE, k - l0);
+    uint end = first_leader + n_leaders;
+    for (uint l0 = first_leader; l0 < end; l0 += SIDE) {
+        uint nb = min(SIDE, end - l0);
         float acc[4][4];
         for (uint r = 0; r < 4; r++) {
             for (uint q = 0; q < 4; q++) {
@@ -108,9 +114,18 @@ void main() {
     }
     barrier();
     if (lid < na) {
+        uint row = first_row + base + lid;
+        // The earlier leaders' best first: on equal products it stays (smaller index).
         float v = red_val[lid * 8u];
         uint at = red_idx[lid * 8u];
-        for (uint t = 1; t < 8u; t++) {
+        uint t0 = 1u;
+        if (first_leader > 0u) {
+            uvec2 prev = out_best.v[row];
+            v = uintBitsToFloat(prev.y);
+            at = prev.x;
+            t0 = 0u;
+        }
+        for (uint t = t0; t < 8u; t++) {
             float w = red_val[lid * 8u + t];
             uint j = red_idx[lid * 8u + t];
             if (w > v || (w == v && j < at)) {
@@ -118,6 +133,6 @@ void main() {
                 at = j;
             }
         }
-        out_best.v[first_row + base + lid] = uvec2(at, floatBitsToUint(v));
+        out_best.v[row] = uvec2(at, floatBitsToUint(v));
     }
 }

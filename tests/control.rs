@@ -419,11 +419,29 @@ fn gpu_jobs_stop_within_250_ms() {
     o.metric = simjoin::Metric::Cosine;
     o.backend = Backend::Gpu;
     o.control = control.clone();
-    let e2 = e.clone();
+    let (e2, dirs2) = (e.clone(), dirs.clone());
     let out = stop_in_join(&control, Duration::from_millis(100), move || {
-        e2.self_join(&Dataset::from_f32(&dirs, d)?, &o)
+        e2.self_join(&Dataset::from_f32(&dirs2, d)?, &o)
     });
     assert_cancelled("gpu grouped cosine join", out);
+    // ... and while the device assigns the leaders (glsl/nearest_leaders.comp: dispatches
+    // of many rows against a share of the leaders, the stop read between them).
+    let control = Control::new();
+    let mut o = JoinOptions::new(0.1);
+    o.metric = simjoin::Metric::Cosine;
+    o.backend = Backend::Gpu;
+    o.control = control.clone();
+    let (e2, dirs2) = (e.clone(), dirs.clone());
+    let out = stop_in_stage(
+        &control,
+        "cosine: grouping",
+        Duration::from_millis(5),
+        move || e2.self_join(&Dataset::from_f32(&dirs2, d)?, &o),
+    );
+    assert_cancelled(
+        "gpu grouped cosine join, stopped while assigning leaders",
+        out,
+    );
     let control = Control::new();
     let o = KnnOptions {
         backend: Backend::Gpu,

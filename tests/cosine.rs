@@ -672,3 +672,42 @@ fn gpu_grouped_batches_fit_their_result_buffer() {
         &oracle::self_join(&a, Metric::Cosine, 0.02)[..]
     );
 }
+
+/// The device's assignment of leaders (glsl/nearest_leaders.comp, in dispatches of many
+/// rows against a share of the leaders, each keeping the earlier shares' best) picks the
+/// leader the CPU's does where the data are tight clusters (every vector far nearer one
+/// leader than any other): the GPU's plan is the CPU's, to the vector pair. 9,000 vectors
+/// and about 1,400 leaders at 64-D make eleven shares of leaders and three of rows a
+/// dispatch on lavapipe (4,096 rows against 128 leaders), so a lost or misplaced best shows
+/// as other groups.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_assignment_of_leaders_is_the_cpus() {
+    common::gpu_test_setup();
+    let mut rng = Rng(49);
+    let x = directions(&mut rng, 9000, 64, 1400, 0.01);
+    let a = Dataset::from_f64(&x, 64).unwrap();
+    let plan_note = |backend| {
+        let got = engine()
+            .self_join(&a, &cosine(0.05, backend, Algorithm::Auto))
+            .unwrap();
+        let notes = got.report.notes.join("; ");
+        // "cosine: K groups around leaders (radius R); P of T pairs of groups compared,
+        // V vector pairs".
+        let at = notes.find("cosine: ").zip(notes.find(" vector pairs"));
+        let plan = match at {
+            Some((from, to)) if notes[from..].contains("groups around leaders") => {
+                notes[from..to].to_string()
+            }
+            _ => panic!("no grouped plan: {notes}"),
+        };
+        (plan, notes, got.count())
+    };
+    let (cpu, _, n_cpu) = plan_note(Backend::Cpu);
+    let (gpu, notes, n_gpu) = plan_note(Backend::Gpu);
+    assert!(notes.contains("leaders assigned on the GPU"), "{notes}");
+    let leaders: usize = cpu.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(leaders > 8 * 128, "{cpu}");
+    assert_eq!(gpu, cpu);
+    assert_eq!(n_gpu, n_cpu);
+}

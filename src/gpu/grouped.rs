@@ -455,8 +455,10 @@ struct AssignParams {
     out: u64,
     first_row: u32,
     n_rows: u32,
-    k: u32,
+    first_leader: u32,
+    n_leaders: u32,
     dim: u32,
+    pad: u32,
 }
 
 /// Each row of `x` (f32 unit vectors, `dim` wide)'s nearest of `leaders` on the device:
@@ -487,36 +489,54 @@ pub(super) fn nearest_leaders(
     )?;
     let rows = ctx.upload(x, "assignment rows")?;
     let lead = ctx.upload(leaders, "assignment leaders")?;
+    let best = Buffer::new(ctx, n as u64 * 8, Memory::Device, "assignment best")?;
     let out = Buffer::new(ctx, n as u64 * 8, Memory::Readback, "assignment out")?;
-    // Rows a dispatch: about 2^32 multiply-adds on a GPU (milliseconds), 2^27 on a software
-    // device (a short wait for a stop), whole workgroups.
-    let work = (k * dim).max(1) as u64;
-    let budget: u64 = if ctx.is_software() { 1 << 27 } else { 1 << 32 };
-    let step = ((budget / work) as usize / SIDE).max(1) * SIDE;
+    // A dispatch: enough rows to fill the device (2^17 rows, 4096 workgroups, on a GPU: the
+    // H200's first runs took 26 workgroups a dispatch at 1M rows and 13,000 leaders, a
+    // fifth of one workgroup an SM) against as many leaders as keep it to about 2^34
+    // multiply-adds (milliseconds on a GPU; 2^12 rows and 2^25 on a software device,
+    // about 40 ms on lavapipe: a short wait for a stop), whole tiles of leaders.
+    let (fill, budget): (usize, u64) = if ctx.is_software() {
+        (1 << 12, 1 << 25)
+    } else {
+        (1 << 17, 1 << 34)
+    };
+    let row_step = n.min(fill);
+    let lead_step = ((budget / (row_step * dim).max(1) as u64) as usize / SIDE).max(1) * SIDE;
     let mut stream = Stream::new(ctx, 0)?;
-    for first in (0..n).step_by(step) {
-        control.check()?;
-        let m = step.min(n - first);
-        let p = AssignParams {
-            rows: rows.device_address(),
-            leaders: lead.device_address(),
-            out: out.device_address(),
-            first_row: first as u32,
-            n_rows: m as u32,
-            k: k as u32,
-            dim: dim as u32,
-        };
-        let groups = m.div_ceil(SIDE) as u64;
-        stream.dispatch_threads(
-            &kernel,
-            groups * WORKGROUP as u64,
-            &[],
-            bytemuck::bytes_of(&p),
-        )?;
-        stream.keep_alive((rows.clone(), lead.clone(), out.clone()))?;
-        stream.submit()?.wait()?;
+    for first in (0..n).step_by(row_step) {
+        let m = row_step.min(n - first);
+        for from in (0..k).step_by(lead_step) {
+            control.check()?;
+            let p = AssignParams {
+                rows: rows.device_address(),
+                leaders: lead.device_address(),
+                out: best.device_address(),
+                first_row: first as u32,
+                n_rows: m as u32,
+                first_leader: from as u32,
+                n_leaders: lead_step.min(k - from) as u32,
+                dim: dim as u32,
+                pad: 0,
+            };
+            if from > 0 {
+                // The previous dispatch's bests (an earlier submission) are read.
+                stream.barrier()?;
+            }
+            stream.dispatch_threads(
+                &kernel,
+                m.div_ceil(SIDE) as u64 * WORKGROUP as u64,
+                &[],
+                bytemuck::bytes_of(&p),
+            )?;
+            stream.keep_alive((rows.clone(), lead.clone(), best.clone()))?;
+            stream.submit()?.wait()?;
+        }
         control.advance(m as u64, 0);
     }
+    stream.barrier()?;
+    stream.copy(&best, 0, &out, 0, n as u64 * 8)?;
+    stream.submit()?.wait()?;
     let raw: Vec<[u32; 2]> = out.read_vec(0, n)?;
     Ok(raw
         .into_iter()
