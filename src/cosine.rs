@@ -242,9 +242,21 @@ fn grouped<'d, T: Coord>(
             use crate::cpu::partition;
             // The leaders' assignment (rows x leaders dot products) on the device where the
             // join runs on a GPU (under `auto`, see AUTO_GROUPED_ON_GPU).
+            // (The first assignment and the rounds' for the vectors it left far from every
+            // leader: their seconds summed.)
             let assigned = std::sync::Mutex::new(None);
+            let on_device = std::sync::Mutex::new(None::<f64>);
             let assign = |x: &[f32], leaders: &[f32]| -> Option<Vec<(u32, f32)>> {
                 if opts.backend == crate::options::Backend::Auto && !AUTO_GROUPED_ON_GPU {
+                    return None;
+                }
+                // Once the device failed, the CPU assigns the rest.
+                if assigned
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .is_some_and(|n: &String| n.contains("failed"))
+                {
                     return None;
                 }
                 let t = std::time::Instant::now();
@@ -253,7 +265,10 @@ fn grouped<'d, T: Coord>(
                 });
                 let (note, found) = match found {
                     Ok(Some(v)) => {
-                        phase("cosine: leaders assigned on the device", t);
+                        *on_device
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .get_or_insert(0.0) += t.elapsed().as_secs_f64();
                         ("cosine: leaders assigned on the GPU".to_string(), Some(v))
                     }
                     // Not on a device, or stopped (the CPU's pass sees the stop too).
@@ -270,6 +285,12 @@ fn grouped<'d, T: Coord>(
             let t = std::time::Instant::now();
             let planned =
                 partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign));
+            if let Some(secs) = on_device.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                phases
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(("cosine: leaders assigned on the device".into(), secs));
+            }
             phase("cosine: plan (leaders, groups, bounds)", t);
             let mut notes: Vec<String> = assigned
                 .into_inner()

@@ -679,35 +679,40 @@ fn gpu_grouped_batches_fit_their_result_buffer() {
 /// leader than any other): the GPU's plan is the CPU's, to the vector pair. 9,000 vectors
 /// and about 1,400 leaders at 64-D make eleven shares of leaders and three of rows a
 /// dispatch on lavapipe (4,096 rows against 128 leaders), so a lost or misplaced best shows
-/// as other groups.
+/// as other groups. 40,000 vectors in 2,000 clusters: the leaders' sample (every eighth
+/// vector) misses about a tenth of the clusters, and their vectors get leaders of their
+/// own in a further round, assigned on the device too.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_assignment_of_leaders_is_the_cpus() {
     common::gpu_test_setup();
     let mut rng = Rng(49);
-    let x = directions(&mut rng, 9000, 64, 1400, 0.01);
-    let a = Dataset::from_f64(&x, 64).unwrap();
-    let plan_note = |backend| {
-        let got = engine()
-            .self_join(&a, &cosine(0.05, backend, Algorithm::Auto))
-            .unwrap();
-        let notes = got.report.notes.join("; ");
-        // "cosine: K groups around leaders (radius R); P of T pairs of groups compared,
-        // V vector pairs".
-        let at = notes.find("cosine: ").zip(notes.find(" vector pairs"));
-        let plan = match at {
-            Some((from, to)) if notes[from..].contains("groups around leaders") => {
-                notes[from..to].to_string()
-            }
-            _ => panic!("no grouped plan: {notes}"),
+    for (n, dim, centres, least) in [(9000, 64, 1400, 8 * 128), (40_000, 32, 2000, 1990)] {
+        let x = directions(&mut rng, n, dim, centres, 0.01);
+        let a = Dataset::from_f64(&x, dim).unwrap();
+        let plan_note = |backend| {
+            let got = engine()
+                .self_join(&a, &cosine(0.05, backend, Algorithm::Auto))
+                .unwrap();
+            let notes = got.report.notes.join("; ");
+            // "cosine: K groups around leaders (radius R); P of T pairs of groups compared,
+            // V vector pairs".
+            let at = notes.find("cosine: ").zip(notes.find(" vector pairs"));
+            let plan = match at {
+                Some((from, to)) if notes[from..].contains("groups around leaders") => {
+                    notes[from..to].to_string()
+                }
+                _ => panic!("no grouped plan: {notes}"),
+            };
+            (plan, notes, got.count())
         };
-        (plan, notes, got.count())
-    };
-    let (cpu, _, n_cpu) = plan_note(Backend::Cpu);
-    let (gpu, notes, n_gpu) = plan_note(Backend::Gpu);
-    assert!(notes.contains("leaders assigned on the GPU"), "{notes}");
-    let leaders: usize = cpu.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(leaders > 8 * 128, "{cpu}");
-    assert_eq!(gpu, cpu);
-    assert_eq!(n_gpu, n_cpu);
+        let (cpu, _, n_cpu) = plan_note(Backend::Cpu);
+        let (gpu, notes, n_gpu) = plan_note(Backend::Gpu);
+        eprintln!("{n} x {dim}: {gpu}");
+        assert!(notes.contains("leaders assigned on the GPU"), "{notes}");
+        let leaders: usize = cpu.split_whitespace().nth(1).unwrap().parse().unwrap();
+        assert!(leaders >= least, "{cpu}");
+        assert_eq!(gpu, cpu);
+        assert_eq!(n_gpu, n_cpu);
+    }
 }

@@ -715,7 +715,11 @@ fn group(
                 .flat_map(|&i| &x[i * dim..(i + 1) * dim])
                 .copied()
                 .collect();
-            let again = nearest_leaders(&rows, dim, &more.rows, near, control, false)?;
+            // On the device too where it assigned the first leaders.
+            let again = match assign.and_then(|f| f(&rows, &more.rows)) {
+                Some(found) => found,
+                None => nearest_leaders(&rows, dim, &more.rows, near, control, false)?,
+            };
             let old = (leaders.len() / dim) as u32;
             for (&i, (g, d)) in far.iter().zip(again) {
                 if d > nearest[i].1 {
