@@ -1,7 +1,7 @@
 #version 460
-// The grouped cosine join's assignment on the device (src/gpu/grouped.rs): each of 32 rows
-// a workgroup takes meets leaders first_leader .. first_leader + n_leaders in tiles of 32
-// (f32 dot products, coordinates staged in shared memory as in grouped_tiles.comp), and
+// The grouped cosine join's assignment on the device (src/gpu/grouped.rs): each of the 64
+// rows a workgroup takes meets leaders first_leader .. first_leader + n_leaders in tiles
+// of 64 (f32 dot products, coordinates staged in shared memory as in grouped_tiles.comp), and
 // its largest product and that leader (the first of equal ones) are written to `out` as
 // (leader, float bits), kept against the earlier leaders' best already there where
 // first_leader > 0 (a dispatch takes many rows and a share of the leaders: enough
@@ -12,7 +12,11 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #include "common.glsl"
 
-const uint SIDE = 32;
+// Rows (and leaders) a workgroup's tile holds: 64 x 64, each of its 64 threads an 8 x 8
+// block of products (eight times as many multiply-adds as shared-memory reads, with the
+// workgroup size of grouped_tiles.comp).
+const uint SIDE = 64;
+const uint PER = SIDE / 8u;
 const uint CHUNK = 32;
 
 layout(buffer_reference, std430, buffer_reference_align = 4) readonly buffer F32s { float v[]; };
@@ -46,18 +50,18 @@ void main() {
     uint lid = gl_LocalInvocationID.x;
     uint tx = lid % 8u;
     uint ty = lid / 8u;
-    float best[4];
-    uint best_at[4];
-    for (uint r = 0; r < 4; r++) {
+    float best[PER];
+    uint best_at[PER];
+    for (uint r = 0; r < PER; r++) {
         best[r] = -3.0e38;
         best_at[r] = 0xFFFFFFFFu;
     }
     uint end = first_leader + n_leaders;
     for (uint l0 = first_leader; l0 < end; l0 += SIDE) {
         uint nb = min(SIDE, end - l0);
-        float acc[4][4];
-        for (uint r = 0; r < 4; r++) {
-            for (uint q = 0; q < 4; q++) {
+        float acc[PER][PER];
+        for (uint r = 0; r < PER; r++) {
+            for (uint q = 0; q < PER; q++) {
                 acc[r][q] = 0.0;
             }
         }
@@ -81,14 +85,14 @@ void main() {
             barrier();
             uint steps = min(CHUNK, dim - c0);
             for (uint c = 0; c < steps; c++) {
-                float a[4];
-                float b[4];
-                for (uint r = 0; r < 4; r++) {
+                float a[PER];
+                float b[PER];
+                for (uint r = 0; r < PER; r++) {
                     a[r] = sa[c * SIDE + ty + 8u * r];
                     b[r] = sb[c * SIDE + tx + 8u * r];
                 }
-                for (uint r = 0; r < 4; r++) {
-                    for (uint q = 0; q < 4; q++) {
+                for (uint r = 0; r < PER; r++) {
+                    for (uint q = 0; q < PER; q++) {
                         acc[r][q] = fma(a[r], b[q], acc[r][q]);
                     }
                 }
@@ -96,10 +100,10 @@ void main() {
             barrier();
         }
         // Leaders in increasing index: a tie keeps the earlier one.
-        for (uint q = 0; q < 4; q++) {
+        for (uint q = 0; q < PER; q++) {
             uint y = tx + 8u * q;
             if (y < nb) {
-                for (uint r = 0; r < 4; r++) {
+                for (uint r = 0; r < PER; r++) {
                     if (acc[r][q] > best[r]) {
                         best[r] = acc[r][q];
                         best_at[r] = l0 + y;
@@ -108,7 +112,7 @@ void main() {
             }
         }
     }
-    for (uint r = 0; r < 4; r++) {
+    for (uint r = 0; r < PER; r++) {
         red_val[(ty + 8u * r) * 8u + tx] = best[r];
         red_idx[(ty + 8u * r) * 8u + tx] = best_at[r];
     }

@@ -678,10 +678,10 @@ fn gpu_grouped_batches_fit_their_result_buffer() {
 /// leader the CPU's does where the data are tight clusters (every vector far nearer one
 /// leader than any other): the GPU's plan is the CPU's, to the vector pair. 9,000 vectors
 /// and about 1,400 leaders at 64-D make eleven shares of leaders and three of rows a
-/// dispatch on lavapipe (4,096 rows against 128 leaders), so a lost or misplaced best shows
-/// as other groups. 40,000 vectors in 2,000 clusters: the leaders' sample (every eighth
-/// vector) misses about a tenth of the clusters, and their vectors get leaders of their
-/// own in a further round, assigned on the device too.
+/// dispatch on lavapipe (4,096 rows against 128 leaders, tiles of 64 x 64), so a lost or
+/// misplaced best shows as other groups. 40,000 vectors in 2,000 clusters: the leaders'
+/// sample (every eighth vector) misses about a tenth of the clusters, and their vectors
+/// get leaders of their own in a further round, assigned on the device too.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_assignment_of_leaders_is_the_cpus() {

@@ -446,6 +446,9 @@ impl Job<'_> {
     }
 }
 
+/// Rows (and leaders) of a workgroup's tile in glsl/nearest_leaders.comp (SIDE there).
+const ASSIGN_SIDE: usize = 64;
+
 /// Matches `Params` in glsl/nearest_leaders.comp.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -491,7 +494,7 @@ pub(super) fn nearest_leaders(
     let lead = ctx.upload(leaders, "assignment leaders")?;
     let best = Buffer::new(ctx, n as u64 * 8, Memory::Device, "assignment best")?;
     let out = Buffer::new(ctx, n as u64 * 8, Memory::Readback, "assignment out")?;
-    // A dispatch: enough rows to fill the device (2^17 rows, 4096 workgroups, on a GPU: the
+    // A dispatch: enough rows to fill the device (2^18 rows, 4096 workgroups, on a GPU: the
     // H200's first runs took 26 workgroups a dispatch at 1M rows and 13,000 leaders, a
     // fifth of one workgroup an SM) against as many leaders as keep it to about 2^34
     // multiply-adds (milliseconds on a GPU; 2^12 rows and 2^25 on a software device,
@@ -499,10 +502,11 @@ pub(super) fn nearest_leaders(
     let (fill, budget): (usize, u64) = if ctx.is_software() {
         (1 << 12, 1 << 25)
     } else {
-        (1 << 17, 1 << 34)
+        (1 << 18, 1 << 34)
     };
     let row_step = n.min(fill);
-    let lead_step = ((budget / (row_step * dim).max(1) as u64) as usize / SIDE).max(1) * SIDE;
+    let lead_step =
+        ((budget / (row_step * dim).max(1) as u64) as usize / ASSIGN_SIDE).max(1) * ASSIGN_SIDE;
     let mut stream = Stream::new(ctx, 0)?;
     for first in (0..n).step_by(row_step) {
         let m = row_step.min(n - first);
@@ -525,7 +529,7 @@ pub(super) fn nearest_leaders(
             }
             stream.dispatch_threads(
                 &kernel,
-                m.div_ceil(SIDE) as u64 * WORKGROUP as u64,
+                m.div_ceil(ASSIGN_SIDE) as u64 * WORKGROUP as u64,
                 &[],
                 bytemuck::bytes_of(&p),
             )?;
