@@ -246,16 +246,11 @@ fn grouped<'d, T: Coord>(
             // leader: their seconds summed.)
             let assigned = std::sync::Mutex::new(None);
             let on_device = std::sync::Mutex::new(None::<f64>);
+            // Once the device failed, the CPU assigns the rest.
+            let failed = std::sync::atomic::AtomicBool::new(false);
             let assign = |x: &[f32], leaders: &[f32]| -> Option<Vec<(u32, f32)>> {
-                if opts.backend == crate::options::Backend::Auto && !AUTO_GROUPED_ON_GPU {
-                    return None;
-                }
-                // Once the device failed, the CPU assigns the rest.
-                if assigned
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .as_ref()
-                    .is_some_and(|n: &String| n.contains("failed"))
+                if (opts.backend == crate::options::Backend::Auto && !AUTO_GROUPED_ON_GPU)
+                    || failed.load(std::sync::atomic::Ordering::Relaxed)
                 {
                     return None;
                 }
@@ -274,10 +269,15 @@ fn grouped<'d, T: Coord>(
                     // Not on a device, or stopped (the CPU's pass sees the stop too).
                     Ok(None) => return None,
                     Err(_) if opts.control.is_cancelled() => return None,
-                    Err(e) => (
-                        format!("cosine: the GPU's assignment failed ({e}): assigned on the CPU"),
-                        None,
-                    ),
+                    Err(e) => {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        (
+                            format!(
+                                "cosine: the GPU's assignment failed ({e}): assigned on the CPU"
+                            ),
+                            None,
+                        )
+                    }
                 };
                 *assigned.lock().unwrap_or_else(|p| p.into_inner()) = Some(note);
                 found
