@@ -130,6 +130,17 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// A run's phases (each names its clock: GPU timestamps or host; the overlap is a note) and
+/// notes, indented under its line (bench/device/cosine.py reads them so).
+fn print_phases_and_notes(r: &simjoin::JoinReport) {
+    for (phase, secs) in &r.phases {
+        println!("    {phase:<40} {secs:.4} s");
+    }
+    for note in &r.notes {
+        println!("    note: {note}");
+    }
+}
+
 /// Points as read or made: float32 or float64 rows.
 enum Points {
     F32(Vec<f32>),
@@ -226,13 +237,7 @@ fn main() -> anyhow::Result<()> {
             r.bytes_to_device, r.bytes_from_device
         );
         from_device = Some(r.bytes_from_device);
-        // Each phase names its clock (GPU timestamps or host); the overlap is a note.
-        for (phase, secs) in &r.phases {
-            println!("    {phase:<40} {secs:.4} s");
-        }
-        for note in &r.notes {
-            println!("    note: {note}");
-        }
+        print_phases_and_notes(r);
     }
     let gpu = median(walls);
     println!(
@@ -265,12 +270,7 @@ fn main() -> anyhow::Result<()> {
                 walls[rep], r.pairs, r.algorithm
             );
             if rep + 1 == args.repeat.max(1) {
-                for (phase, secs) in &r.phases {
-                    println!("    {phase:<40} {secs:.4} s");
-                }
-                for note in &r.notes {
-                    println!("    note: {note}");
-                }
+                print_phases_and_notes(r);
             }
         }
         let cpu = median(walls);
