@@ -293,6 +293,16 @@ fn grouped_cosine_knn_stops_within_250_ms() {
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 
+/// A cosine join at eps 0.1 on `backend` and the control that stops it.
+fn cosine_join(backend: Backend) -> (Control, JoinOptions) {
+    let control = Control::new();
+    let mut o = JoinOptions::new(0.1);
+    o.metric = simjoin::Metric::Cosine;
+    o.backend = backend;
+    o.control = control.clone();
+    (control, o)
+}
+
 /// The cosine join through the grouped leaders' index (clustered directions) stops while
 /// it picks and assigns leaders, and while it joins the groups.
 #[test]
@@ -303,11 +313,7 @@ fn grouped_cosine_join_stops_within_250_ms() {
     let d = 128;
     let x = Arc::new(clustered_directions(200_000, d, 4000, 0.1, 13));
     for after in [40, 150, 400] {
-        let control = Control::new();
-        let mut o = JoinOptions::new(0.1);
-        o.metric = simjoin::Metric::Cosine;
-        o.backend = Backend::Cpu;
-        o.control = control.clone();
+        let (control, o) = cosine_join(Backend::Cpu);
         let (e2, x2) = (e.clone(), x.clone());
         let out = stop_after(&control, Duration::from_millis(after), move || {
             e2.self_join(&Dataset::from_f32(&x2, d)?, &o)
@@ -315,11 +321,7 @@ fn grouped_cosine_join_stops_within_250_ms() {
         assert_cancelled(&format!("grouped cosine join, stopped at {after} ms"), out);
     }
     // The leaders' assignment is a stage of its own, and stops within it.
-    let control = Control::new();
-    let mut o = JoinOptions::new(0.1);
-    o.metric = simjoin::Metric::Cosine;
-    o.backend = Backend::Cpu;
-    o.control = control.clone();
+    let (control, o) = cosine_join(Backend::Cpu);
     let e2 = e.clone();
     let out = stop_in_stage(
         &control,
@@ -414,11 +416,7 @@ fn gpu_jobs_stop_within_250_ms() {
     // batches.
     let d = 64;
     let dirs = Arc::new(clustered_directions(60_000, d, 300, 0.1, 17));
-    let control = Control::new();
-    let mut o = JoinOptions::new(0.1);
-    o.metric = simjoin::Metric::Cosine;
-    o.backend = Backend::Gpu;
-    o.control = control.clone();
+    let (control, o) = cosine_join(Backend::Gpu);
     let (e2, dirs2) = (e.clone(), dirs.clone());
     let out = stop_in_join(&control, Duration::from_millis(100), move || {
         e2.self_join(&Dataset::from_f32(&dirs2, d)?, &o)
@@ -426,11 +424,7 @@ fn gpu_jobs_stop_within_250_ms() {
     assert_cancelled("gpu grouped cosine join", out);
     // ... and while the device assigns the leaders (glsl/nearest_leaders.comp: dispatches
     // of many rows against a share of the leaders, the stop read between them).
-    let control = Control::new();
-    let mut o = JoinOptions::new(0.1);
-    o.metric = simjoin::Metric::Cosine;
-    o.backend = Backend::Gpu;
-    o.control = control.clone();
+    let (control, o) = cosine_join(Backend::Gpu);
     let (e2, dirs2) = (e.clone(), dirs.clone());
     let out = stop_in_stage(
         &control,
