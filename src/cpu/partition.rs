@@ -207,6 +207,7 @@ pub(crate) fn dot_slack(dim: usize) -> f64 {
 ///   f32 sum's bound in [`dot_slack`] at a full ulp.
 ///
 /// The norms are at most `sqrt(1 + (d + 2) 2^-24)` (f32 copies of unit vectors).
+#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // the matrix-unit tiles' floor only
 pub(crate) fn dot_slack_f16(dim: usize) -> f64 {
     let d = dim as f64;
     let u = 2f64.powi(-10);
@@ -803,6 +804,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// [`Plan::floor`] for dot products taken on a GPU's matrix units from f16 copies
     /// ([`dot_slack_f16`]).
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
     pub(crate) fn floor_f16(&self) -> f32 {
         (1.0 - self.eps * self.eps / 2.0 - dot_slack_f16(self.dim)) as f32
     }
