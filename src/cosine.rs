@@ -139,8 +139,26 @@ where
         e,
     };
     let mut sink = sink;
+    let (mut fit, mut fitted) = (None, 0.0);
     if opts.algorithm == crate::options::Algorithm::Auto {
         let t = std::time::Instant::now();
+        // Vectors near a low-dimensional subspace: a Euclidean join of their projections,
+        // first where the sample's leaders keep growing (else the grouped index first).
+        fit = engine
+            .install(|| crate::projection::Projection::fit(&ca, cb.as_deref(), dim, euclid.eps))?;
+        fitted = t.elapsed().as_secs_f64();
+        if let Some(p) = fit.as_ref().filter(|p| p.growth >= PROJECTION_FIRST) {
+            return projected(
+                engine,
+                &rule,
+                &ca,
+                cb.as_deref(),
+                &euclid,
+                p,
+                sink,
+                [prepared, fitted],
+            );
+        }
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
         let eps32 = widened_eps::<f32>(e, dim);
@@ -162,6 +180,18 @@ where
             return Ok(report);
         }
     }
+    if let Some(p) = &fit {
+        return projected(
+            engine,
+            &rule,
+            &ca,
+            cb.as_deref(),
+            &euclid,
+            p,
+            sink,
+            [prepared, fitted],
+        );
+    }
     let da = Dataset::from_rows(&ca, dim)?;
     let db = match &cb {
         Some(cb) => Some(Dataset::from_rows(cb, dim)?),
@@ -180,6 +210,74 @@ where
         "cosine: a Euclidean join of the normalised vectors at eps {:.9e} (2 (1 - cos) widened \
          for rounding) found {} candidates, {} confirmed by the cosine rule",
         euclid.eps, confirm.candidates, confirm.accepted
+    ));
+    Ok(report)
+}
+
+/// Where the sample's leaders at eps grow by at least this much from half the sample to
+/// all of it, the projection runs before the grouped index (which would need about a
+/// leader a neighbourhood): 1 for clusters, 2 where no two rows share one. Measured
+/// (2 threads, 2026-11-28): 200 clusters at 128-D (growth 1.09) took 1.1 s grouped, 2.9 s
+/// projected; 8-D structure in 384-D (growth 1.41-1.76 at eps 0.2-0.1) 0.25-0.68 s
+/// projected, 2.3-2.7 s grouped.
+const PROJECTION_FIRST: f64 = 1.25;
+
+/// The join through [`crate::projection`]: a Euclidean join of the rows' projections at
+/// the filter's eps on the engine's backend, each candidate confirmed by the rule.
+#[allow(clippy::too_many_arguments)]
+fn projected<T: Coord>(
+    engine: &Engine,
+    rule: &Rule<T>,
+    ca: &[T],
+    cb: Option<&[T]>,
+    euclid: &JoinOptions,
+    p: &crate::projection::Projection,
+    sink: Option<&mut dyn PairSink>,
+    [prepared, fitted]: [f64; 2],
+) -> Result<JoinReport> {
+    let t = std::time::Instant::now();
+    let control = &euclid.control;
+    let (za, zb) = engine.install(|| (p.apply(ca, control), cb.map(|b| p.apply(b, control))))?;
+    let stopped = crate::control::cancelled;
+    let za = za.ok_or_else(stopped)?;
+    let zb = zb.map(|z| z.ok_or_else(stopped)).transpose()?;
+    let projected = t.elapsed().as_secs_f64();
+    let mut low = euclid.clone();
+    low.eps = p.eps(euclid.eps);
+    let da = Dataset::from_f32(&za, p.m + 1)?;
+    let db = zb
+        .as_deref()
+        .map(|z| Dataset::from_f32(z, p.m + 1))
+        .transpose()?;
+    let mut confirm = Confirm::new(|q| rule.accepts(q), sink);
+    let mut report = match &db {
+        None => engine.self_join_stream(&da, &low, &mut confirm),
+        Some(db) => engine.join_stream(&da, db, &low, &mut confirm),
+    }?;
+    report.pairs = confirm.accepted;
+    report.phases.splice(
+        0..0,
+        [
+            ("cosine: norms and normalised copies".into(), prepared),
+            ("cosine: principal directions of a sample".into(), fitted),
+            ("cosine: projections".into(), projected),
+        ],
+    );
+    report.notes.push(format!(
+        "cosine: a filter on a sample's {} principal directions ({:.2}% of its variance; of {} \
+         sample pairs, {} within eps, {} kept by the bound; leaders grow {:.2}x from half the \
+         sample): a Euclidean join of their {} coordinates and the norm left, at eps {:.9e}, \
+         found {} candidates, {} confirmed by the cosine rule",
+        p.m,
+        100.0 * p.share,
+        p.sampled,
+        p.within,
+        p.kept,
+        p.growth,
+        p.m,
+        low.eps,
+        confirm.candidates,
+        confirm.accepted
     ));
     Ok(report)
 }

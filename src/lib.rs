@@ -32,6 +32,7 @@ pub mod metric;
 pub mod options;
 #[doc(hidden)]
 pub mod oracle;
+mod projection;
 pub mod result;
 /// Arrow export of results (the module lives in `result/`, beside the rest of the result path).
 pub use result::arrow;

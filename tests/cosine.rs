@@ -716,3 +716,114 @@ fn gpu_assignment_of_leaders_is_the_cpus() {
         assert_eq!(n_gpu, n_cpu);
     }
 }
+
+/// `n` vectors spanning only `rank` directions of `dim`-D (no noise), random norms, every
+/// 7th a duplicate and every 13th a power-of-two multiple of an earlier one.
+fn low_rank(rng: &mut Rng, n: usize, dim: usize, rank: usize) -> Vec<f64> {
+    let w: Vec<f64> = (0..rank * dim).map(|_| rng.normal()).collect();
+    let mut x = Vec::with_capacity(n * dim);
+    for i in 0..n {
+        if i > 0 && (i % 7 == 0 || i % 13 == 0) {
+            let j = (rng.next() as usize) % i;
+            let f = if i % 7 == 0 { 1.0 } else { 4.0 };
+            for k in 0..dim {
+                let v = x[j * dim + k] * f;
+                x.push(v);
+            }
+            continue;
+        }
+        let g: Vec<f64> = (0..rank)
+            .map(|_| rng.normal() * (0.1 + 3.0 * rng.unit()))
+            .collect();
+        x.extend((0..dim).map(|k| (0..rank).map(|r| g[r] * w[r * dim + k]).sum::<f64>()));
+    }
+    x
+}
+
+/// Vectors near a low-dimensional subspace go through the principal-directions filter
+/// (`src/projection.rs`): the rule's set exactly in every output form, self-join and
+/// A ⋈ B, f32 and f64, with eps set to pairs' exact distances (the bound is tight on
+/// such data: without its margins, pairs at eps were lost); clustered data keep the
+/// grouped index.
+#[test]
+fn projected_join_on_low_rank_vectors_matches_the_rule() {
+    let mut rng = Rng(61);
+    for (dim, rank) in [(48usize, 4usize), (96, 6)] {
+        // A and B in the same subspace.
+        let xy = low_rank(&mut rng, 10_500, dim, rank);
+        let (x, y) = xy.split_at(6000 * dim);
+        let (x32, y32) = (as_f32(x), as_f32(y));
+        for (a, b) in [
+            (
+                Dataset::from_f64(x, dim).unwrap(),
+                Dataset::from_f64(y, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&y32, dim).unwrap(),
+            ),
+        ] {
+            // Eps at the exact distance of a row's nearest non-duplicate, for a few rows.
+            let mut epss = vec![];
+            for i in [1usize, 2, 3] {
+                let near = (0..a.len())
+                    .filter(|&j| j != i)
+                    .map(|j| {
+                        simjoin::metric::distance_acc(Metric::Cosine, &row(&a, i), &row(&a, j))
+                    })
+                    .filter(|&d| d > 1e-6)
+                    .fold(f64::INFINITY, f64::min);
+                epss.push(near * 4.0);
+                epss.push(near);
+            }
+            for eps in epss {
+                let what = format!("{dim}-D rank {rank} {:?} eps {eps}", a.precision());
+                let want = oracle::self_join(&a, Metric::Cosine, eps);
+                let got = engine()
+                    .self_join(&a, &cosine(eps, Backend::Cpu, Algorithm::Auto))
+                    .unwrap();
+                let notes = got.report.notes.join("; ");
+                assert!(notes.contains("principal directions"), "{what}: {notes}");
+                assert_eq!(got.pairs().unwrap(), &want[..], "{what}: {notes}");
+                let want_ab = oracle::join(&a, &b, Metric::Cosine, eps);
+                assert!(!want_ab.is_empty(), "{what}");
+                let got_ab = engine()
+                    .join(&a, &b, &cosine(eps, Backend::Cpu, Algorithm::Auto))
+                    .unwrap();
+                let notes = got_ab.report.notes.join("; ");
+                assert!(notes.contains("principal directions"), "{what}: {notes}");
+                assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
+            }
+            check_all(&a, &b, 0.002, Backend::Cpu, Algorithm::Auto);
+        }
+    }
+}
+
+/// The same filter with the projections' Euclidean join on the GPU (lavapipe, validation
+/// on): the rule's set, self-join and A ⋈ B.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_projected_join_matches_the_rule() {
+    common::gpu_test_setup();
+    let mut rng = Rng(62);
+    let (dim, rank) = (64usize, 5usize);
+    let xy = as_f32(&low_rank(&mut rng, 9200, dim, rank));
+    let (x, y) = xy.split_at(5000 * dim);
+    let (a, b) = (
+        Dataset::from_f32(x, dim).unwrap(),
+        Dataset::from_f32(y, dim).unwrap(),
+    );
+    for eps in [0.001, 0.005] {
+        let o = cosine(eps, Backend::Gpu, Algorithm::Auto);
+        let want = oracle::self_join(&a, Metric::Cosine, eps);
+        assert!(want.len() > 1000, "eps {eps}: {} pairs", want.len());
+        let got = engine().self_join(&a, &o).unwrap();
+        let notes = got.report.notes.join("; ");
+        assert!(notes.contains("principal directions"), "{notes}");
+        assert_eq!(got.report.backend, "vulkan", "{notes}");
+        assert_eq!(got.pairs().unwrap(), &want[..], "eps {eps}");
+        let want_ab = oracle::join(&a, &b, Metric::Cosine, eps);
+        let got_ab = engine().join(&a, &b, &o).unwrap();
+        assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "eps {eps} A⋈B");
+    }
+}
