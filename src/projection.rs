@@ -29,6 +29,9 @@ const MAX_M: usize = 16;
 /// Below this many vectors or dimensions, the joins of the raw vectors are already cheap.
 const MIN_POINTS: usize = 4096;
 const MIN_DIM: usize = 32;
+/// Above this many dimensions the sample's covariance (dim^2 floats: 64 MiB here) would
+/// cost more than the filter saves.
+const MAX_DIM: usize = 4096;
 /// Subspace iterations: the bound holds for any orthonormal directions, so a few suffice.
 const ITERATIONS: usize = 4;
 
@@ -172,7 +175,7 @@ impl Projection {
     /// spread over many directions, uniform data), or the data are small.
     pub(crate) fn fit<T: Coord>(a: &[T], b: Option<&[T]>, dim: usize, eps: f64) -> Option<Self> {
         let n = (a.len() + b.map_or(0, |b| b.len())) / dim.max(1);
-        if dim < MIN_DIM || n < MIN_POINTS {
+        if !(MIN_DIM..=MAX_DIM).contains(&dim) || n < MIN_POINTS {
             return None;
         }
         let parts = [Some(a), b].into_iter().flatten().collect::<Vec<_>>();
