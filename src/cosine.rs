@@ -139,26 +139,32 @@ where
         e,
     };
     let mut sink = sink;
-    let (mut fit, mut fitted) = (None, 0.0);
-    if opts.algorithm == crate::options::Algorithm::Auto {
-        let t = std::time::Instant::now();
-        // Vectors near a low-dimensional subspace: a Euclidean join of their projections,
-        // first where the sample's leaders keep growing (else the grouped index first).
-        fit = engine
-            .install(|| crate::projection::Projection::fit(&ca, cb.as_deref(), dim, euclid.eps))?;
-        fitted = t.elapsed().as_secs_f64();
-        if let Some(p) = fit.as_ref().filter(|p| p.growth >= PROJECTION_FIRST) {
-            return projected(
-                engine,
-                &rule,
-                &ca,
-                cb.as_deref(),
-                &euclid,
-                p,
-                sink,
-                [prepared, fitted],
-            );
-        }
+    let auto = opts.algorithm == crate::options::Algorithm::Auto;
+    let t = std::time::Instant::now();
+    // Vectors near a low-dimensional subspace: a Euclidean join of their projections,
+    // first where the sample's leaders keep growing (else after the grouped index).
+    let fit = match auto {
+        true => engine
+            .install(|| crate::projection::Projection::fit(&ca, cb.as_deref(), dim, euclid.eps))?,
+        false => None,
+    };
+    let fitted = t.elapsed().as_secs_f64();
+    let via_projection = |p, sink| {
+        projected(
+            engine,
+            &rule,
+            &ca,
+            cb.as_deref(),
+            &euclid,
+            p,
+            sink,
+            [prepared, fitted],
+        )
+    };
+    if let Some(p) = fit.as_ref().filter(|p| p.growth >= PROJECTION_FIRST) {
+        return via_projection(p, sink);
+    }
+    if auto {
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
         let eps32 = widened_eps::<f32>(e, dim);
@@ -181,16 +187,7 @@ where
         }
     }
     if let Some(p) = &fit {
-        return projected(
-            engine,
-            &rule,
-            &ca,
-            cb.as_deref(),
-            &euclid,
-            p,
-            sink,
-            [prepared, fitted],
-        );
+        return via_projection(p, sink);
     }
     let da = Dataset::from_rows(&ca, dim)?;
     let db = match &cb {

@@ -533,7 +533,7 @@ pub fn cosine_distance_slack(dim: usize) -> f64 {
 
 /// `sum a_i b_i` in f64 over eight lanes (an order the compiler vectorises).
 #[inline]
-fn dot_lanes<T: Coord>(a: &[T], b: &[T]) -> f64 {
+pub(crate) fn dot_lanes<T: Coord>(a: &[T], b: &[T]) -> f64 {
     let mut acc = [0.0f64; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let (ra, rb) = (ca.remainder(), cb.remainder());

@@ -64,21 +64,9 @@ fn sample<T: Coord>(x: &[T], dim: usize, count: usize) -> Vec<f64> {
         .collect()
 }
 
+/// f64 products summed over eight lanes (the cosine rule's shortcut; any order will do).
 fn dot(a: &[f64], b: &[f64]) -> f64 {
-    let mut s = [0.0f64; 4];
-    let (ca, cb) = (a.chunks_exact(4), b.chunks_exact(4));
-    let tail: f64 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..4 {
-            s[l] += x[l] * y[l];
-        }
-    }
-    s[0] + s[1] + s[2] + s[3] + tail
+    crate::metric::dot_lanes(a, b)
 }
 
 fn dot32(a: &[f32], b: &[f32]) -> f32 {
