@@ -320,7 +320,7 @@ fn leaders_capped(
     let picked: Vec<usize> = (0..n).step_by(step).collect();
     let near = near_dot(radius);
     let mut out = Prefixed::new(Split::new(dim, near));
-    lead(x, &picked, near, cap, &mut out, control).then_some(out.rows)
+    lead(x, &picked, near, (cap, MAX_LEADER_SHARE), &mut out, control).then_some(out.rows)
 }
 
 /// Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2 (a
@@ -331,20 +331,23 @@ fn near_dot(radius: f64) -> f32 {
 
 /// The leader rule over the rows `picked` of `x`, in order: a row leads when no leader so
 /// far (those in `out` included) has a dot product of at least `near` with it. False (and
-/// `out` incomplete) where `out` would pass `cap` rows or `control` stops (read between
-/// chunks). The same leaders as a serial pass,
-/// found in chunks: a chunk's rows meet the leaders so far in parallel, then the unmatched
-/// ones meet each other in order.
+/// `out` incomplete) where `out` would pass `cap` rows, where a quarter of the way through
+/// the rate of new leaders already shows that more than `share` of `picked` would lead
+/// ([`share_floor`]), or where `control` stops (read between chunks). The same leaders as
+/// a serial pass, found in chunks: a chunk's rows meet the leaders so far in parallel,
+/// then the unmatched ones meet each other in order.
 fn lead(
     x: &[f32],
     picked: &[usize],
     near: f32,
-    cap: usize,
+    (cap, share): (usize, f64),
     out: &mut Prefixed,
     control: &Control,
 ) -> bool {
     let dim = out.split.dim;
-    for chunk in picked.chunks(512) {
+    let mut done = 0usize;
+    let mut judged = false;
+    for chunk in picked.chunks(LEAD_CHUNK) {
         if control.is_cancelled() {
             return false;
         }
@@ -363,8 +366,38 @@ fn lead(
                 out.push(p);
             }
         }
+        done += chunk.len();
+        // The pass costs about (rows done) x (leaders so far): judged once, at a quarter,
+        // on a full chunk, it stops a doomed pass at a sixteenth of its cost.
+        let at = done as f64 / picked.len() as f64;
+        if !judged && at >= 0.25 && done >= 4 * LEAD_CHUNK && chunk.len() == LEAD_CHUNK {
+            judged = true;
+            let rate = (out.len() - old) as f64 / chunk.len() as f64;
+            if share_floor(at, rate) > share + 0.05 {
+                return false;
+            }
+        }
     }
     true
+}
+
+/// Rows the leader rule takes at a time.
+const LEAD_CHUNK: usize = 512;
+
+/// A lower bound on the share of a sample that leads, from the rate `m` at which rows
+/// became new leaders at fraction `x0` of it. Where rows come from clusters in random
+/// order, the rate at `x` is a mixture of exponentials in `x` (a cluster still unmet
+/// after `x`), a decreasing, log-convex function with rate 1 at 0: at least `m` before
+/// `x0` and at least `m^(x / x0)` after it. The share is the integral of the rate. (Rows
+/// sorted by cluster give a rate about equal to the share all along, above this bound.)
+fn share_floor(x0: f64, m: f64) -> f64 {
+    if m >= 1.0 {
+        return 1.0;
+    }
+    if m <= 0.0 {
+        return 0.0;
+    }
+    x0 * m + x0 * (m - m.powf(1.0 / x0)) / -m.ln()
 }
 
 /// Where dot products of unit vectors split so that most can stop early: the first `pre`
@@ -708,7 +741,7 @@ fn group(
             let picked: Vec<usize> = far.iter().copied().step_by(step).collect();
             let cap = (picked.len() as f64 * COVER_SHARE).ceil() as usize;
             let mut more = Prefixed::new(Split::new(dim, near));
-            if !lead(x, &picked, near, cap, &mut more, control) {
+            if !lead(x, &picked, near, (cap, COVER_SHARE), &mut more, control) {
                 break;
             }
             let rows: Vec<f32> = far
@@ -1220,6 +1253,75 @@ mod tests {
                 "uniform data declined"
             );
         }
+    }
+
+    /// The share's floor holds under the model it assumes: for rates that are mixtures of
+    /// exponentials (clusters of several sizes met in random order), the share that leads
+    /// (the rate's integral) is at least the floor read at a quarter, and for one
+    /// exponential close to it.
+    #[test]
+    fn share_floor_bounds_mixtures_of_exponentials() {
+        let share = |rate: &dyn Fn(f64) -> f64| {
+            (0..10_000)
+                .map(|i| rate((i as f64 + 0.5) / 1e4))
+                .sum::<f64>()
+                / 1e4
+        };
+        for &l in &[0.1f64, 0.5, 1.0, 1.6, 3.0, 8.0, 30.0] {
+            let one = |x: f64| (-l * x).exp();
+            let (s, f) = (share(&one), share_floor(0.25, one(0.25)));
+            // Exact after the quarter; before it, short by at most (1 - rate) a row.
+            assert!(
+                f <= s + 1e-6 && s - f <= 0.25 * (1.0 - one(0.25)) + 1e-6,
+                "lambda {l}: share {s}, floor {f}"
+            );
+            for &(w, l2) in &[(0.3f64, 0.2f64), (0.5, 20.0), (0.8, 1.0)] {
+                let mix = |x: f64| w * (-l * x).exp() + (1.0 - w) * (-l2 * x).exp();
+                let (s, f) = (share(&mix), share_floor(0.25, mix(0.25)));
+                assert!(
+                    f <= s + 1e-6,
+                    "mixture {w} x {l}, {l2}: share {s}, floor {f}"
+                );
+            }
+        }
+        assert_eq!(share_floor(0.25, 1.0), 1.0);
+        assert_eq!(share_floor(0.25, 0.0), 0.0);
+    }
+
+    /// A pass whose rows nearly all lead stops at its quarter (a sixteenth of its cost);
+    /// one over clustered rows runs to the end.
+    #[test]
+    fn the_leader_rule_stops_a_doomed_pass_early() {
+        let (n, dim) = (8192usize, 64usize);
+        let near = near_dot(0.1);
+        let picked: Vec<usize> = (0..n).collect();
+        let uniform = vectors(9, n, dim, 0, false);
+        let mut out = Prefixed::new(Split::new(dim, near));
+        assert!(!lead(
+            &uniform,
+            &picked,
+            near,
+            (n, 0.75),
+            &mut out,
+            &Control::new()
+        ));
+        assert!(
+            out.len() <= n / 4,
+            "{} leaders before it stopped",
+            out.len()
+        );
+        let clustered = vectors(9, n, dim, 40, false);
+        let near = near_dot(0.8);
+        let mut out = Prefixed::new(Split::new(dim, near));
+        assert!(lead(
+            &clustered,
+            &picked,
+            near,
+            (n, 0.5),
+            &mut out,
+            &Control::new()
+        ));
+        assert!(out.len() < 200, "{} leaders for 40 clusters", out.len());
     }
 }
 
