@@ -524,6 +524,18 @@ fn min_normal<T: Coord>() -> f64 {
     }
 }
 
+/// The least value of T at or above `e` (positive, finite): a join of T's rows at it,
+/// whose rule compares with its eps rounded to T, keeps every row within `e`. (Rounded to
+/// the nearest f32, a kNN's last join lost rows tied at its k-th distance.)
+fn up_to<T: Coord>(e: f64) -> f64 {
+    let t = T::from_f64(e).to_f64();
+    match t >= e {
+        true => t,
+        false if T::UNIT_ROUNDOFF > 1e-10 => f32::from_bits((t as f32).to_bits() + 1) as f64,
+        false => f64::from_bits(t.to_bits() + 1),
+    }
+}
+
 /// How far the rule's computed cosine distance (`metric::cosine_distance`, f64 sums of
 /// `dim` terms, any cosine in [-1, 1]) can fall below the real one (module doc's delta).
 fn knn_delta(dim: usize) -> f64 {
@@ -838,7 +850,20 @@ where
     let on_cpu = opts.backend == crate::options::Backend::Cpu
         || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
     let mut declined = None;
-    if on_cpu && opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates {
+    let auto = opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates;
+    // Vectors near a low-dimensional subspace: a Euclidean kNN of their projections finds
+    // the candidates, first where the sample's leaders keep growing (as for joins), else
+    // where the grouped index declines.
+    let t = std::time::Instant::now();
+    let fit = match auto {
+        true => {
+            engine.install(|| crate::projection::Projection::fit_knn(&cx, cq.as_deref(), dim))?
+        }
+        false => None,
+    };
+    let fitted = t.elapsed().as_secs_f64();
+    let projection_first = fit.as_ref().is_some_and(|p| p.growth >= PROJECTION_FIRST);
+    if on_cpu && auto && !projection_first {
         let t = std::time::Instant::now();
         if let Some((ranked, note, threads, built)) = knn_grouped(
             engine,
@@ -875,22 +900,63 @@ where
     }
     // The Euclidean pass checks k against the candidates, dimensions, k = 0 and the like.
     let wide = (k + knn_extra(k)).min(candidates.max(k));
-    let dx = Dataset::from_rows(&cx, dim)?;
-    let dq = cq
-        .as_deref()
-        .map(|c| Dataset::from_rows(c, dim))
-        .transpose()?;
     let mut euclid = opts.clone();
     euclid.metric = Metric::Euclidean;
-    let first = engine.knn(&dx, dq.as_ref(), wide, &euclid)?;
-    let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
-    // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
-    // as reported: sqrt of the accumulator in T) apart.
     let d = dim as f64;
     let delta = knn_delta(dim);
+    let (first, projection) = match &fit {
+        // The z of the rows: a row whose k'-th candidate's z is `far` apart (as the
+        // Euclidean rule computes it) is at least `apart(far)` from every other row's copy.
+        Some(p) => {
+            let t = std::time::Instant::now();
+            let control = &opts.control;
+            let (zx, zq) = engine.install(|| {
+                (
+                    p.apply(&cx, control),
+                    cq.as_deref().map(|c| p.apply(c, control)),
+                )
+            })?;
+            let zx = zx.ok_or_else(crate::control::cancelled)?;
+            let zq = zq
+                .map(|z| z.ok_or_else(crate::control::cancelled))
+                .transpose()?;
+            let projected = t.elapsed().as_secs_f64();
+            let dz = Dataset::from_f32(&zx, p.m + 1)?;
+            let dzq = zq
+                .as_deref()
+                .map(|z| Dataset::from_f32(z, p.m + 1))
+                .transpose()?;
+            let mut first = engine.knn(&dz, dzq.as_ref(), wide, &euclid)?;
+            first.report.phases.splice(
+                0..0,
+                [
+                    ("cosine: principal directions of a sample".into(), fitted),
+                    ("cosine: projections".into(), projected),
+                ],
+            );
+            (first, Some(p))
+        }
+        None => {
+            let dx = Dataset::from_rows(&cx, dim)?;
+            let dq = cq
+                .as_deref()
+                .map(|c| Dataset::from_rows(c, dim))
+                .transpose()?;
+            (engine.knn(&dx, dq.as_ref(), wide, &euclid)?, None)
+        }
+    };
+    let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
+    // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
+    // as reported: sqrt of the accumulator in T) apart; of the projections' bound, through
+    // `Projection::apart`.
     let reach = |far: f64| -> f64 {
-        let acc = far * far * (1.0 - 4.0 * T::UNIT_ROUNDOFF);
-        let real = (acc / (1.0 + (d + 4.0) * T::UNIT_ROUNDOFF)).sqrt();
+        let real = match projection {
+            Some(p) => p.apart(far),
+            None => {
+                let acc = far * far * (1.0 - 4.0 * T::UNIT_ROUNDOFF);
+                (acc / (1.0 + (d + 4.0) * T::UNIT_ROUNDOFF)).sqrt()
+            }
+        };
         rule_floor(real, dim, T::UNIT_ROUNDOFF, min_normal::<T>())
     };
     let all_candidates = wide >= candidates;
@@ -933,8 +999,17 @@ where
     opts.control.check()?;
     let unsure: Vec<usize> = (0..rows).filter(|&r| !ranked[r].1).collect();
     let mut ranked: Vec<Vec<(f64, u32)>> = ranked.into_iter().map(|(c, _)| c).collect();
+    let of = match projection {
+        Some(p) => format!(
+            "of their projections on a sample's {} principal directions and the norm left ({:.2}% of its variance; leaders grow {:.2}x from half the sample)",
+            p.m,
+            100.0 * p.share,
+            p.growth
+        ),
+        None => "of the normalised vectors".into(),
+    };
     let mut notes = vec![format!(
-        "cosine kNN: a Euclidean kNN of the normalised vectors at k' = {wide} ranked by the cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
+        "cosine kNN: a Euclidean kNN {of} at k' = {wide} ranked by the cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
         rows - unsure.len()
     )];
     if let Some(s) = declined {
@@ -951,7 +1026,8 @@ where
             .iter()
             .map(|&r| ranked[r].last().map_or(2.0, |c| c.0))
             .fold(0.0f64, f64::max);
-        let e = (worst + 4.0 * delta).max(1e-12);
+        // The join compares with its eps rounded to T (`metric::threshold`): rounded up.
+        let e = up_to::<T>((worst + 4.0 * delta).max(1e-12));
         let sub: Vec<T> = unsure
             .iter()
             .flat_map(|&r| rows_q[r * dim..(r + 1) * dim].iter().copied())
@@ -1110,6 +1186,21 @@ mod tests {
         }
         // The bound proves something for most pairs (the far ones), not only -inf.
         assert!(proved > 6000, "{proved}");
+    }
+
+    /// `up_to` is the least value of T at or above e.
+    #[test]
+    fn up_to_rounds_up_to_the_precision() {
+        for &e in &[1e-12, 0.1119809780682628, 0.25, 1.0 / 3.0, 1.9999999] {
+            let (u32_, u64_) = (up_to::<f32>(e), up_to::<f64>(e));
+            assert_eq!(u64_, e);
+            assert_eq!(u32_ as f32 as f64, u32_);
+            assert!(u32_ >= e);
+            assert!(
+                (f32::from_bits((u32_ as f32).to_bits() - 1) as f64) < e,
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -23,6 +23,8 @@ use rayon::prelude::*;
 /// Sample rows for the principal directions, and for counting pairs.
 const SAMPLE: usize = 2048;
 const PAIR_SAMPLE: usize = 1024;
+/// Sample rows whose nearest neighbours set a kNN's scale ([`Projection::fit_knn`]).
+const KNN_SAMPLE: usize = 512;
 /// Principal directions found (the subspace iterated: the top ones converge faster with
 /// more; at most 8 are kept).
 const MAX_M: usize = 16;
@@ -364,6 +366,34 @@ impl Projection {
         })
     }
 
+    /// [`Projection::fit`] at the scale of a kNN's answers (unit vectors `a`, queries
+    /// `b`): eps is the median distance from a sample row of `a` to its nearest other
+    /// sample row (about the distance of the (n / sample)-th nearest in all of `a`).
+    pub(crate) fn fit_knn<T: Coord>(a: &[T], b: Option<&[T]>, dim: usize) -> Option<Self> {
+        if !(MIN_DIM..=MAX_DIM).contains(&dim) || a.len() / dim < MIN_POINTS {
+            return None;
+        }
+        let s: Vec<f32> = sample(a, dim, KNN_SAMPLE)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect();
+        let rows: Vec<&[f32]> = s.chunks_exact(dim).collect();
+        let sq: Vec<f32> = rows.iter().map(|r| dot32(r, r)).collect();
+        let mut nearest: Vec<f32> = (0..rows.len())
+            .into_par_iter()
+            .map(|i| {
+                (0..rows.len())
+                    .filter(|&j| j != i)
+                    .map(|j| sq[i] + sq[j] - 2.0 * dot32(rows[i], rows[j]))
+                    .fold(f32::INFINITY, f32::min)
+            })
+            .collect();
+        nearest.sort_by(f32::total_cmp);
+        let eps = (nearest[nearest.len() / 2].max(0.0) as f64).sqrt();
+        // Mostly duplicates: no scale to fit at (the other paths handle them).
+        (eps > 1e-6).then(|| Self::fit(a, b, dim, eps)).flatten()
+    }
+
     /// The rows of `x` as z: m coordinates along the directions and the norm left, f32;
     /// None once `control` stops (checked every few thousand rows).
     pub(crate) fn apply<T: Coord>(&self, x: &[T], control: &Control) -> Option<Vec<f32>> {
@@ -403,9 +433,21 @@ impl Projection {
     /// Two rows, |c| <= 1 + |mu| for unit vectors: the margin below covers both twice over,
     /// and the relative 1e-5 the join's own rounding of an (m + 1)-term sum.
     pub(crate) fn eps(&self, eps: f64) -> f64 {
+        (eps + self.margin()) * (1.0 + 1e-5)
+    }
+
+    /// [`Projection::eps`]'s inverse, for a kNN of the z: rows whose z are `d` apart as the
+    /// Euclidean rule computes it (a join's or a kNN's) are at least this far apart (if
+    /// they were at most e apart, their z would be at most `eps(e)` apart).
+    pub(crate) fn apart(&self, d: f64) -> f64 {
+        d / (1.0 + 1e-5) - self.margin()
+    }
+
+    /// The additive part of [`Projection::eps`]'s margin.
+    fn margin(&self) -> f64 {
         let scale = self.mean.iter().map(|m| m * m).sum::<f64>().sqrt() + 1.0;
         let u = f64::EPSILON / 2.0;
         let per_row = ((self.dim + self.m + 2) as f64 * 2.0 * u).sqrt() + 2f64.powi(-23);
-        (eps + 4.0 * per_row * scale) * (1.0 + 1e-5)
+        4.0 * per_row * scale
     }
 }

@@ -799,6 +799,57 @@ fn projected_join_on_low_rank_vectors_matches_the_rule() {
     }
 }
 
+/// The cosine kNN of vectors near a low-dimensional subspace takes its candidates from a
+/// Euclidean kNN of their projections (`Projection::apart` bounds every other row): the
+/// brute-force kNN under the rule exactly, self and A ⋈ B, f32 and f64, k = 1, 10 and 40,
+/// with exact duplicates and multiples (distance-0 ties, decided by index) among the rows.
+/// (Its 80-D f32 self-kNN found the last join's eps rounded down to f32 losing rows tied
+/// at a k-th distance.)
+#[test]
+fn projected_knn_on_low_rank_vectors_matches_the_rule() {
+    let mut rng = Rng(63);
+    for (dim, rank) in [(48usize, 4usize), (80, 7)] {
+        let xq = low_rank(&mut rng, 5300, dim, rank);
+        let (x, q) = xq.split_at(5000 * dim);
+        let (x32, q32) = (as_f32(x), as_f32(q));
+        for (data, query) in [
+            (
+                Dataset::from_f64(x, dim).unwrap(),
+                Dataset::from_f64(q, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&q32, dim).unwrap(),
+            ),
+        ] {
+            for query in [None, Some(&query)] {
+                for k in [1usize, 10, 40] {
+                    let what = format!(
+                        "{dim}-D {:?} k={k} ab={}",
+                        data.precision(),
+                        query.is_some()
+                    );
+                    let o = KnnOptions {
+                        metric: Metric::Cosine,
+                        backend: Backend::Cpu,
+                        ..Default::default()
+                    };
+                    let got = engine().knn(&data, query, k, &o).unwrap();
+                    let notes = got.report.notes.join("; ");
+                    assert!(notes.contains("principal directions"), "{what}: {notes}");
+                    let (idx, dist) = oracle::knn(&data, query, k, Metric::Cosine);
+                    assert_eq!(got.indices, idx, "{what}: indices");
+                    let d: Vec<f64> = (0..got.rows)
+                        .flat_map(|r| (0..k).map(move |c| (r, c)))
+                        .map(|(r, c)| got.distance(r, c))
+                        .collect();
+                    assert_eq!(d, dist, "{what}: distances");
+                }
+            }
+        }
+    }
+}
+
 /// The same filter with the projections' Euclidean join on the GPU (lavapipe, validation
 /// on): the rule's set, self-join and A ⋈ B.
 #[cfg(feature = "gpu")]
