@@ -186,7 +186,8 @@ def main():
         return
     if args.knn:
         work = LARGE if args.large else [
-            w for w in WORKLOADS if w[0] in ("clusters-384d", "clusters-768d", "sphere-384d")]
+            w for w in WORKLOADS if w[0] in (
+                "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
         print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
         print("|---|---|---|---|---|---|---|")

@@ -680,6 +680,9 @@ fn knn_grouped<T: Coord>(
                 let a = dist_floor(dot(qv, &g.rows[s * dim..(s + 1) * dim]), slack);
                 near.push((a, s as u32));
             }
+            // Only those the k-th distance so far leaves in are ranked.
+            let measured = near.len() as u64;
+            near.retain(|e| floor(e.0) <= limit);
             near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let mut n_exact = 0;
             for &(a, s) in near.iter() {
@@ -690,7 +693,7 @@ fn knn_grouped<T: Coord>(
                 n_exact += 1;
                 offer(best, k, (dist(r, j as usize), j));
             }
-            (near.len() as u64, n_exact)
+            (measured, n_exact)
         };
         let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
         // Query `r` (f32 copy `qv`); `home`: in a self-kNN, its position in the groups'
