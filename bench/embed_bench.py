@@ -41,6 +41,9 @@ WORKLOADS = [
     ("sphere-384d", 20_000, 384, 0, 0.0, 0.1),
     ("clusters-1024d", 20_000, 1024, 400, 0.0095, 0.1),
     ("lowdim-384d", 30_000, 384, 8, 0.002, 0.1),
+    # Shaped like sentence embeddings (see `make`): 50 topics, subtopic spread 0.3; about
+    # 53 neighbours a vector at eps 0.03.
+    ("topics-384d", 30_000, 384, 50, 0.3, 0.03),
 ]
 
 # --large: the same structure at 100k vectors (2000 centres, about 50 vectors each).
@@ -57,6 +60,8 @@ HUGE = [
 
 def make(name, n, dim, centres, spread, seed=0):
     rng = np.random.default_rng(seed)
+    if name.startswith("topics"):
+        return topics(rng, n, dim, centres, spread)
     if name.startswith("lowdim"):
         w = rng.normal(size=(centres, dim))
         x = rng.normal(size=(n, centres)) @ w + spread * np.sqrt(centres) * rng.normal(size=(n, dim))
@@ -70,6 +75,36 @@ def make(name, n, dim, centres, spread, seed=0):
         k = n // 100
         src = rng.integers(0, n, k)
         x[rng.integers(0, n, k)] = x[src] + 1e-3 * spread * rng.normal(size=(k, dim))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def topics(rng, n, dim, count, spread, sub=20, dup=0.02):
+    """A guess at the shape of sentence embeddings: a common mean direction (mean cosine
+    about 0.19), a decaying spectrum (variance of direction i ~ 1/i, in random directions),
+    `count` topics of `sub` subtopics (each `spread` from its topic) with power-law sizes,
+    each vector's own noise log-uniform over 4x (tight and loose neighbourhoods), and
+    `dup` of the vectors near-duplicates of others."""
+    scale = 1.0 / np.sqrt(np.arange(1, dim + 1))
+    basis = np.linalg.qr(rng.normal(size=(dim, dim)))[0]
+
+    def draw(m, s):
+        return (rng.normal(size=(m, dim)) * (s * scale)) @ basis.T
+
+    mean = draw(1, 1.0)[0]
+    mean /= np.linalg.norm(mean)
+    t = draw(count, 1.0)
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    st = np.repeat(t, sub, axis=0) + draw(count * sub, spread)
+    st /= np.linalg.norm(st, axis=1, keepdims=True)
+    w = 1.0 / np.arange(1, count * sub + 1) ** 0.8
+    w = w[rng.permutation(len(w))]
+    who = rng.choice(count * sub, n, p=w / w.sum())
+    sigma = np.exp(rng.uniform(np.log(0.05), np.log(0.2), n))[:, None]
+    x = 0.5 * mean + st[who] + sigma * draw(n, 1.0)
+    k = int(dup * n)
+    src = rng.integers(0, n, k)
+    x[rng.integers(0, n, k)] = x[src] + 0.01 * draw(k, 1.0)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     return np.ascontiguousarray(x, dtype=np.float32)
 
@@ -187,7 +222,7 @@ def main():
     if args.knn:
         work = LARGE if args.large else [
             w for w in WORKLOADS if w[0] in (
-                "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d")]
+                "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d", "topics-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
         print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
         print("|---|---|---|---|---|---|---|")

@@ -578,6 +578,15 @@ type Neighbours = Vec<(f64, u32)>;
 /// Every query's [`Neighbours`].
 type Ranked = Vec<Neighbours>;
 
+/// What one f32 dot product of the grouped kNN (a row loaded on its own, its bound, its
+/// place in the ranking, its share of the groups' ordering) costs in products of the
+/// blocked brute force (`cpu::knn`'s filtered search, six queries by sixteen points a tile,
+/// symmetric for a self-kNN). Where the two take equally long it was 4.2-10.8 at 64-1024-D
+/// (20,000-30,000 diffuse topic-shaped vectors, 2 cores; 13.8-21.7 where the brute force's
+/// k-d tree prunes at 64-128-D): 8 keeps a wrong choice within about 2x of the faster. It
+/// was 1 before (a 384-D search of 3,031 products a query took 8.6 s, its brute force 4.1 s).
+const GROUPED_DOT_COST: f64 = 8.0;
+
 /// Each query's k nearest rows by the rule (ties by index) through the grouped index of
 /// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
 /// exact by construction; None where the index declines (no clusters, too few rows).
@@ -596,8 +605,8 @@ type Ranked = Vec<Neighbours>;
 /// distances bounded once), measuring a leader only for the groups that bound leaves in,
 /// and skipping those that the measured `|q - L_h| - r_h` rules out; the same stop.
 ///
-/// A probe of 64 evenly spread queries declines the search (None) where they take more
-/// f32 dot products than half the rows on average: "clusters" that prune little.
+/// A probe of 64 evenly spread queries declines the search (None) where their f32 dot
+/// products would cost more than the blocked brute force's: "clusters" that prune little.
 #[allow(clippy::too_many_arguments)]
 fn knn_grouped<T: Coord>(
     engine: &Engine,
@@ -779,14 +788,16 @@ fn knn_grouped<T: Coord>(
         let n = nx.len();
         // Clusters that prune little (spread-out data in a few dozen dimensions: the sample
         // finds "groups" at radius 1 that are no real clusters) make the search a slower
-        // brute force: a probe of evenly spread queries declines it where they measure
-        // more than half the rows on average.
+        // brute force: a probe of evenly spread queries declines it where their dot
+        // products, at GROUPED_DOT_COST each, cost more than the brute force's products
+        // per query (half the rows for a self-kNN's symmetric schedule).
         let probe = rows.min(64);
         let probed: u64 = (0..probe)
             .into_par_iter()
             .map(|i| query(i * rows / probe).1 .1)
             .sum();
-        if probed as f64 > probe as f64 * n as f64 / 2.0 {
+        let brute = if self_knn { n as f64 / 2.0 } else { n as f64 };
+        if probed as f64 * GROUPED_DOT_COST > probe as f64 * brute {
             control.check()?;
             return Ok(None);
         }

@@ -578,7 +578,8 @@ fn gpu_grouped_join_matches_the_rule() {
 fn grouped_knn_matches_the_rule() {
     let mut rng = Rng(47);
     let n = 5000;
-    // 48-D: clusters of about 200 rows and k = 300 beyond them; 32-D: groups of about 90.
+    // 48-D: clusters of about 200 rows and k = 300 beyond them; 32-D: groups of about 90
+    // and k = 100 beyond them.
     for (dim, centres, spread, kmax) in [(48usize, 25usize, 0.1, 300usize), (32, 20, 0.2, 100)] {
         // The queries (the last 200 rows) around the same centres as the data.
         let mut x = directions(&mut rng, n + 200, dim, centres, spread);
@@ -617,7 +618,11 @@ fn grouped_knn_matches_the_rule() {
                     };
                     let got = engine().knn(&data, query, k, &o).unwrap();
                     let notes = got.report.notes.join("; ");
-                    assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
+                    // k beyond a cluster in 48-D (300 of 5,000 rows): the probe may find the
+                    // brute force cheaper; the answer must be the same either way.
+                    if k <= 10 || dim == 32 {
+                        assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
+                    }
                     let rows = got.rows;
                     let want_idx: Vec<u32> = (0..rows)
                         .flat_map(|r| idx[r * kmax..r * kmax + k].iter().copied())
