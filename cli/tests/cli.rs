@@ -1008,8 +1008,12 @@ fn sigint_stops_the_command_cleanly() {
         assert_eq!(out.status.code(), Some(130), "{args:?}: {stderr}");
         assert!(stderr.contains("interrupted after"), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
+        // The GPU job on lavapipe: the kernels see the stop word between their work items,
+        // and a software GPU's items on two loaded cores (CI's other stages, validation
+        // on) took up to 357 ms to wind down (the CPU's stop is checked between tasks).
+        let limit = if gpu { 1000 } else { 250 };
         assert!(
-            took < std::time::Duration::from_millis(250),
+            took < std::time::Duration::from_millis(limit),
             "{args:?}: exited {took:?} after SIGINT"
         );
         assert!(
