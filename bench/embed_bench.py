@@ -41,7 +41,7 @@ WORKLOADS = [
     ("sphere-384d", 20_000, 384, 0, 0.0, 0.1),
     ("clusters-1024d", 20_000, 1024, 400, 0.0095, 0.1),
     ("lowdim-384d", 30_000, 384, 8, 0.002, 0.1),
-    # Shaped like sentence embeddings (see `make`): 50 topics, subtopic spread 0.3; about
+    # Shaped like sentence embeddings (see `topics`): 50 topics, subtopic spread 0.3; about
     # 53 neighbours a vector at eps 0.03.
     ("topics-384d", 30_000, 384, 50, 0.3, 0.03),
 ]
@@ -222,7 +222,8 @@ def main():
     if args.knn:
         work = LARGE if args.large else [
             w for w in WORKLOADS if w[0] in (
-                "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d", "topics-384d")]
+                "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d",
+                "topics-384d")]
         print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
         print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
         print("|---|---|---|---|---|---|---|")
