@@ -486,7 +486,13 @@ pub fn cosine_dot<T: Coord>(a: &[T], b: &[T]) -> f64 {
 /// at `e` (eps rounded to the input precision, widened to f64).
 #[inline]
 pub fn cosine_within<T: Coord>(a: &[T], b: &[T], na: f64, nb: f64, e: f64) -> bool {
-    cosine_dot(a, b) >= (1.0 - e) * (na * nb)
+    cosine_accept(cosine_dot(a, b), na, nb, e)
+}
+
+/// The rule's comparison of a pair's [`cosine_dot`] with its threshold.
+#[inline]
+pub fn cosine_accept(dot: f64, na: f64, nb: f64, e: f64) -> bool {
+    dot >= (1.0 - e) * (na * nb)
 }
 
 /// [`cosine_within`]'s answer, bit for bit, faster: the f64 dot product summed in eight
@@ -553,7 +559,13 @@ pub(crate) fn dot_lanes<T: Coord>(a: &[T], b: &[T]) -> f64 {
 /// precision).
 #[inline]
 pub fn cosine_distance<T: Coord>(a: &[T], b: &[T], na: f64, nb: f64) -> f64 {
-    1.0 - cosine_dot(a, b) / (na * nb)
+    cosine_distance_of(cosine_dot(a, b), na, nb)
+}
+
+/// The rule's distance of a pair from its [`cosine_dot`].
+#[inline]
+pub fn cosine_distance_of(dot: f64, na: f64, nb: f64) -> f64 {
+    1.0 - dot / (na * nb)
 }
 
 /// Relative margin that makes a rejection by a sum in a *non-canonical* dimension order

@@ -15,10 +15,10 @@ export VK_DRIVER_FILES=${VK_DRIVER_FILES:-/usr/share/vulkan/icd.d/lvp_icd.x86_64
 export SIMJOIN_VALIDATION=1
 jobs=$(nproc 2>/dev/null || echo 2)
 
-echo "== Rust tests (library and command)"
+echo "== Rust tests (library and command) [at ${SECONDS} s]"
 cargo test --release --workspace
 
-echo "== C and C++ tests (ctest)"
+echo "== C and C++ tests (ctest) [at ${SECONDS} s]"
 cargo build --release -p simjoin --lib
 prefix=$root/build/prefix
 cmake -DPREFIX="$prefix" -P cmake/install.cmake >/dev/null
@@ -46,11 +46,11 @@ objdump -p build/c-shared/test_join | grep -q "NEEDED *libsimjoin.so.$abi" ||
   { echo "test_join does not record libsimjoin.so.$abi" >&2; exit 1; }
 echo "-- SONAME: libsimjoin.so.$abi"
 
-echo "== Database extensions"
+echo "== Database extensions [at ${SECONDS} s]"
 # PostgreSQL (a throwaway server) and SQLite, against the library installed in build/prefix.
 bash tests/db/run.sh "$prefix"
 
-echo "== Python tests (pytest)"
+echo "== Python tests (pytest) [at ${SECONDS} s]"
 venv=$root/target/pyvenv
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
@@ -64,15 +64,15 @@ fi
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.
 (cd /tmp && "$venv/bin/python" -m pytest -q "$root/bindings/python/tests")
 
-echo "== The wheel: built (scripts/build-wheel.sh), installed where cargo is not on PATH, checked"
+echo "== The wheel: built (scripts/build-wheel.sh), installed where cargo is not on PATH, checked [at ${SECONDS} s]"
 bash tests/wheel_smoke.sh
 
-echo "== Randomised differential tests (tests/fuzz/fuzz.py: every backend against an oracle)"
+echo "== Randomised differential tests (tests/fuzz/fuzz.py: every backend against an oracle) [at ${SECONDS} s]"
 for what in join knn dbscan; do
   (cd /tmp && "$venv/bin/python" "$root/tests/fuzz/fuzz.py" "$what" --seed 1 --iterations 150)
 done
 
-echo "== Benchmark harness tests (pytest)"
+echo "== Benchmark harness tests (pytest) [at ${SECONDS} s]"
 # The harness's logic (peers' counts normalised, eps by sampling, the runners, the gpu
 # mode with GDS-Join) against fake binaries: no benchmark is timed here.
 (cd bench && "$venv/bin/python" -m pytest -q tests)
