@@ -1,7 +1,7 @@
 //! Brute-force reference joins: O(n·m), single-threaded, the canonical `metric::within`
 //! per pair. Tests compare every backend's pair set with these, exactly. Cosine takes the
 //! rule's own steps (`metric::norm` once a row, `metric::cosine_dot` a pair, compared by
-//! `metric::cosine_accept`), four pairs side by side ([`cosine_dots`]).
+//! `metric::cosine_accept`), four pairs side by side (`cosine_dots`).
 
 use crate::dataset::{Coords, Dataset};
 use crate::metric::{
