@@ -591,8 +591,9 @@ const GROUPED_DOT_COST: f64 = 8.0;
 /// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
 /// exact by construction; None where the index declines (no clusters, too few rows).
 ///
-/// A query (A ⋈ B) measures every leader (an f32 dot product: `dist_floor` bounds its
-/// real distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a
+/// L_g is group g's pivot, the mean of its members (`partition::recentre`). A query
+/// (A ⋈ B) measures every pivot (an f32 dot product: `pivot_floor` bounds its real
+/// distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a
 /// lower bound on its distance from every member (triangle inequality). In a group it
 /// skips the members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest
 /// by their f32 dot products and computes the rule's distance, in increasing bound, for
@@ -621,7 +622,7 @@ fn knn_grouped<T: Coord>(
     cq: Option<&[T]>,
     control: &crate::control::Control,
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
-    use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index};
+    use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index, pivot_floor};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
@@ -656,13 +657,14 @@ fn knn_grouped<T: Coord>(
                 .with_min_len(256)
                 .map(|c| {
                     let (a, b) = (c / groups, c % groups);
-                    let l = dist_floor(
-                        dot(
-                            &index.leaders[a * dim..(a + 1) * dim],
-                            &index.leaders[b * dim..(b + 1) * dim],
-                        ),
-                        slack,
-                    );
+                    // |C_a - C_b|^2 = |C_a|^2 + |C_b|^2 - 2 C_a.C_b (see `pivot_floor`).
+                    let d = dot(
+                        &index.leaders[a * dim..(a + 1) * dim],
+                        &index.leaders[b * dim..(b + 1) * dim],
+                    ) as f64;
+                    let l = (index.norm2[a] + index.norm2[b] - 2.0 * d - 2.0 * slack)
+                        .max(0.0)
+                        .sqrt();
                     (l * (1.0 - 1e-6)) as f32
                 })
                 .collect()
@@ -726,7 +728,7 @@ fn knn_grouped<T: Coord>(
                     // Its own group first, then the others by the leaders' bound.
                     let own = g.start.partition_point(|&st| st <= p) - 1;
                     let mine = g.to_leader[p];
-                    let l = dist_floor(dot(qv, leader(own)), slack);
+                    let l = pivot_floor(dot(qv, leader(own)), index.norm2[own], slack);
                     tally((1, 0));
                     tally(visit(r, qv, me, own, l, &mut best, &mut near));
                     let limit = kth(&best);
@@ -744,7 +746,7 @@ fn knn_grouped<T: Coord>(
                             break;
                         }
                         let h = h as usize;
-                        let l = dist_floor(dot(qv, leader(h)), slack)
+                        let l = pivot_floor(dot(qv, leader(h)), index.norm2[h], slack)
                             .max(between[own * groups + h] as f64 - mine);
                         tally((1, 0));
                         if floor(l - g.radius[h]) > limit {
@@ -758,7 +760,7 @@ fn knn_grouped<T: Coord>(
                     let mut lb: Vec<(f64, f64, u32)> = (0..groups)
                         .filter(|&h| g.start[h + 1] > g.start[h])
                         .map(|h| {
-                            let l = dist_floor(dot(qv, leader(h)), slack);
+                            let l = pivot_floor(dot(qv, leader(h)), index.norm2[h], slack);
                             (l - g.radius[h], l, h as u32)
                         })
                         .collect();
