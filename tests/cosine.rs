@@ -568,6 +568,51 @@ fn gpu_grouped_join_matches_the_rule() {
     common::assert_no_validation_errors();
 }
 
+/// The CPU's cosine kNN of `data` (self, or of `query`) at each k of `ks` (each at most
+/// `kmax`) equals the oracle's in indices and distance bits; `grouped(k)` says where the
+/// notes must show the grouped index ran.
+fn knn_matches_oracle(
+    data: &Dataset,
+    query: Option<&Dataset>,
+    kmax: usize,
+    ks: &[usize],
+    grouped: impl Fn(usize) -> bool,
+) {
+    // The k nearest are the prefix of the kmax nearest (one total order).
+    let (idx, dist) = oracle::knn(data, query, kmax, Metric::Cosine);
+    for &k in ks {
+        let what = format!(
+            "{}-D {:?} k={k} ab={}",
+            data.dim(),
+            data.precision(),
+            query.is_some()
+        );
+        let o = KnnOptions {
+            metric: Metric::Cosine,
+            backend: Backend::Cpu,
+            ..Default::default()
+        };
+        let got = engine().knn(data, query, k, &o).unwrap();
+        let notes = got.report.notes.join("; ");
+        if grouped(k) {
+            assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
+        }
+        let rows = got.rows;
+        let want_idx: Vec<u32> = (0..rows)
+            .flat_map(|r| idx[r * kmax..r * kmax + k].iter().copied())
+            .collect();
+        let want_dist: Vec<f64> = (0..rows)
+            .flat_map(|r| dist[r * kmax..r * kmax + k].iter().copied())
+            .collect();
+        assert_eq!(got.indices, want_idx, "{what}: indices");
+        let d: Vec<f64> = (0..rows)
+            .flat_map(|r| (0..k).map(move |c| (r, c)))
+            .map(|(r, c)| got.distance(r, c))
+            .collect();
+        assert_eq!(d, want_dist, "{what}: distances");
+    }
+}
+
 /// The kNN through the grouped leaders' index (`cpu/partition.rs`, clustered rows, enough
 /// of them for grouping) equals the brute-force kNN under the rule exactly: self and
 /// A ⋈ B, f32 and f64, k = 1, 10 and k larger than a cluster; exact duplicates, scalar
@@ -603,40 +648,9 @@ fn grouped_knn_matches_the_rule() {
             ),
         ] {
             for query in [None, Some(&query)] {
-                // The k nearest are the prefix of the kmax nearest (one total order).
-                let (idx, dist) = oracle::knn(&data, query, kmax, Metric::Cosine);
-                for k in ks {
-                    let what = format!(
-                        "{dim}-D {:?} k={k} ab={}",
-                        data.precision(),
-                        query.is_some()
-                    );
-                    let o = KnnOptions {
-                        metric: Metric::Cosine,
-                        backend: Backend::Cpu,
-                        ..Default::default()
-                    };
-                    let got = engine().knn(&data, query, k, &o).unwrap();
-                    let notes = got.report.notes.join("; ");
-                    // k beyond a cluster in 48-D (300 of 5,000 rows): the probe may find the
-                    // brute force cheaper; the answer must be the same either way.
-                    if k <= 10 || dim == 32 {
-                        assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
-                    }
-                    let rows = got.rows;
-                    let want_idx: Vec<u32> = (0..rows)
-                        .flat_map(|r| idx[r * kmax..r * kmax + k].iter().copied())
-                        .collect();
-                    let want_dist: Vec<f64> = (0..rows)
-                        .flat_map(|r| dist[r * kmax..r * kmax + k].iter().copied())
-                        .collect();
-                    assert_eq!(got.indices, want_idx, "{what}: indices");
-                    let d: Vec<f64> = (0..rows)
-                        .flat_map(|r| (0..k).map(move |c| (r, c)))
-                        .map(|(r, c)| got.distance(r, c))
-                        .collect();
-                    assert_eq!(d, want_dist, "{what}: distances");
-                }
+                // k beyond a cluster in 48-D (300 of 5,000 rows): the probe may find the
+                // brute force cheaper; the answer must be the same either way.
+                knn_matches_oracle(&data, query, kmax, &ks, |k| k <= 10 || dim == 32);
             }
         }
     }
@@ -830,35 +844,7 @@ fn grouped_knn_on_loose_clusters_is_exact() {
         ),
     ] {
         for query in [None, Some(&query)] {
-            let (idx, dist) = oracle::knn(&data, query, kmax, Metric::Cosine);
-            for k in [1usize, 10, kmax] {
-                let what = format!("{:?} k={k} ab={}", data.precision(), query.is_some());
-                let o = KnnOptions {
-                    metric: Metric::Cosine,
-                    backend: Backend::Cpu,
-                    ..Default::default()
-                };
-                let got = engine().knn(&data, query, k, &o).unwrap();
-                let notes = got.report.notes.join("; ");
-                if k <= 10 {
-                    assert!(notes.contains("grouped leaders index"), "{what}: {notes}");
-                }
-                let rows = got.rows;
-                let pick = |v: &[u32]| -> Vec<u32> {
-                    (0..rows)
-                        .flat_map(|r| v[r * kmax..r * kmax + k].to_vec())
-                        .collect()
-                };
-                assert_eq!(got.indices, pick(&idx), "{what}: indices");
-                let d: Vec<f64> = (0..rows)
-                    .flat_map(|r| (0..k).map(move |c| (r, c)))
-                    .map(|(r, c)| got.distance(r, c))
-                    .collect();
-                let want: Vec<f64> = (0..rows)
-                    .flat_map(|r| dist[r * kmax..r * kmax + k].iter().copied())
-                    .collect();
-                assert_eq!(d, want, "{what}: distances");
-            }
+            knn_matches_oracle(&data, query, kmax, &[1, 10, kmax], |k| k <= 10);
         }
     }
 }
