@@ -849,6 +849,75 @@ fn grouped_knn_on_loose_clusters_is_exact() {
     }
 }
 
+/// `n` vectors shaped like sentence embeddings (`bench/embed_bench.py`'s `topics`): a
+/// common mean direction, a decaying spectrum (the variance of coordinate i about 1/i),
+/// `count` topics of `sub` subtopics each `spread` from its topic, and each vector's own
+/// noise log-uniform over 4x; every 50th a near-duplicate of an earlier vector.
+fn topics(rng: &mut Rng, n: usize, dim: usize, count: usize, sub: usize, spread: f64) -> Vec<f64> {
+    let scale: Vec<f64> = (1..=dim).map(|i| 1.0 / (i as f64).sqrt()).collect();
+    let draw = |rng: &mut Rng, s: f64| -> Vec<f64> {
+        scale.iter().map(|&c| rng.normal() * s * c).collect()
+    };
+    let unit = |v: Vec<f64>| -> Vec<f64> {
+        let len = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        v.into_iter().map(|a| a / len).collect()
+    };
+    let mean = unit(draw(rng, 1.0));
+    let mut subtopics = Vec::with_capacity(count * sub);
+    for _ in 0..count {
+        let t = unit(draw(rng, 1.0));
+        for _ in 0..sub {
+            let d = draw(rng, spread);
+            subtopics.push(unit(t.iter().zip(&d).map(|(a, b)| a + b).collect()));
+        }
+    }
+    let mut x: Vec<f64> = Vec::with_capacity(n * dim);
+    for i in 0..n {
+        if i > 0 && i % 50 == 0 {
+            let j = (rng.next() as usize) % i;
+            let d = draw(rng, 0.01);
+            for c in 0..dim {
+                x.push(x[j * dim + c] + d[c]);
+            }
+            continue;
+        }
+        let st = &subtopics[(rng.next() as usize) % subtopics.len()];
+        let sigma = (0.05f64.ln() + rng.unit() * 4f64.ln()).exp();
+        let d = draw(rng, sigma);
+        x.extend((0..dim).map(|c| 0.5 * mean[c] + st[c] + d[c]));
+    }
+    x
+}
+
+/// Topic-shaped vectors in more groups than subtopics (about 200 groups for 40 subtopics:
+/// each subtopic cut into several): a query's nearest neighbours lie in the next groups,
+/// near their bounds, so a bound that claims a little too much loses them. The kNN through
+/// the grouped index equals the oracle's exactly: self and A ⋈ B, f32 and f64. Mutations
+/// that the two tests above let pass fail here: the pivots' squared norms read as 1, and
+/// every member's distance from its pivot (so each group's radius) shrunk by 20%.
+#[test]
+fn grouped_knn_with_neighbours_at_the_groups_bounds_is_exact() {
+    let mut rng = Rng(71);
+    let (n, dim, kmax) = (6000, 64, 40);
+    let mut x = topics(&mut rng, n + 300, dim, 10, 4, 0.15);
+    let q = x.split_off(n * dim);
+    let (x32, q32) = (as_f32(&x), as_f32(&q));
+    for (data, query) in [
+        (
+            Dataset::from_f64(&x, dim).unwrap(),
+            Dataset::from_f64(&q, dim).unwrap(),
+        ),
+        (
+            Dataset::from_f32(&x32, dim).unwrap(),
+            Dataset::from_f32(&q32, dim).unwrap(),
+        ),
+    ] {
+        for query in [None, Some(&query)] {
+            knn_matches_oracle(&data, query, kmax, &[1, 10, kmax], |k| k <= 10);
+        }
+    }
+}
+
 /// The cosine kNN of vectors near a low-dimensional subspace takes its candidates from a
 /// Euclidean kNN of their projections (`Projection::apart` bounds every other row): the
 /// brute-force kNN under the rule exactly, self and A ⋈ B, f32 and f64, k = 1, 10 and 40,

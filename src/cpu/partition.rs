@@ -1265,6 +1265,65 @@ mod tests {
         }
     }
 
+    /// The kNN index's invariants, which its search's bounds rest on: each pivot is its
+    /// group's mean (to f32 rounding), `norm2` its squared norm, every member's `to_leader`
+    /// at least its real distance from the pivot (and hardly more), each radius the
+    /// largest of them; and `pivot_floor` a lower bound on a unit vector's real distance
+    /// from a pivot that is tight (within the slack), so that the test fails if the bound is
+    /// taken as a unit vector's (a mean is shorter) or the distances are shrunk.
+    #[test]
+    fn knn_index_pivots_are_means_and_bound_tightly() {
+        for (dim, centres) in [(48usize, 30usize), (100, 12)] {
+            let x = vectors(5, 6000, dim, centres, false);
+            let index = knn_index(&x, dim, &Control::new()).expect("clustered data are grouped");
+            let g = &index.groups;
+            let slack = dot_slack(dim);
+            let queries = vectors(9, 50, dim, centres, false);
+            let mut shortest = f64::INFINITY;
+            for h in 0..g.start.len() - 1 {
+                let (a, b) = (g.start[h], g.start[h + 1]);
+                if a == b {
+                    continue;
+                }
+                let pivot = &index.leaders[h * dim..(h + 1) * dim];
+                let n2: f64 = pivot.iter().map(|&v| v as f64 * v as f64).sum();
+                assert_eq!(index.norm2[h], n2, "group {h}");
+                shortest = shortest.min(n2);
+                for c in 0..dim {
+                    let mean = g.rows[a * dim..b * dim]
+                        .chunks_exact(dim)
+                        .map(|r| r[c] as f64)
+                        .sum::<f64>()
+                        / (b - a) as f64;
+                    assert!(
+                        (pivot[c] as f64 - mean).abs() <= 1e-6,
+                        "group {h}: not the mean"
+                    );
+                }
+                let mut widest = 0.0f64;
+                for s in a..b {
+                    let d = dist64(pivot, &g.rows[s * dim..(s + 1) * dim]);
+                    assert!(g.to_leader[s] >= d && g.to_leader[s] <= d * (1.0 + 1e-6) + 1e-12);
+                    widest = widest.max(g.to_leader[s]);
+                }
+                assert_eq!(g.radius[h], widest, "group {h}");
+                for q in queries
+                    .chunks_exact(dim)
+                    .chain(g.rows[a * dim..b * dim].chunks_exact(dim))
+                {
+                    let real = dist64(q, pivot);
+                    let l = pivot_floor(dot(q, pivot), index.norm2[h], slack);
+                    // Tight in squares: within the slack's 2 x 2 (a float's rounding).
+                    let tight = l * l >= real * real - 4.0 * slack;
+                    assert!(l <= real && tight, "{dim}-D group {h}: {l} vs {real}");
+                }
+            }
+            // The data make the test able to fail: a mean is further inside the sphere
+            // than the slack allows for.
+            assert!(shortest < 1.0 - 8.0 * slack, "{dim}-D: {shortest}");
+        }
+    }
+
     /// Clusters the sample never meets get leaders of their own when the groups are made:
     /// every vector ends within the leaders' radius of its leader.
     #[test]
