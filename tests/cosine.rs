@@ -320,9 +320,10 @@ fn knn_near_ties_follow_the_rule() {
     }
 }
 
-/// Heavy duplicates: 150 copies of one direction (with scalar multiples) among 400 rows,
-/// so a row's k' Euclidean candidates are all at distance ~0 and its rank rests on the
-/// rule's ties by index: the uncertain rows' path (a cosine join at c_k).
+/// Heavy near-duplicates: 150 scalar multiples of one direction (each factor once, so no
+/// two rows are equal) among 400 rows, so a row's k' Euclidean candidates are all at
+/// distance ~0 and its rank rests on the rule's ties by index: the uncertain rows' path
+/// (a cosine join at c_k).
 #[test]
 fn knn_with_many_duplicates_is_exact() {
     let mut rng = Rng(43);
@@ -331,7 +332,7 @@ fn knn_with_many_duplicates_is_exact() {
     let mut x = Vec::new();
     for i in 0..400 {
         if i % 8 < 3 {
-            let f = [1.0, 0.5, 3.0][i % 3];
+            let f = 0.5 + i as f64 / 128.0;
             x.extend(base.iter().map(|v| v * f));
         } else {
             x.extend((0..dim).map(|_| rng.normal()));
@@ -364,6 +365,73 @@ fn knn_with_many_duplicates_is_exact() {
     );
 }
 
+/// 600 rows and 80 queries of `knn_of_many_exact_copies_is_exact`'s data.
+fn copies(rng: &mut Rng, dim: usize) -> (Vec<f64>, Vec<f64>) {
+    let bases: Vec<Vec<f64>> = (0..3)
+        .map(|_| (0..dim).map(|_| rng.normal()).collect())
+        .collect();
+    let (n, nq) = (600, 80);
+    let mut x: Vec<f64> = Vec::with_capacity((n + nq) * dim);
+    for i in 0..n + nq {
+        let b = &bases[i % 3];
+        let f = match i % 10 {
+            0 | 3 => Some((&bases[0], 1.0)),
+            1 => Some((&bases[0], 2.0)),
+            4 => Some((b, if i % 20 == 4 { 0.5 } else { 4.0 })),
+            _ => None,
+        };
+        match (f, i % 10) {
+            (Some((b, f)), _) => x.extend(b.iter().map(|v| v * f)),
+            (None, 5..=7) => x.extend(b.iter().map(|v| v + 0.05 * rng.normal())),
+            _ => x.extend((0..dim).map(|_| rng.normal())),
+        }
+    }
+    let q = x.split_off(n * dim);
+    (x, q)
+}
+
+/// Exact copies: a class of 120 copies of one vector (more than `DISTINCT_CLASS`), one of
+/// 60 of its double (another value at exactly the same rule distance from every row) and
+/// smaller classes of other multiples, members interleaved by index, among noisy rows;
+/// queries that copy data rows. The kNN of the distinct rows, expanded to their copies
+/// (`cosine::knn_distinct`), equals the oracle's in indices and distance bits: self and
+/// A ⋈ B, f32 and f64, k = 1 to 100; and where every row is the same vector.
+#[test]
+fn knn_of_many_exact_copies_is_exact() {
+    let mut rng = Rng(59);
+    for dim in [8usize, 40] {
+        let (x, q) = copies(&mut rng, dim);
+        let (x32, q32) = (as_f32(&x), as_f32(&q));
+        let sets = [
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&q, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&q32, dim).unwrap(),
+            ),
+        ];
+        for (data, query) in &sets {
+            for k in [1usize, 10, 45, 100] {
+                for query in [None, Some(query)] {
+                    let notes = check_knn(data, query, k, Backend::Cpu);
+                    assert!(notes.contains("distinct"), "{notes}");
+                }
+            }
+        }
+    }
+    // One vector, 100 times: no other class to search.
+    let one: Vec<f64> = (0..100).flat_map(|_| [0.3, -1.0, 2.5, 0.125]).collect();
+    let data = Dataset::from_f64(&one, 4).unwrap();
+    let query = Dataset::from_f64(&[0.3, -1.0, 2.5, 0.125, 1.0, 0.0, 0.0, 0.0], 4).unwrap();
+    for k in [1, 10, 50] {
+        let notes = check_knn(&data, None, k, Backend::Cpu);
+        assert!(notes.contains("1 distinct"), "{notes}");
+        check_knn(&data, Some(&query), k, Backend::Cpu);
+    }
+}
+
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_knn_ranks_by_the_rule() {
@@ -377,6 +445,16 @@ fn gpu_knn_ranks_by_the_rule() {
     for k in [1usize, 12] {
         check_knn(&d, None, k, Backend::Gpu);
         check_knn(&d32, None, k, Backend::Gpu);
+    }
+    // Large classes of exact copies: the distinct rows' kNN on the GPU, expanded.
+    let (x, q) = copies(&mut rng, 12);
+    let (d, dq) = (
+        Dataset::from_f64(&x, 12).unwrap(),
+        Dataset::from_f64(&q, 12).unwrap(),
+    );
+    for query in [None, Some(&dq)] {
+        let notes = check_knn(&d, query, 10, Backend::Gpu);
+        assert!(notes.contains("distinct"), "{notes}");
     }
     common::assert_no_validation_errors();
 }
