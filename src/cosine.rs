@@ -862,62 +862,13 @@ where
     knn_search(engine, x, q, dim, k, opts)
 }
 
-/// Each row's representative: the smallest index of the rows with the same values in
-/// every coordinate (f64 bits: -0 and 0 stay apart, which only costs a missed merge).
-/// Rows are hashed, sorted by hash, and compared in full within a hash.
-fn duplicate_classes<T: Coord>(x: &[T], dim: usize) -> Vec<u32> {
-    let n = x.len() / dim;
-    let row = |i: usize| &x[i * dim..(i + 1) * dim];
-    let mut order: Vec<(u64, u32)> = (0..n)
-        .into_par_iter()
-        .map(|i| {
-            let h = row(i).iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-                let h = (h ^ v.to_f64().to_bits()).wrapping_mul(0x0000_0100_0000_01b3);
-                h ^ (h >> 29)
-            });
-            (h, i as u32)
-        })
-        .collect();
-    order.par_sort_unstable();
-    let same = |a: u32, b: u32| {
-        let (a, b) = (row(a as usize), row(b as usize));
-        a.iter()
-            .zip(b)
-            .all(|(p, q)| p.to_f64().to_bits() == q.to_f64().to_bits())
-    };
-    let mut rep: Vec<u32> = (0..n as u32).collect();
-    for bucket in order.chunk_by(|a, b| a.0 == b.0) {
-        // In index order (the sort's second key): a value's first row is its smallest.
-        let mut firsts: Vec<u32> = Vec::new();
-        for &(_, i) in bucket {
-            match firsts.iter().find(|&&f| same(f, i)) {
-                Some(&f) => rep[i as usize] = f,
-                None => firsts.push(i),
-            }
-        }
-    }
-    rep
-}
-
-/// The cosine kNN where the data hold a large class of exact copies (more than
-/// [`DISTINCT_CLASS`] rows and k + 1): the kNN of the distinct rows, expanded.
-/// Rows with the same values have the same rule distance to every row (the same
-/// arithmetic on the same values), so a query's k nearest classes (ties by their smallest
-/// index, the distinct rows' order) hold its k nearest rows, each class's members in
-/// index order, and in a self-kNN its own class's other members at their common distance.
-/// No class left out can hold a k-th row: it is at least as far as the farthest fetched,
-/// and at that distance its smallest index exceeds every fetched class's; the k fetched
-/// classes' smallest indices (and the own class's rows) are k rows no farther than it.
-/// Without it such rows (the same text embedded many times) cannot be told apart by the
-/// Euclidean pass, and their fallback join compared every pair of a class: 5,000 copies of
-/// one 384-D vector took 14.5 s at k = 10.
+/// The cosine kNN where the data hold a large class of exact copies
+/// ([`crate::knn::Copies`]): the kNN of the distinct rows, expanded to their copies,
+/// ranked by the rule's f64 distance. Without it the copies' rows cannot be told apart by
+/// the Euclidean pass, and their fallback join compared every pair of a class.
 ///
 /// None where no class is that large (the search ranks a few copies well: their fallback
 /// join is small), or k is out of range (the search reports it).
-/// The size of a class of exact copies from which the cosine kNN ranks distinct rows
-/// ([`knn_distinct`]): its rows' fallback join compares every pair of them.
-const DISTINCT_CLASS: usize = 64;
-
 fn knn_distinct<T: Coord>(
     engine: &Engine,
     x: &[T],
@@ -939,121 +890,38 @@ where
     let (nx, nq) = engine.install(|| -> Result<_> {
         Ok((norms(x, dim)?, q.map(|q| norms(q, dim)).transpose()?))
     })??;
-    let rep = engine.install(|| duplicate_classes(x, dim))?;
-    // Distinct rows in index order; `class[i]`: row i's distinct row.
-    let reps: Vec<u32> = (0..n as u32).filter(|&i| rep[i as usize] == i).collect();
-    let mut class = vec![0u32; n];
-    for (u, &r) in reps.iter().enumerate() {
-        class[r as usize] = u as u32;
-    }
-    for i in 0..n {
-        class[i] = class[rep[i] as usize];
-    }
-    // Each class's members in index order.
-    let m = reps.len();
-    let mut first = vec![0usize; m + 1];
-    for &c in &class {
-        first[c as usize + 1] += 1;
-    }
-    for u in 0..m {
-        first[u + 1] += first[u];
-    }
-    let biggest = (0..m).map(|u| first[u + 1] - first[u]).max().unwrap_or(0);
-    if biggest <= DISTINCT_CLASS.max(k + 1) {
+    let copies = engine.install(|| crate::knn::Copies::find(x, dim))?;
+    if !copies.worth(k) {
         return Ok(None);
     }
-    let mut members = vec![0u32; n];
-    let mut fill = first.clone();
-    for (i, &c) in class.iter().enumerate() {
-        members[fill[c as usize]] = i as u32;
-        fill[c as usize] += 1;
-    }
-    let of = |u: usize| &members[first[u]..first[u + 1]];
+    let found = copies.knn(x, dim, k, self_knn, |ux, ku| {
+        knn_search(engine, ux, q, dim, ku, opts)
+    })?;
     let prepared = start.elapsed().as_secs_f64();
-    // The distinct rows' kNN (their own classes excluded in a self-kNN).
-    let ux: Vec<T> = reps
-        .iter()
-        .flat_map(|&r| x[r as usize * dim..(r as usize + 1) * dim].iter().copied())
-        .collect();
-    let others = m - usize::from(self_knn);
-    let ku = k.min(others);
     let (rows_q, norms_q) = (q.unwrap_or(x), nq.as_deref().unwrap_or(&nx));
-    let rows = norms_q.len();
     let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
-    let found = match ku {
-        0 => None,
-        _ => Some(knn_search(engine, &ux, q, dim, ku, opts)?),
-    };
-    // Query r's k nearest rows from `near` (classes with the rule's f64 distances, ranked
-    // by distance then smallest index), its own class's other members first in a self-kNN.
-    let expand = |r: usize, near: &mut Vec<(f64, u32)>| -> Vec<(f64, u32)> {
-        near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        let mut c: Vec<(f64, u32)> = Vec::with_capacity(2 * k);
-        if self_knn {
-            let own = of(class[r] as usize);
-            if let Some(&j) = own.iter().find(|&&j| j as usize != r) {
-                let d0 = dist(r, j as usize);
-                c.extend(
-                    own.iter()
-                        .filter(|&&j| j as usize != r)
-                        .take(k)
-                        .map(|&j| (d0, j)),
-                );
-            }
-        }
-        // Classes at one distance interleave by index: a level is taken whole (each class
-        // capped at k members) before the count is checked.
-        let mut level = 0;
-        while level < near.len() {
-            let d = near[level].0;
-            let end = level + near[level..].iter().take_while(|e| e.0 == d).count();
-            for &(_, u) in &near[level..end] {
-                c.extend(of(u as usize).iter().take(k).map(|&j| (d, j)));
-            }
-            level = end;
-            let within = c.iter().filter(|e| e.0 <= d).count();
-            if within >= k {
-                break;
-            }
-        }
-        c.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-        c.truncate(k);
-        c
-    };
     let ranked: Vec<Vec<(f64, u32)>> = engine.install(|| {
-        (0..rows)
+        (0..norms_q.len())
             .into_par_iter()
             .map(|r| {
-                let mut near: Vec<(f64, u32)> = match &found {
-                    None => Vec::new(),
-                    // A self-kNN's distinct rows are the queries of the distinct kNN.
-                    Some(f) => f
-                        .row(if self_knn { class[r] as usize } else { r })
-                        .iter()
-                        .map(|&u| (dist(r, reps[u as usize] as usize), u))
-                        .collect(),
-                };
-                expand(r, &mut near)
+                let near = found
+                    .as_ref()
+                    .map_or(&[][..], |f| f.row(copies.query_row(r, self_knn)));
+                copies.expand(r, self_knn, k, near, |j| dist(r, j))
             })
             .collect()
     })?;
     opts.control.check()?;
-    let mut report = match found {
-        Some(f) => f.report,
-        None => JoinReport {
-            backend: "cpu".into(),
-            device: "cpu".into(),
-            algorithm: crate::options::Algorithm::Auto,
-            batches: 1,
-            ..Default::default()
-        },
-    };
+    let mut report = found.map(|f| f.report).unwrap_or_else(|| JoinReport {
+        backend: "cpu".into(),
+        device: "cpu".into(),
+        batches: 1,
+        ..Default::default()
+    });
     report
         .phases
-        .insert(0, ("cosine kNN: exact duplicates found".into(), prepared));
-    report.notes.push(format!(
-        "cosine kNN: {n} rows hold {m} distinct (largest class {biggest}); the distinct rows' kNN at k = {ku}, expanded to their copies"
-    ));
+        .insert(0, ("cosine kNN: exact copies found".into(), prepared));
+    report.notes.push(copies.note(k, self_knn));
     Ok(Some(knn_result::<T>(ranked, k, report, start)))
 }
 

@@ -194,6 +194,12 @@ impl Engine {
         let job = KnnJob::new(data, query, k, opts)?;
         opts.control.begin();
         opts.control.check()?;
+        // Large classes of exact copies: the distinct rows' kNN, expanded (knn.rs).
+        if opts.algorithm == crate::options::Algorithm::Auto {
+            if let Some(found) = crate::knn::with_copies(self, &job)? {
+                return Ok(found);
+            }
+        }
         let mut result = match opts.backend {
             Backend::Cpu => self.cpu.knn(&job)?,
             Backend::Gpu => match self.gpu() {

@@ -117,6 +117,58 @@ fn lattice_ties_and_duplicates() {
     check(&engine, &d, None, 39, "identical");
 }
 
+/// Large classes of exact copies (more than 64 rows: the kNN of the distinct rows,
+/// expanded, `knn::Copies`): 100 copies of one point and 50 of each of two others at the
+/// same distance from it, interleaved by index, among integer lattice points (ties at
+/// every distance) and uniform ones; queries that copy data rows. Every metric and CPU
+/// algorithm against the oracle, f32 and f64, self and A-to-B, k = 1 to 90, 2-D and 9-D.
+#[test]
+fn large_classes_of_copies() {
+    let engine = Engine::new();
+    let mut rng = Rng(29);
+    for dim in [2usize, 9] {
+        let (n, nq) = (500, 60);
+        let mut x: Vec<f64> = Vec::with_capacity((n + nq) * dim);
+        for i in 0..n + nq {
+            let one = |c: usize| (0..dim).map(move |d| if d == c { 1.0 } else { 0.0 });
+            match i % 5 {
+                0 => x.extend(std::iter::repeat_n(0.0, dim)),
+                1 => x.extend(one(i / 5 % 2)),
+                2 => x.extend((0..dim).map(|_| (rng.unit() * 6.0).floor() - 3.0)),
+                _ => x.extend((0..dim).map(|_| rng.unit() * 4.0 - 2.0)),
+            }
+        }
+        let q = x.split_off(n * dim);
+        let (x32, q32): (Vec<f32>, Vec<f32>) = (
+            x.iter().map(|&v| v as f32).collect(),
+            q.iter().map(|&v| v as f32).collect(),
+        );
+        let sets = [
+            (
+                Dataset::from_f64(&x, dim).unwrap(),
+                Dataset::from_f64(&q, dim).unwrap(),
+            ),
+            (
+                Dataset::from_f32(&x32, dim).unwrap(),
+                Dataset::from_f32(&q32, dim).unwrap(),
+            ),
+        ];
+        for (data, query) in &sets {
+            for k in [1usize, 5, 30, 90] {
+                for query in [None, Some(query)] {
+                    let what = format!("copies {dim}-D k={k} ab={}", query.is_some());
+                    check(&engine, data, query, k, &what);
+                    let r = engine
+                        .knn(data, query, k, &opts(Metric::Euclidean, Algorithm::Auto))
+                        .unwrap();
+                    let notes = r.report.notes.join("; ");
+                    assert!(notes.contains("distinct"), "{what}: {notes}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn a_to_b_and_large_k() {
     let engine = Engine::new();
