@@ -894,10 +894,10 @@ where
     if !copies.worth(k) {
         return Ok(None);
     }
+    let prepared = start.elapsed().as_secs_f64();
     let found = copies.knn(x, dim, k, self_knn, |ux, ku| {
         knn_search(engine, ux, q, dim, ku, opts)
     })?;
-    let prepared = start.elapsed().as_secs_f64();
     let (rows_q, norms_q) = (q.unwrap_or(x), nq.as_deref().unwrap_or(&nx));
     let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
     let ranked: Vec<Vec<(f64, u32)>> = engine.install(|| {
