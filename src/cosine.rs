@@ -886,14 +886,14 @@ where
     if k == 0 || k + usize::from(self_knn) > n {
         return Ok(None);
     }
-    // Zero and non-finite rows are refused here, by their own row numbers.
-    let (nx, nq) = engine.install(|| -> Result<_> {
-        Ok((norms(x, dim)?, q.map(|q| norms(q, dim)).transpose()?))
-    })??;
     let copies = engine.install(|| crate::knn::Copies::find(x, dim))?;
     if !copies.worth(k) {
         return Ok(None);
     }
+    // Zero and non-finite rows are refused here, by their own row numbers.
+    let (nx, nq) = engine.install(|| -> Result<_> {
+        Ok((norms(x, dim)?, q.map(|q| norms(q, dim)).transpose()?))
+    })??;
     let prepared = start.elapsed().as_secs_f64();
     let found = copies.knn(x, dim, k, self_knn, |ux, ku| {
         knn_search(engine, ux, q, dim, ku, opts)
@@ -912,16 +912,10 @@ where
             .collect()
     })?;
     opts.control.check()?;
-    let mut report = found.map(|f| f.report).unwrap_or_else(|| JoinReport {
-        backend: "cpu".into(),
-        device: "cpu".into(),
-        batches: 1,
-        ..Default::default()
-    });
+    let mut report = copies.report(found, k, self_knn);
     report
         .phases
         .insert(0, ("cosine kNN: exact copies found".into(), prepared));
-    report.notes.push(copies.note(k, self_knn));
     Ok(Some(knn_result::<T>(ranked, k, report, start)))
 }
 

@@ -268,15 +268,23 @@ impl Copies {
         }
     }
 
-    /// The report's note.
-    pub(crate) fn note(&self, k: usize, self_knn: bool) -> String {
-        format!(
+    /// The expanded kNN's report: the distinct rows' kNN's (`found`; where there was
+    /// none, the CPU's), with a note of the copies.
+    pub(crate) fn report(&self, found: Option<KnnResult>, k: usize, self_knn: bool) -> JoinReport {
+        let mut report = found.map(|f| f.report).unwrap_or_else(|| JoinReport {
+            backend: "cpu".into(),
+            device: "cpu".into(),
+            batches: 1,
+            ..Default::default()
+        });
+        report.notes.push(format!(
             "kNN: {} rows hold {} distinct (the largest class {} copies); the distinct rows' kNN at k = {}, expanded to their copies",
             self.class.len(),
             self.distinct(),
             self.biggest,
             self.k(k, self_knn)
-        )
+        ));
+        report
     }
 
     /// The distinct rows of `x`, in index order.
@@ -412,13 +420,7 @@ where
     } else {
         Distances::F64(reported.collect())
     };
-    let mut report = found.map(|f| f.report).unwrap_or_else(|| JoinReport {
-        backend: "cpu".into(),
-        device: "cpu".into(),
-        batches: 1,
-        ..Default::default()
-    });
-    report.notes.push(copies.note(k, self_knn));
+    let mut report = copies.report(found, k, self_knn);
     report.seconds = start.elapsed().as_secs_f64();
     Ok(Some(KnnResult {
         rows: job.rows(),

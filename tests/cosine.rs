@@ -401,25 +401,14 @@ fn knn_of_many_exact_copies_is_exact() {
     let mut rng = Rng(59);
     for dim in [8usize, 40] {
         let (x, q) = copies(&mut rng, dim);
-        let (x32, q32) = (as_f32(&x), as_f32(&q));
-        let sets = [
-            (
-                Dataset::from_f64(&x, dim).unwrap(),
-                Dataset::from_f64(&q, dim).unwrap(),
-            ),
-            (
-                Dataset::from_f32(&x32, dim).unwrap(),
-                Dataset::from_f32(&q32, dim).unwrap(),
-            ),
-        ];
-        for (data, query) in &sets {
+        common::each_precision_pair(&x, &q, dim, |data, query| {
             for k in [1usize, 10, 45, 100] {
                 for query in [None, Some(query)] {
                     let notes = check_knn(data, query, k, Backend::Cpu);
                     assert!(notes.contains("distinct"), "{notes}");
                 }
             }
-        }
+        });
     }
     // One vector, 100 times: no other class to search.
     let one: Vec<f64> = (0..100).flat_map(|_| [0.3, -1.0, 2.5, 0.125]).collect();
@@ -910,21 +899,11 @@ fn grouped_knn_on_loose_clusters_is_exact() {
     let (n, dim, kmax) = (6000, 96, 150);
     let mut x = directions(&mut rng, n + 300, dim, 60, 0.45);
     let q = x.split_off(n * dim);
-    let (x32, q32) = (as_f32(&x), as_f32(&q));
-    for (data, query) in [
-        (
-            Dataset::from_f64(&x, dim).unwrap(),
-            Dataset::from_f64(&q, dim).unwrap(),
-        ),
-        (
-            Dataset::from_f32(&x32, dim).unwrap(),
-            Dataset::from_f32(&q32, dim).unwrap(),
-        ),
-    ] {
-        for query in [None, Some(&query)] {
-            knn_matches_oracle(&data, query, kmax, &[1, 10, kmax], |k| k <= 10);
+    common::each_precision_pair(&x, &q, dim, |data, query| {
+        for query in [None, Some(query)] {
+            knn_matches_oracle(data, query, kmax, &[1, 10, kmax], |k| k <= 10);
         }
-    }
+    });
 }
 
 /// `n` vectors shaped like sentence embeddings (`bench/embed_bench.py`'s `topics`): a
@@ -979,21 +958,11 @@ fn grouped_knn_with_neighbours_at_the_groups_bounds_is_exact() {
     let (n, dim, kmax) = (6000, 64, 40);
     let mut x = topics(&mut rng, n + 300, dim, 10, 4, 0.15);
     let q = x.split_off(n * dim);
-    let (x32, q32) = (as_f32(&x), as_f32(&q));
-    for (data, query) in [
-        (
-            Dataset::from_f64(&x, dim).unwrap(),
-            Dataset::from_f64(&q, dim).unwrap(),
-        ),
-        (
-            Dataset::from_f32(&x32, dim).unwrap(),
-            Dataset::from_f32(&q32, dim).unwrap(),
-        ),
-    ] {
-        for query in [None, Some(&query)] {
-            knn_matches_oracle(&data, query, kmax, &[1, 10, kmax], |k| k <= 10);
+    common::each_precision_pair(&x, &q, dim, |data, query| {
+        for query in [None, Some(query)] {
+            knn_matches_oracle(data, query, kmax, &[1, 10, kmax], |k| k <= 10);
         }
-    }
+    });
 }
 
 /// The cosine kNN of vectors near a low-dimensional subspace takes its candidates from a

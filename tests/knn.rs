@@ -139,21 +139,7 @@ fn large_classes_of_copies() {
             }
         }
         let q = x.split_off(n * dim);
-        let (x32, q32): (Vec<f32>, Vec<f32>) = (
-            x.iter().map(|&v| v as f32).collect(),
-            q.iter().map(|&v| v as f32).collect(),
-        );
-        let sets = [
-            (
-                Dataset::from_f64(&x, dim).unwrap(),
-                Dataset::from_f64(&q, dim).unwrap(),
-            ),
-            (
-                Dataset::from_f32(&x32, dim).unwrap(),
-                Dataset::from_f32(&q32, dim).unwrap(),
-            ),
-        ];
-        for (data, query) in &sets {
+        common::each_precision_pair(&x, &q, dim, |data, query| {
             for k in [1usize, 5, 30, 90] {
                 for query in [None, Some(query)] {
                     let what = format!("copies {dim}-D k={k} ab={}", query.is_some());
@@ -165,7 +151,7 @@ fn large_classes_of_copies() {
                     assert!(notes.contains("distinct"), "{what}: {notes}");
                 }
             }
-        }
+        });
     }
 }
 

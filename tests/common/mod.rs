@@ -143,6 +143,27 @@ pub fn each_precision(x: &[f64], d: usize, mut f: impl FnMut(&simjoin::Dataset))
     f(&simjoin::Dataset::from_f32(&x32, d).unwrap());
 }
 
+/// Calls `f` with data `x` and queries `q` (`d` wide) as f64 datasets and as f32 ones.
+pub fn each_precision_pair(
+    x: &[f64],
+    q: &[f64],
+    d: usize,
+    mut f: impl FnMut(&simjoin::Dataset, &simjoin::Dataset),
+) {
+    let (x32, q32): (Vec<f32>, Vec<f32>) = (
+        x.iter().map(|&v| v as f32).collect(),
+        q.iter().map(|&v| v as f32).collect(),
+    );
+    f(
+        &simjoin::Dataset::from_f64(x, d).unwrap(),
+        &simjoin::Dataset::from_f64(q, d).unwrap(),
+    );
+    f(
+        &simjoin::Dataset::from_f32(&x32, d).unwrap(),
+        &simjoin::Dataset::from_f32(&q32, d).unwrap(),
+    );
+}
+
 /// Base points plus partners at distance eps * (1 + k * 2^-24) for k in -3..=3, along
 /// random directions, so many pairs sit within an ulp or two of the threshold.
 pub fn threshold_pairs(
