@@ -886,10 +886,9 @@ where
     if k == 0 || k + usize::from(self_knn) > n {
         return Ok(None);
     }
-    let copies = engine.install(|| crate::knn::Copies::find(x, dim))?;
-    if !copies.worth(k) {
+    let Some(copies) = engine.install(|| crate::knn::Copies::find(x, dim, k))? else {
         return Ok(None);
-    }
+    };
     // Zero and non-finite rows are refused here, by their own row numbers.
     let (nx, nq) = engine.install(|| -> Result<_> {
         Ok((norms(x, dim)?, q.map(|q| norms(q, dim)).transpose()?))

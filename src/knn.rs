@@ -170,21 +170,36 @@ pub(crate) struct Copies {
 }
 
 impl Copies {
-    /// The classes of `x`'s rows (`dim` wide), by f64 bits (-0 and 0 stay apart, which only
-    /// costs a missed merge): rows hashed, sorted by hash, compared in full within one.
-    pub(crate) fn find<T: Coord>(x: &[T], dim: usize) -> Copies {
+    /// The classes of `x`'s rows (`dim` wide) where a kNN at k should rank the distinct
+    /// rows (a class above [`DISTINCT_CLASS`] and k + 1 rows), else None. Classes by f64
+    /// bits (-0 and 0 stay apart, which only costs a missed merge): rows hashed, sorted by
+    /// hash, compared in full within one. Above 65,536 rows a sample of 16,384 at an even
+    /// stride comes first, and only a hash seen 4 times in it (a class of a thousandth of
+    /// the rows shows about 16 times) has every row hashed: every `auto` kNN runs this, and
+    /// a sort of every row's hash is a cost beside a low-dimensional kNN of millions of
+    /// points (not separated from this VM's noise). A smaller class missed costs its
+    /// square, at most a millionth of the rows' pairs.
+    pub(crate) fn find<T: Coord>(x: &[T], dim: usize, k: usize) -> Option<Copies> {
         use rayon::prelude::*;
+        const SAMPLE: usize = 1 << 14;
         let n = x.len() / dim;
         let row = |i: usize| &x[i * dim..(i + 1) * dim];
+        let hash = |i: usize| {
+            row(i).iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
+                let h = (h ^ v.to_f64().to_bits()).wrapping_mul(0x0000_0100_0000_01b3);
+                h ^ (h >> 29)
+            })
+        };
+        if n > 4 * SAMPLE {
+            let mut sample: Vec<u64> = (0..SAMPLE).map(|i| hash(i * (n / SAMPLE))).collect();
+            sample.sort_unstable();
+            if !sample.chunk_by(|a, b| a == b).any(|c| c.len() >= 4) {
+                return None;
+            }
+        }
         let mut order: Vec<(u64, u32)> = (0..n)
             .into_par_iter()
-            .map(|i| {
-                let h = row(i).iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| {
-                    let h = (h ^ v.to_f64().to_bits()).wrapping_mul(0x0000_0100_0000_01b3);
-                    h ^ (h >> 29)
-                });
-                (h, i as u32)
-            })
+            .map(|i| (hash(i), i as u32))
             .collect();
         order.par_sort_unstable();
         let same = |a: u32, b: u32| {
@@ -228,19 +243,13 @@ impl Copies {
             fill[c as usize] += 1;
         }
         let biggest = (0..m).map(|u| first[u + 1] - first[u]).max().unwrap_or(0);
-        Copies {
+        (biggest > DISTINCT_CLASS.max(k + 1)).then_some(Copies {
             class,
             reps,
             first,
             members,
             biggest,
-        }
-    }
-
-    /// Whether a kNN at k ranks the distinct rows: a class above [`DISTINCT_CLASS`] and
-    /// k + 1 rows.
-    pub(crate) fn worth(&self, k: usize) -> bool {
-        self.biggest > DISTINCT_CLASS.max(k + 1)
+        })
     }
 
     /// The number of distinct rows.
@@ -385,10 +394,9 @@ where
     use rayon::prelude::*;
     let start = std::time::Instant::now();
     let (dim, k, self_knn, metric) = (job.data.dim(), job.k, q.is_none(), job.opts.metric);
-    let copies = engine.install(|| Copies::find(x, dim))?;
-    if !copies.worth(k) {
+    let Some(copies) = engine.install(|| Copies::find(x, dim, k))? else {
         return Ok(None);
-    }
+    };
     let found = copies.knn(x, dim, k, self_knn, |ux, ku| {
         let d = Dataset::from_rows(ux, dim)?;
         let dq = q.map(|q| Dataset::from_rows(q, dim)).transpose()?;
@@ -490,4 +498,41 @@ pub(crate) fn alloc_stoppable<T: Clone + Send + Sync>(
     }
     control.check()?;
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Copies;
+
+    /// Classes, members in index order and the sampled pre-check: 70,000 rows (above the
+    /// sample's threshold) find a class of 1,000 copies, interleaved, and its members; all
+    /// distinct rows, or one class the sample misses (70 copies), find none.
+    #[test]
+    fn copies_are_found_through_the_sample() {
+        let n = 70_000;
+        let distinct: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        assert!(Copies::find(&distinct, 1, 10).is_none());
+        let mut x = distinct.clone();
+        for i in (0..n).step_by(70) {
+            x[i] = -1.0;
+        }
+        let c = Copies::find(&x, 1, 10).expect("a class of 1,000 copies");
+        assert_eq!((c.biggest, c.distinct()), (1000, n - 999));
+        let u = c.query_row(0, true);
+        let of = &c.members[c.first[u]..c.first[u + 1]];
+        assert!(of.iter().copied().eq((0..n as u32).step_by(70)));
+        // A class of 1,000 is not worth it at k = 1,000.
+        assert!(Copies::find(&x, 1, 1000).is_none());
+        // At rows 1 mod 4, which the sample's stride (4) never meets.
+        let mut rare = distinct;
+        for i in 0..70 {
+            rare[i * 860 + 1] = -1.0;
+        }
+        assert!(Copies::find(&rare, 1, 10).is_none());
+        // Below the threshold every row is hashed: the same 70 copies are found.
+        assert_eq!(
+            Copies::find(&rare[..60_000], 1, 10).map(|c| c.biggest),
+            Some(70)
+        );
+    }
 }
