@@ -7,6 +7,9 @@
 // about 4 million such atomics a second set the join's time (49 million candidates: about
 // 11 s more than the CPU's whole join). The counter always advances; a pair is written only
 // below `capacity`, so the host sees a count above it and runs the batch again in parts.
+// A pair whose product also reaches `sure_value` has bit 31 of its B position set: the
+// cosine rule accepts it for certain (src/cosine.rs `sure_dot`), and the host does not
+// confirm it.
 #ifndef SIMJOIN_GROUPED_EMIT_GLSL
 #define SIMJOIN_GROUPED_EMIT_GLSL
 
@@ -21,7 +24,7 @@ bool emit_keeps(uint e, uint na, uint nb, bool tri, float floor_value) {
 
 // Called by every invocation of the workgroup (it has barriers), after `sc` is complete
 // and visible (a barrier after its writes).
-void emit_tile(uint na, uint nb, bool tri, float floor_value) {
+void emit_tile(uint na, uint nb, bool tri, float floor_value, float sure_value) {
     uint lid = gl_LocalInvocationID.x;
     uint mine = 0u;
     for (uint e = lid; e < SIDE * SIDE; e += WORKGROUP_SIZE) {
@@ -44,7 +47,7 @@ void emit_tile(uint na, uint nb, bool tri, float floor_value) {
         if (emit_keeps(e, na, nb, tri, floor_value)) {
             if (slot < capacity) {
                 pairs.v[2u * slot] = ida[e / SIDE];
-                pairs.v[2u * slot + 1u] = idb[e % SIDE];
+                pairs.v[2u * slot + 1u] = idb[e % SIDE] | (sc[e] >= sure_value ? 0x80000000u : 0u);
             }
             slot++;
         }

@@ -35,7 +35,8 @@ layout(push_constant) uniform Params {
     uint capacity;
     uint dim;
     float floor_dot;
-    uint pad;
+    // Products at or above it: the rule accepts the pair for certain (flagged).
+    float sure_dot;
 };
 
 // Coordinate-major: sa[c * SIDE + row].
@@ -113,5 +114,5 @@ void main() {
         }
     }
     barrier();
-    emit_tile(na, nb, tri, floor_dot);
+    emit_tile(na, nb, tri, floor_dot, sure_dot);
 }

@@ -44,7 +44,8 @@ layout(push_constant) uniform Params {
     uint capacity;
     uint dim;
     float floor_dot;
-    uint pad;
+    // Products at or above it: the rule accepts the pair for certain (flagged).
+    float sure_dot;
 };
 
 // Row-major: sa[row * CHUNK + c], f16 copies of CHUNK coordinates of the tile's rows.
@@ -107,5 +108,5 @@ void main() {
     }
     coopMatStore(acc, sc, qa * 16u * SIDE + qb * 16u, SIDE, gl_CooperativeMatrixLayoutRowMajor);
     barrier();
-    emit_tile(na, nb, tri, floor_dot * SCALE2);
+    emit_tile(na, nb, tri, floor_dot * SCALE2, sure_dot * SCALE2);
 }

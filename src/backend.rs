@@ -26,9 +26,6 @@ pub(crate) struct Job<'a> {
     pub opts: &'a JoinOptions,
 }
 
-/// Where a backend hands candidate pairs, in chunks, from any thread.
-pub(crate) type Emit<'a> = dyn Fn(&[crate::result::Pair]) -> anyhow::Result<()> + Sync + 'a;
-
 /// What every backend implements. `sink == None` means count only: the backend need not
 /// materialise pairs, only count them into `JoinReport::pairs`.
 /// Self-join pairs must come out as `[i, j]` with `i < j`, each unordered pair once.
@@ -83,7 +80,7 @@ pub(crate) trait JoinBackend: Send + Sync {
         &self,
         plan: &crate::cpu::partition::Plan,
         opts: &JoinOptions,
-        emit: &Emit,
+        emit: &crate::cpu::partition::Candidates,
     ) -> Result<Option<(String, String)>> {
         let _ = (plan, opts, emit);
         Ok(None)

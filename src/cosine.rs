@@ -32,6 +32,37 @@ fn widened_eps<T: Coord>(e: f64, dim: usize) -> f64 {
     ((2.0 * e + 2.0 * delta).max(0.0).sqrt() + slack) * (1.0 + (d + 8.0) * T::UNIT_ROUNDOFF)
 }
 
+/// The f32 dot product of two rows' f32 copies (normalised in f64, rounded to `T`, then to
+/// f32) at or above which the cosine rule accepts the pair at `e` for certain, where
+/// `slack` bounds the product's error as it does the join's floor (`partition::dot_slack`
+/// for f32 tiles, `dot_slack_f16` for the matrix units'). A grouped join passes such pairs
+/// on unconfirmed: on clustered data nearly all of them (the band between floor and this
+/// is a few `slack`s wide), where the confirmation read both rows again in f64.
+///
+/// Why: with u = a / |a|, v = b / |b| and c = u.v the real cosine, each copy's coordinate
+/// is u_i within rho |u_i| + 2^-126 (rho = 2 u_f32 + (D + 4) u64: the norm's and the
+/// quotient's f64 roundings, one to `T`, one to f32; 2^-126 where f32 underflows or a
+/// device flushes), so the copies' real dot product is within 2 rho + rho^2 (+ terms of
+/// 2^-126) of c, and their f32 product (any order) within (D + 2) u_f32 |p| |q| of theirs:
+/// together under `dot_slack`'s 4 (D + 4) u_f32. So c >= d - slack. The rule accepts
+/// where c >= 1 - e + delta (the module's delta, the other way round: the f64 dot product
+/// is within (D + 1) u64 |a| |b| of the real one, and the threshold (1 - e) na nb within
+/// (2D + 8) u64 |1 - e| |a| |b| of (1 - e) |a| |b|). The sum is rounded up to f32 after a
+/// margin for its own f64 roundings.
+pub(crate) fn sure_dot(e: f64, dim: usize, slack: f64) -> f32 {
+    let d = dim as f64;
+    let u64_ = f64::EPSILON / 2.0;
+    let delta = (2.0 * d + 16.0) * u64_ * (1.0 + (1.0 - e).abs());
+    let tiny = 8.0 * (d + 4.0) * 2f64.powi(-126);
+    let at = (1.0 - e) + delta + slack + tiny + 1e-15;
+    let f = at as f32;
+    if (f as f64) < at {
+        f.next_up()
+    } else {
+        f
+    }
+}
+
 /// Each row's norm under the cosine rule, checked (zero or unsquarable norms are errors).
 fn norms<T: Coord>(x: &[T], dim: usize) -> Result<Vec<f64>> {
     let out: Vec<f64> = x.par_chunks_exact(dim).map(norm).collect();
@@ -318,8 +349,15 @@ fn grouped<'d, T: Coord>(
         let candidates = std::sync::atomic::AtomicU64::new(0);
         let accepted = std::sync::atomic::AtomicU64::new(0);
         let sink = std::sync::Mutex::new(sink);
-        let emit = |chunk: &[Pair]| -> anyhow::Result<()> {
-            let kept: Vec<Pair> = chunk.iter().copied().filter(|&p| rule.accepts(p)).collect();
+        let certain = std::sync::atomic::AtomicU64::new(0);
+        // Chunks flagged `sure` reached `sure_dot`: the rule accepts every pair of them.
+        let emit = |chunk: &[Pair], sure: bool| -> anyhow::Result<()> {
+            let kept: std::borrow::Cow<[Pair]> = if sure {
+                certain.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                chunk.into()
+            } else {
+                chunk.iter().copied().filter(|&p| rule.accepts(p)).collect()
+            };
             candidates.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
             accepted.fetch_add(kept.len() as u64, std::sync::atomic::Ordering::Relaxed);
             opts.control.advance(0, kept.len() as u64);
@@ -395,7 +433,9 @@ fn grouped<'d, T: Coord>(
             let Some(plan) = planned else {
                 return Ok(None);
             };
-            let plan = plan?;
+            let mut plan = plan?;
+            plan.sure = sure_dot(rule.e, dim, partition::dot_slack(dim));
+            plan.sure_f16 = sure_dot(rule.e, dim, partition::dot_slack_f16(dim));
             let t = std::time::Instant::now();
             let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
             let on_device = match worth
@@ -429,9 +469,15 @@ fn grouped<'d, T: Coord>(
             notes.insert(0, note);
             Ok(Some((notes, backend, device)))
         };
-        (compared(), candidates.into_inner(), accepted.into_inner())
+        let done = compared();
+        (
+            done,
+            candidates.into_inner(),
+            accepted.into_inner(),
+            certain.into_inner(),
+        )
     })?;
-    let (done, candidates, accepted) = out;
+    let (done, candidates, accepted, certain) = out;
     let Some((mut notes, backend, device)) = done? else {
         // Declined: nothing was emitted.
         return Ok(None);
@@ -439,7 +485,10 @@ fn grouped<'d, T: Coord>(
     // The tiles' products were f32, or f16 with f32 sums on the matrix units (the GPU's
     // note says which): either way under the plan's floor for them.
     notes.push(format!(
-        "cosine: {candidates} candidates from the tiles' dot products, {accepted} confirmed by the cosine rule"
+        "cosine: {candidates} candidates from the tiles' dot products: {certain} within the \
+         threshold by their own bound, {} of the other {} confirmed by the cosine rule",
+        accepted - certain,
+        candidates - certain
     ));
     Ok(Some(JoinReport {
         pairs: accepted,
@@ -1278,6 +1327,94 @@ mod tests {
         }
         // The bound proves something for most pairs (the far ones), not only -inf.
         assert!(proved > 6000, "{proved}");
+    }
+
+    /// A pair whose copies' f32 dot product (by `partition::dot`, a plain sum either way
+    /// round) reaches `sure_dot` is one the rule accepts: pairs placed within a few f32
+    /// rounding errors of the threshold on either side, f32 and f64 rows of norms 1e-3 to
+    /// 1e3, 2 to 1024 dimensions. The data must hold pairs the rule rejects whose product
+    /// reaches 1 - e itself (a bound without the slack would take them), and `sure_dot`
+    /// must stay within a slack of 1 - e (or it would take nothing).
+    #[test]
+    fn sure_dot_admits_only_pairs_the_rule_accepts() {
+        use crate::cpu::partition::{dot, dot_slack};
+        use crate::metric::{cosine_within, norm};
+        let mut s = 11u64;
+        let mut rnd = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        // (sure, rejected by the rule though the product reached 1 - e)
+        let mut seen = (0usize, 0usize);
+        fn check<T: Coord>(a: &[T], b: &[T], e: f64, seen: &mut (usize, usize)) {
+            let dim = a.len();
+            let (na, nb) = (norm(a), norm(b));
+            let copy = |x: &[T], n: f64| -> Vec<f32> {
+                x.iter()
+                    .map(|v| T::from_f64(v.to_f64() / n).to_f64() as f32)
+                    .collect()
+            };
+            let (ca, cb) = (copy(a, na), copy(b, nb));
+            let sure = sure_dot(e, dim, dot_slack(dim));
+            let accepts = cosine_within(a, b, na, nb, e);
+            let forward = ca.iter().zip(&cb).fold(0.0f32, |s, (x, y)| s + x * y);
+            let backward = ca.iter().zip(&cb).rev().fold(0.0f32, |s, (x, y)| s + x * y);
+            for d in [dot(&ca, &cb), forward, backward] {
+                if d >= sure {
+                    assert!(
+                        accepts,
+                        "{dim}-D, e {e}: product {d} >= {sure}, rule rejects"
+                    );
+                    seen.0 += 1;
+                }
+                if !accepts && d as f64 >= 1.0 - e {
+                    seen.1 += 1;
+                }
+            }
+        }
+        for dim in [2usize, 16, 64, 384, 1024] {
+            let ulps = (dim as f64 + 4.0) * f32::EPSILON as f64 / 2.0;
+            for e in [1e-3f32, 0.01, 0.1, 0.5] {
+                let e = e as f64;
+                let slack = dot_slack(dim);
+                let sure = sure_dot(e, dim, slack) as f64;
+                assert!(
+                    sure > 1.0 - e && sure - (1.0 - e) < slack * 1.01 + 1e-7,
+                    "{sure}"
+                );
+                for t in 0..400 {
+                    // u, and w orthogonal to it, unit; b at cosine 1 - e + off from a.
+                    let u: Vec<f64> = (0..dim).map(|_| rnd()).collect();
+                    let nu = u.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    let u: Vec<f64> = u.iter().map(|v| v / nu).collect();
+                    let mut w: Vec<f64> = (0..dim).map(|_| rnd()).collect();
+                    let along: f64 = w.iter().zip(&u).map(|(x, y)| x * y).sum();
+                    w.iter_mut().zip(&u).for_each(|(x, y)| *x -= along * y);
+                    let nw = w.iter().map(|v| v * v).sum::<f64>().sqrt();
+                    let off = [-4.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 2.0, 4.0][t % 9]
+                        * ulps
+                        * (1.0 + rnd());
+                    let c = 1.0 - e + off;
+                    let sin = (1.0 - c * c).max(0.0).sqrt();
+                    let (fa, fb) = (10f64.powf(6.0 * rnd()), 10f64.powf(6.0 * rnd()));
+                    let a: Vec<f64> = u.iter().map(|v| v * fa).collect();
+                    let b: Vec<f64> = u
+                        .iter()
+                        .zip(&w)
+                        .map(|(x, y)| (c * x + sin * y / nw) * fb)
+                        .collect();
+                    let (a32, b32): (Vec<f32>, Vec<f32>) = (
+                        a.iter().map(|&v| v as f32).collect(),
+                        b.iter().map(|&v| v as f32).collect(),
+                    );
+                    check(&a, &b, e, &mut seen);
+                    check(&a32, &b32, e, &mut seen);
+                }
+            }
+        }
+        assert!(seen.0 > 2000 && seen.1 > 100, "{seen:?}");
     }
 
     /// `up_to` is the least value of T at or above e.

@@ -488,6 +488,22 @@ fn gpu_matches_the_rule() {
     common::assert_no_validation_errors();
 }
 
+/// From a grouped join's notes: the candidates passed on unconfirmed (their products
+/// reached `cosine::sure_dot`) and the candidates in all.
+fn sure_of(notes: &str) -> (u64, u64) {
+    let n = |s: &str| {
+        s.trim()
+            .parse::<u64>()
+            .unwrap_or_else(|_| panic!("{s:?}: {notes}"))
+    };
+    let (head, rest) = notes
+        .split_once(" candidates from the tiles' dot products: ")
+        .unwrap_or_else(|| panic!("no candidates' note: {notes}"));
+    let all = n(head.rsplit(' ').next().unwrap());
+    let sure = n(rest.split(' ').next().unwrap());
+    (sure, all)
+}
+
 /// Enough clustered vectors for the CPU's grouped join (`cpu/partition.rs`, from 4096
 /// vectors and 16 dimensions): the rule's set exactly, self-join and A ⋈ B, f32 and f64,
 /// pairs, counts and streams; uniform directions fall back to the general join.
@@ -532,6 +548,11 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
                 "{what}: {notes}"
             );
             assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
+            if grouped {
+                // Candidates passed unconfirmed (at eps 0.02 every one of them).
+                let (sure, all) = sure_of(&notes);
+                assert!(sure > 0 && sure <= all, "{what}: {notes}");
+            }
             let mut count = o.clone();
             count.output = OutputForm::Count;
             assert_eq!(
@@ -609,6 +630,9 @@ fn gpu_grouped_join_matches_the_rule() {
                     "{what}: {notes}"
                 );
                 assert_eq!(got.pairs().unwrap(), &want[..], "{what} {capacity:?}");
+                // The device flagged the candidates that pass unconfirmed.
+                let (sure, all) = sure_of(&notes);
+                assert!(sure > 0 && sure <= all, "{what}: {notes}");
                 let mut count = o.clone();
                 count.output = OutputForm::Count;
                 assert_eq!(

@@ -207,7 +207,6 @@ pub(crate) fn dot_slack(dim: usize) -> f64 {
 ///   f32 sum's bound in [`dot_slack`] at a full ulp.
 ///
 /// The norms are at most `sqrt(1 + (d + 2) 2^-24)` (f32 copies of unit vectors).
-#[cfg_attr(not(feature = "gpu"), allow(dead_code))] // the matrix-unit tiles' floor only
 pub(crate) fn dot_slack_f16(dim: usize) -> f64 {
     let d = dim as f64;
     let u = 2f64.powi(-10);
@@ -905,6 +904,11 @@ pub(crate) struct Plan {
     slack: f64,
     /// A pair within eps has an f32 dot product of at least this.
     pub(crate) floor: f32,
+    /// A pair whose f32 dot product reaches this needs no confirmation: the caller's rule
+    /// accepts it for certain (`cosine::sure_dot`). Infinite (every candidate confirmed)
+    /// until the caller sets it; `sure_f16` the same for the matrix units' products.
+    pub(crate) sure: f32,
+    pub(crate) sure_f16: f32,
 }
 
 impl Plan {
@@ -1115,6 +1119,8 @@ pub(crate) fn plan(
         pairs,
         slack,
         floor,
+        sure: f32::INFINITY,
+        sure_f16: f32::INFINITY,
     };
     // Groups wider than eps whose members are mostly within reach of each other prune
     // nothing (no clusters at either radius): the general join does better.
@@ -1124,15 +1130,20 @@ pub(crate) fn plan(
     Some(Ok(plan))
 }
 
+/// Where a grouped join hands its candidates, in chunks, from any thread: `true` with a
+/// chunk whose products all reached [`Plan::sure`] (or `sure_f16`), accepted without
+/// confirmation.
+pub(crate) type Candidates<'a> = dyn Fn(&[Pair], bool) -> anyhow::Result<()> + Sync + 'a;
+
 /// The CPU's comparison of every pair of groups of `plan`: candidates to `emit` in chunks
 /// from the engine's threads (`control` read between pairs of groups); returns the vector
 /// pairs compared.
 pub(crate) fn compare(
     plan: &Plan,
     control: &Control,
-    emit: &(dyn Fn(&[Pair]) -> anyhow::Result<()> + Sync),
+    emit: &Candidates,
 ) -> crate::error::Result<u64> {
-    let (dim, floor) = (plan.dim, plan.floor);
+    let (dim, floor, sure) = (plan.dim, plan.floor, plan.sure);
     let (ga, gb) = (&plan.ga, plan.gb());
     let compared = std::sync::atomic::AtomicU64::new(0);
     control.stage("join", plan.pairs.len() as u64);
@@ -1144,12 +1155,14 @@ pub(crate) fn compare(
             control.advance(1, 0);
             return Ok(());
         };
-        let mut buf: Vec<Pair> = Vec::new();
+        let (mut buf, mut certain) = (Vec::<Pair>::new(), Vec::<Pair>::new());
         for (x, &s) in sa.iter().enumerate() {
             let p = &ga.rows[s * dim..(s + 1) * dim];
             let from = if same { x + 1 } else { 0 };
             let mut keep = |t: usize, d: f32| {
-                if d >= floor {
+                if d >= sure {
+                    certain.push(plan.pair(s, t));
+                } else if d >= floor {
                     buf.push(plan.pair(s, t));
                 }
             };
@@ -1173,11 +1186,13 @@ pub(crate) fn compare(
         };
         compared.fetch_add(pairs as u64, std::sync::atomic::Ordering::Relaxed);
         control.advance(1, 0);
-        if buf.is_empty() {
-            Ok(())
-        } else {
-            emit(&buf)
+        if !buf.is_empty() {
+            emit(&buf, false)?;
         }
+        if !certain.is_empty() {
+            emit(&certain, true)?;
+        }
+        Ok(())
     });
     result.map_err(crate::result::sink_error)?;
     control.check()?;

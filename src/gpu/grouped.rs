@@ -17,7 +17,6 @@ use crate::control::Control;
 use crate::cpu::partition::Plan;
 use crate::error::{Error, Result};
 use crate::options::JoinOptions;
-use crate::result::Pair;
 use crate::vk::{shaders, Buffer, Context, Kernel, KernelSpec, Memory, Stream, Ticket};
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
@@ -47,8 +46,12 @@ struct Params {
     capacity: u32,
     dim: u32,
     floor_dot: f32,
-    pad: u32,
+    /// Products at or above it are flagged sure (bit 31 of the B position).
+    sure_dot: f32,
 }
+
+/// A pair's flag in the kernel's output: its product reached `sure_dot`.
+const SURE: u32 = 1 << 31;
 
 /// Work as the host builds it: member positions and tiles `[a offset, b offset, sizes
 /// and flags, 0]` into them (sent in batches of tiles).
@@ -128,7 +131,7 @@ pub(super) fn run(
     ctx: &Arc<Context>,
     plan: &Plan,
     opts: &JoinOptions,
-    emit: &crate::backend::Emit,
+    emit: &crate::cpu::partition::Candidates,
 ) -> Result<String> {
     let control = &opts.control;
     let dim = plan.dim;
@@ -149,13 +152,14 @@ pub(super) fn run(
         .clamp(SIDE * SIDE, 1 << 28) as u32;
     // The matrix units where the device has them (f16 copies, a wider floor), else f32 tiles.
     let matrix = ctx.features().f16_matrix_tiles;
-    let (name, spirv, workgroup, floor) = if matrix {
+    let (name, spirv, workgroup, floor, sure) = if matrix {
         let sub = ctx.limits().subgroup_size;
         (
             "grouped_tiles_coop",
             shaders::GROUPED_TILES_COOP,
             4 * sub,
             plan.floor_f16(),
+            plan.sure_f16,
         )
     } else {
         (
@@ -163,7 +167,14 @@ pub(super) fn run(
             shaders::GROUPED_TILES,
             WORKGROUP,
             plan.floor,
+            plan.sure,
         )
+    };
+    // The flag takes B's positions' top bit: where it could be a position, no flag.
+    let sure = if plan.gb().order.len() < SURE as usize {
+        sure
+    } else {
+        f32::INFINITY
     };
     let kernel = ctx.kernel_stoppable(
         name,
@@ -216,6 +227,7 @@ pub(super) fn run(
         capacity,
         dim: dim as u32,
         floor_dot: floor,
+        sure_dot: sure,
         ..Zeroable::zeroed()
     };
     let job = Job {
@@ -321,7 +333,7 @@ struct Job<'a> {
     kernel: &'a Kernel,
     base: Params,
     plan: &'a Plan,
-    emit: &'a crate::backend::Emit<'a>,
+    emit: &'a crate::cpu::partition::Candidates<'a>,
     control: &'a Control,
     /// Pairs found by the batches drained so far, and their tiles.
     found: std::cell::Cell<u64>,
@@ -431,11 +443,22 @@ impl Job<'_> {
             let raw: Vec<[u32; 2]> = slot.pairs.read_vec(0, found as usize)?;
             raw.par_chunks(4096)
                 .try_for_each(|chunk| {
-                    let ids: Vec<Pair> = chunk
-                        .iter()
-                        .map(|&[s, t]| self.plan.pair(s as usize, t as usize))
-                        .collect();
-                    (self.emit)(&ids)
+                    let (mut check, mut sure) = (Vec::new(), Vec::new());
+                    for &[s, t] in chunk {
+                        let pair = self.plan.pair(s as usize, (t & !SURE) as usize);
+                        if t & SURE != 0 {
+                            sure.push(pair);
+                        } else {
+                            check.push(pair);
+                        }
+                    }
+                    if !check.is_empty() {
+                        (self.emit)(&check, false)?;
+                    }
+                    if !sure.is_empty() {
+                        (self.emit)(&sure, true)?;
+                    }
+                    Ok(())
                 })
                 .map_err(crate::result::sink_error)?;
             self.confirmed

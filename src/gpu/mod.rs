@@ -121,7 +121,7 @@ impl JoinBackend for GpuBackend {
         &self,
         plan: &crate::cpu::partition::Plan,
         opts: &crate::options::JoinOptions,
-        emit: &crate::backend::Emit,
+        emit: &crate::cpu::partition::Candidates,
     ) -> Result<Option<(String, String)>> {
         let note = grouped::run(&self.ctx, plan, opts, emit)?;
         Ok(Some((note, self.ctx.device_name().to_string())))
