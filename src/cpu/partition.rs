@@ -588,6 +588,21 @@ impl Prefixed {
 /// Leaders per block of [`heads_block`].
 const BLOCK: usize = 32;
 
+/// The first `pre` coordinates of `rows` (`dim` wide) in blocks of [`BLOCK`] rows,
+/// coordinate by coordinate, as [`heads_block`] reads them (the last block padded with
+/// zero rows).
+fn in_blocks(rows: &[f32], dim: usize, pre: usize) -> Vec<f32> {
+    let k = rows.len() / dim;
+    let mut out = vec![0.0f32; k.div_ceil(BLOCK) * BLOCK * pre];
+    for (j, l) in rows.chunks_exact(dim).enumerate() {
+        let blk = &mut out[(j / BLOCK) * BLOCK * pre..][..BLOCK * pre];
+        for (c, &v) in l[..pre].iter().enumerate() {
+            blk[c * BLOCK + j % BLOCK] = v;
+        }
+    }
+    out
+}
+
 /// The dot products of two rows `p`, `q` with a block of [`BLOCK`] rows stored coordinate
 /// by coordinate (`blk[c * BLOCK + l]` is row l's coordinate c), into `out` (`p`'s, then
 /// `q`'s): one product per lane, with no sum across lanes, so short rows cost no more per
@@ -678,16 +693,8 @@ fn nearest_leaders(
     let k = leaders.len() / dim;
     let split = Split::new(dim, floor);
     let (pre, cuts) = (split.pre, split.cuts.len());
-    // The leaders' first coordinates in blocks of BLOCK, coordinate by coordinate (the
-    // last block padded with zero rows).
     let blocks = k.div_ceil(BLOCK);
-    let mut heads = vec![0.0f32; blocks * BLOCK * pre];
-    for (j, l) in leaders.chunks_exact(dim).enumerate() {
-        let blk = &mut heads[(j / BLOCK) * BLOCK * pre..][..BLOCK * pre];
-        for (c, &v) in l[..pre].iter().enumerate() {
-            blk[c * BLOCK + j % BLOCK] = v;
-        }
-    }
+    let heads = in_blocks(leaders, dim, pre);
     // Each leader's norms after each cut, cut by cut (`rest[t * k + j]`; zeros without
     // cuts).
     let mut rest = vec![0.0f32; cuts.max(1) * k];
@@ -1068,43 +1075,11 @@ pub(crate) fn plan(
         None => None,
     };
     let gb_ref = gb.as_ref().unwrap_or(&ga);
-    let k = lead.len() / dim;
     // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2 >= 1 - eps^2 / 2 - slack
     // (`dot_slack`).
     let slack = dot_slack(dim);
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
-    let (lead_ref, ga_ref) = (&lead[..], &ga);
-    let pairs: Vec<(u32, u32, f64)> = (0..k as u32)
-        .into_par_iter()
-        .flat_map_iter(|g| {
-            let lg = &lead_ref[g as usize * dim..(g as usize + 1) * dim];
-            // Stopped: no more pairs (the stop is returned below).
-            let first = if control.is_cancelled() {
-                k as u32
-            } else if b.is_none() {
-                g
-            } else {
-                0
-            };
-            (first..k as u32).filter_map(move |h| {
-                let (sa, sb) = (
-                    ga_ref.start[g as usize + 1] - ga_ref.start[g as usize],
-                    gb_ref.start[h as usize + 1] - gb_ref.start[h as usize],
-                );
-                if sa == 0 || sb == 0 {
-                    return None;
-                }
-                let lh = &lead_ref[h as usize * dim..(h as usize + 1) * dim];
-                let gap = if g == h {
-                    0.0
-                } else {
-                    dist_floor(dot(lg, lh), slack)
-                };
-                (gap <= ga_ref.radius[g as usize] + gb_ref.radius[h as usize] + eps * (1.0 + 1e-9))
-                    .then_some((g, h, gap))
-            })
-        })
-        .collect();
+    let pairs = group_pairs(&lead, dim, &ga, gb_ref, b.is_none(), eps, slack, control);
     if let Err(e) = control.check() {
         return Some(Err(e));
     }
@@ -1134,6 +1109,74 @@ pub(crate) fn plan(
 /// chunk whose products all reached [`Plan::sure`] (or `sure_f16`), accepted without
 /// confirmation.
 pub(crate) type Candidates<'a> = dyn Fn(&[Pair], bool) -> anyhow::Result<()> + Sync + 'a;
+
+/// The pairs of groups (g of `ga`, h of `gb`; h >= g in a `self_join`) whose leaders'
+/// distance, bounded below by their f32 dot product (`dist_floor`), is within the two
+/// groups' radii and eps: with that bound, in order (g, then h). Every pair of leaders'
+/// dot product, taken for a tile of A's leaders against a block of [`BLOCK`] leaders at a
+/// time ([`heads_block`] over all coordinates; any f32 order is within the slack): each
+/// block is read once a tile, from the cache, not once a leader.
+#[allow(clippy::too_many_arguments)]
+fn group_pairs(
+    lead: &[f32],
+    dim: usize,
+    ga: &Groups,
+    gb: &Groups,
+    self_join: bool,
+    eps: f64,
+    slack: f64,
+    control: &Control,
+) -> Vec<(u32, u32, f64)> {
+    /// A's leaders a tile (pairs of them go through `heads_block` together).
+    const TILE: usize = 16;
+    let k = lead.len() / dim;
+    let blocks = in_blocks(lead, dim, dim);
+    let size = |g: &Groups, i: usize| g.start[i + 1] - g.start[i];
+    let leader = |g: usize| &lead[g * dim..(g + 1) * dim];
+    (0..k.div_ceil(TILE))
+        .into_par_iter()
+        .flat_map_iter(|tile| {
+            let rows = tile * TILE..((tile + 1) * TILE).min(k);
+            let mut kept: Vec<Vec<(u32, u32, f64)>> = vec![Vec::new(); rows.len()];
+            // Stopped: no more pairs (the caller returns the stop).
+            if control.is_cancelled() {
+                return kept.into_iter().flatten();
+            }
+            let mut out = [0.0f32; 2 * BLOCK];
+            let first = if self_join { rows.start / BLOCK } else { 0 };
+            for (bk, blk) in blocks.chunks_exact(BLOCK * dim).enumerate().skip(first) {
+                for g in rows.clone().step_by(2) {
+                    let g2 = (g + 1).min(rows.end - 1);
+                    heads_block(leader(g), leader(g2), blk, &mut out);
+                    for (gi, half) in [(g, 0), (g2, BLOCK)] {
+                        if (half == BLOCK && g2 == g) || size(ga, gi) == 0 {
+                            continue;
+                        }
+                        for l in 0..BLOCK.min(k - bk * BLOCK) {
+                            let h = bk * BLOCK + l;
+                            if (self_join && h < gi) || size(gb, h) == 0 {
+                                continue;
+                            }
+                            let reach = ga.radius[gi] + gb.radius[h] + eps * (1.0 + 1e-9);
+                            // Most pairs are far: ruled out in squares first (no root),
+                            // with room for the root's rounding; the rest by the bound.
+                            let d = out[half + l];
+                            let sq = 2.0 - 2.0 * d as f64 - 2.0 * slack;
+                            if gi != h && sq > reach * reach * (1.0 + 1e-9) {
+                                continue;
+                            }
+                            let gap = if gi == h { 0.0 } else { dist_floor(d, slack) };
+                            if gap <= reach {
+                                kept[gi - rows.start].push((gi as u32, h as u32, gap));
+                            }
+                        }
+                    }
+                }
+            }
+            kept.into_iter().flatten()
+        })
+        .collect()
+}
 
 /// The CPU's comparison of every pair of groups of `plan`: candidates to `emit` in chunks
 /// from the engine's threads (`control` read between pairs of groups); returns the vector
