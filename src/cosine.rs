@@ -78,12 +78,28 @@ fn norms<T: Coord>(x: &[T], dim: usize) -> Result<Vec<f64>> {
 
 /// The rows divided by their norms (in f64), rounded to `T`.
 fn normalised<T: Coord>(x: &[T], dim: usize, norms: &[f64]) -> Vec<T> {
-    let mut out = Vec::with_capacity(x.len());
-    x.par_iter()
-        .enumerate()
-        .map(|(k, &v)| T::from_f64(v.to_f64() / norms[k / dim]))
-        .collect_into_vec(&mut out);
+    let mut out = vec![T::ZERO; x.len()];
+    out.par_chunks_mut(dim)
+        .zip(x.par_chunks(dim).zip(norms))
+        .for_each(|(o, (row, &n))| {
+            for (o, &v) in o.iter_mut().zip(row) {
+                *o = T::from_f64(v.to_f64() / n);
+            }
+        });
     out
+}
+
+/// `x` in f32 for the grouped index and join: borrowed where `T` is f32 already (the
+/// normalised copies), converted otherwise.
+fn as_f32<T: Coord>(x: &[T]) -> std::borrow::Cow<'_, [f32]> {
+    if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>() {
+        std::borrow::Cow::Borrowed(bytemuck::cast_slice(x))
+    } else {
+        x.par_iter()
+            .map(|v| v.to_f64() as f32)
+            .collect::<Vec<f32>>()
+            .into()
+    }
 }
 
 /// Norms of `a` (and `b`), checked, and the normalised copies, on the engine's threads.
@@ -331,7 +347,6 @@ fn grouped<'d, T: Coord>(
     sink: Option<&mut (dyn PairSink + 'd)>,
 ) -> Result<Option<JoinReport>> {
     let dim = rule.dim;
-    let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
     // Where the time goes (the report's phases): the copies, the device's assignment of
     // leaders where it ran, the whole plan (that assignment included), the comparisons.
     let phases = std::sync::Mutex::new(Vec::<(String, f64)>::new());
@@ -343,8 +358,8 @@ fn grouped<'d, T: Coord>(
     };
     let out = engine.install(|| {
         let t = std::time::Instant::now();
-        let fa = f32s(ca);
-        let fb = cb.map(f32s);
+        let fa = as_f32(ca);
+        let fb = cb.map(as_f32);
         phase("cosine: f32 copies", t);
         let candidates = std::sync::atomic::AtomicU64::new(0);
         let accepted = std::sync::atomic::AtomicU64::new(0);
@@ -673,15 +688,14 @@ fn knn_grouped<T: Coord>(
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
     use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index, pivot_floor};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    let f32s = |x: &[T]| -> Vec<f32> { x.par_iter().map(|v| v.to_f64() as f32).collect() };
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
         let t = std::time::Instant::now();
-        let Some(index) = knn_index(&f32s(cx), dim, control) else {
+        let Some(index) = knn_index(&as_f32(cx), dim, control) else {
             control.check()?;
             return Ok(None);
         };
         let built = t.elapsed().as_secs_f64();
-        let fq = cq.map(f32s);
+        let fq = cq.map(as_f32);
         let g = &index.groups;
         let groups = index.leaders.len() / dim;
         let slack = dot_slack(dim);
