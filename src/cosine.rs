@@ -2,7 +2,9 @@
 //! in the input precision), joined under Euclidean distance at an eps widened to cover
 //! every rounding, and each candidate pair is confirmed by cosine's written rule
 //! (`metric::cosine_within`, through `cosine_within_fast`'s proven shortcut), so the
-//! answer is the rule's set whichever backend and algorithm found the candidates.
+//! answer is the rule's set whichever backend and algorithm found the candidates. (The
+//! grouped join skips the confirmation where its own f32 product proves the rule accepts:
+//! [`sure_dot`].)
 //!
 //! Why the widened Euclidean join finds every pair: for unit vectors u, v,
 //! |u - v|^2 = 2 - 2 cos. A pair the rule accepts (f64 sums of at most D + 1 roundings
@@ -335,8 +337,9 @@ const AUTO_GROUPED_ON_GPU: bool = false;
 
 /// The grouped join of clustered vectors (`cpu/partition.rs`): the plan on the CPU, its
 /// comparisons on the device where the join runs on a GPU (`gpu/grouped.rs`), else on the
-/// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread and
-/// passed to `sink`; None (nothing emitted) where the data show no clusters.
+/// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread (but
+/// for those past [`sure_dot`]) and passed to `sink`; None (nothing emitted) where the data
+/// show no clusters.
 fn grouped<'d, T: Coord>(
     engine: &Engine,
     rule: &Rule<T>,

@@ -23,8 +23,9 @@
 //! (then widened to f64); its distance is `1 - dot / (sqrt(na) * sqrt(nb))` rounded to
 //! the input precision. A vector whose `na` is not a normal f64 (zero, or too small or
 //! too large to square) is an error. The engine runs cosine joins as Euclidean joins of
-//! normalised copies at a widened eps and confirms every candidate by this rule
-//! (`src/cosine.rs`), so every backend returns this set.
+//! normalised copies at a widened eps and confirms every candidate by this rule, but for
+//! those whose f32 product proves that it accepts them (`src/cosine.rs` `sure_dot`), so
+//! every backend returns this set.
 //!
 //! Haversine (great-circle distance in metres between (latitude, longitude) points in
 //! degrees, on a sphere of radius `R`: [`EARTH_RADIUS_M`] unless `JoinOptions::sphere_radius`

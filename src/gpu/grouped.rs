@@ -3,8 +3,9 @@
 //! vector's nearest leader found on the device ([`nearest_leaders`],
 //! glsl/nearest_leaders.comp: every rows x leaders dot product, the largest kept); the
 //! device computes every f32 dot product of the members in 32 x 32 tiles
-//! (glsl/grouped_tiles.comp) and returns the pairs at or above the plan's floor, and the
-//! host confirms them by the cosine rule (the caller's `emit`). The candidates are the
+//! (glsl/grouped_tiles.comp) and returns the pairs at or above the plan's floor, flagged
+//! where their product also reaches `Plan::sure`, and the host confirms the others by the
+//! cosine rule (the caller's `emit`). The candidates are the
 //! CPU path's (`partition::compare`): the same bound on the same f32 copies, so the
 //! confirmed set is the rule's on either.
 //!
