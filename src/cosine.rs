@@ -56,7 +56,7 @@ pub(crate) fn sure_dot(e: f64, dim: usize, slack: f64) -> f32 {
     let u64_ = f64::EPSILON / 2.0;
     let delta = (2.0 * d + 16.0) * u64_ * (1.0 + (1.0 - e).abs());
     let tiny = 8.0 * (d + 4.0) * 2f64.powi(-126);
-    let at = (1.0 - e) + delta + slack + tiny + 1e-15;
+    let at = (1.0 - e) + delta + slack + tiny + 1e-14;
     let f = at as f32;
     if (f as f64) < at {
         f.next_up()

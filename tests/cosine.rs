@@ -630,9 +630,10 @@ fn gpu_grouped_join_matches_the_rule() {
                     "{what}: {notes}"
                 );
                 assert_eq!(got.pairs().unwrap(), &want[..], "{what} {capacity:?}");
-                // The device flagged the candidates that pass unconfirmed.
+                // The device flagged the candidates that pass unconfirmed (on the matrix
+                // units the f16 slack leaves none at eps 0.0005: their bound passes 1).
                 let (sure, all) = sure_of(&notes);
-                assert!(sure > 0 && sure <= all, "{what}: {notes}");
+                assert!(sure <= all && (sure > 0 || matrix), "{what}: {notes}");
                 let mut count = o.clone();
                 count.output = OutputForm::Count;
                 assert_eq!(
