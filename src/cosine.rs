@@ -1294,6 +1294,21 @@ impl<'x> FromRows<'x, f64> for Dataset<'x> {
 mod tests {
     use super::*;
 
+    /// A row's f32 copy as the grouped join makes it ([`normalised`], then [`as_f32`]).
+    fn f32_copy<T: Coord>(x: &[T], n: f64) -> Vec<f32> {
+        as_f32(&normalised(x, x.len(), &[n])).into_owned()
+    }
+
+    /// Values in [-0.5, 0.5) from a seeded linear congruential generator.
+    fn uniform(mut s: u64) -> impl FnMut() -> f64 {
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        }
+    }
+
     /// The grouped kNN's chain of bounds (an f32 dot product of the f32 copies, `dist_floor`,
     /// `rule_floor`) never exceeds the rule's computed distance: pairs from identical to
     /// far apart, scalar multiples, f32 and f64 rows, 16 to 384 dimensions.
@@ -1304,12 +1319,7 @@ mod tests {
         fn check<T: Coord>(a: &[T], b: &[T]) -> bool {
             let dim = a.len();
             let (na, nb) = (norm(a), norm(b));
-            let copy = |x: &[T], n: f64| -> Vec<f32> {
-                x.iter()
-                    .map(|v| T::from_f64(v.to_f64() / n).to_f64() as f32)
-                    .collect()
-            };
-            let (ca, cb) = (copy(a, na), copy(b, nb));
+            let (ca, cb) = (f32_copy(a, na), f32_copy(b, nb));
             let apart = dist_floor(dot(&ca, &cb), dot_slack(dim));
             let bound = rule_floor(
                 apart,
@@ -1321,13 +1331,7 @@ mod tests {
             assert!(bound <= rule, "{dim}-D: bound {bound} > rule {rule}");
             bound > f64::NEG_INFINITY
         }
-        let mut s = 7u64;
-        let mut rnd = move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
+        let mut rnd = uniform(7);
         let mut proved = 0;
         for dim in [16usize, 64, 384] {
             for t in 0..3000 {
@@ -1356,24 +1360,13 @@ mod tests {
     fn sure_dot_admits_only_pairs_the_rule_accepts() {
         use crate::cpu::partition::{dot, dot_slack};
         use crate::metric::{cosine_within, norm};
-        let mut s = 11u64;
-        let mut rnd = move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
+        let mut rnd = uniform(11);
         // (sure, rejected by the rule though the product reached 1 - e)
         let mut seen = (0usize, 0usize);
         fn check<T: Coord>(a: &[T], b: &[T], e: f64, seen: &mut (usize, usize)) {
             let dim = a.len();
             let (na, nb) = (norm(a), norm(b));
-            let copy = |x: &[T], n: f64| -> Vec<f32> {
-                x.iter()
-                    .map(|v| T::from_f64(v.to_f64() / n).to_f64() as f32)
-                    .collect()
-            };
-            let (ca, cb) = (copy(a, na), copy(b, nb));
+            let (ca, cb) = (f32_copy(a, na), f32_copy(b, nb));
             let sure = sure_dot(e, dim, dot_slack(dim));
             let accepts = cosine_within(a, b, na, nb, e);
             let forward = ca.iter().zip(&cb).fold(0.0f32, |s, (x, y)| s + x * y);
