@@ -654,6 +654,11 @@ type Ranked = Vec<Neighbours>;
 /// was 1 before (a 384-D search of 3,031 products a query took 8.6 s, its brute force 4.1 s).
 const GROUPED_DOT_COST: f64 = 8.0;
 
+/// A kNN's queries take their products with every leader in blocks (`partition::Blocked`)
+/// where the probe's queries measure more than 1 / BLOCKED_SHARE of the leaders one at a
+/// time: a blocked product costs about a third of a single one (measured below).
+const BLOCKED_SHARE: f64 = 3.0;
+
 /// Each query's k nearest rows by the rule (ties by index) through the grouped index of
 /// `cpu/partition.rs` (leaders, groups, radii over f32 copies of the data's unit copies),
 /// exact by construction; None where the index declines (no clusters, too few rows).
@@ -689,7 +694,9 @@ fn knn_grouped<T: Coord>(
     cq: Option<&[T]>,
     control: &crate::control::Control,
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
-    use crate::cpu::partition::{dist_floor, dot, dot_slack, knn_index, pivot_floor};
+    use crate::cpu::partition::{
+        dist_floor, dot, dot4, dot_slack, knn_index, pivot_floor, Blocked,
+    };
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
         let t = std::time::Instant::now();
@@ -750,12 +757,24 @@ fn knn_grouped<T: Coord>(
          -> (u64, u64) {
             let limit = kth(best);
             near.clear();
-            for s in g.start[h]..g.start[h + 1] {
-                if floor(to_leader - g.to_leader[s]) > limit || me == Some(g.order[s]) {
-                    continue;
+            // The members left in, then their dot products four at a time (`dot4`).
+            near.extend(
+                (g.start[h]..g.start[h + 1])
+                    .filter(|&s| {
+                        floor(to_leader - g.to_leader[s]) <= limit && me != Some(g.order[s])
+                    })
+                    .map(|s| (0.0, s as u32)),
+            );
+            let row = |s: u32| &g.rows[s as usize * dim..(s as usize + 1) * dim];
+            let mut four = near.chunks_exact_mut(4);
+            for c in &mut four {
+                let d = dot4(qv, [row(c[0].1), row(c[1].1), row(c[2].1), row(c[3].1)]);
+                for (e, d) in c.iter_mut().zip(d) {
+                    e.0 = dist_floor(d, slack);
                 }
-                let a = dist_floor(dot(qv, &g.rows[s * dim..(s + 1) * dim]), slack);
-                near.push((a, s as u32));
+            }
+            for e in four.into_remainder() {
+                e.0 = dist_floor(dot(qv, row(e.1)), slack);
             }
             // Only those the k-th distance so far leaves in are ranked.
             let measured = near.len() as u64;
@@ -774,32 +793,45 @@ fn knn_grouped<T: Coord>(
         };
         let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
         // Query `r` (f32 copy `qv`); `home`: in a self-kNN, its position in the groups'
-        // order. Visits the groups in increasing lower bound, stopping where the rule's
-        // floor of it exceeds the k-th distance. Counts its f32 dot products and rule
-        // distances.
+        // order; `pd`: its dot products with every leader where they were taken for it in
+        // blocks (else one at a time, as needed). Visits the groups in increasing lower
+        // bound, stopping where the rule's floor of it exceeds the k-th distance. Counts
+        // its f32 dot products, rule distances and leaders measured.
         let search = |r: usize,
                       qv: &[f32],
                       me: Option<u32>,
-                      home: Option<usize>|
-         -> (Vec<(f64, u32)>, u64, u64) {
+                      home: Option<usize>,
+                      pd: Option<&[f32]>|
+         -> (Vec<(f64, u32)>, u64, u64, u64) {
             let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
             let mut near: Vec<(f64, u32)> = Vec::new();
             let (mut n_dots, mut n_exact) = (0u64, 0u64);
+            let mut n_leaders = 0u64;
             let mut tally = |(d, e): (u64, u64)| {
                 n_dots += d;
                 n_exact += e;
             };
-            match (home, &between) {
-                (Some(p), Some(between)) => {
-                    // Its own group first, then the others by the leaders' bound.
-                    let own = g.start.partition_point(|&st| st <= p) - 1;
-                    let mine = g.to_leader[p];
-                    let l = pivot_floor(dot(qv, leader(own)), index.norm2[own], slack);
-                    tally((1, 0));
-                    tally(visit(r, qv, me, own, l, &mut best, &mut near));
+            let mut to_leader = |h: usize| {
+                n_leaders += 1;
+                let d = pd.map_or_else(|| dot(qv, leader(h)), |pd| pd[h]);
+                pivot_floor(d, index.norm2[h], slack)
+            };
+            // A self-kNN's query visits its own group first: the k-th distance it leaves
+            // rules most other groups out before any are sorted.
+            let own = home.map(|p| (g.start.partition_point(|&st| st <= p) - 1, g.to_leader[p]));
+            if let Some((own, _)) = own {
+                let l = to_leader(own);
+                tally((1, 0));
+                tally(visit(r, qv, me, own, l, &mut best, &mut near));
+            }
+            let others = (0..groups).filter(|&h| Some(h) != own.map(|o| o.0));
+            let others = others.filter(|&h| g.start[h + 1] > g.start[h]);
+            match (own, &between, pd) {
+                (Some((own, mine)), Some(between), None) => {
+                    // The others by the leaders' bound, a leader measured only where that
+                    // bound leaves its group in.
                     let limit = kth(&best);
-                    let mut lb: Vec<(f64, u32)> = (0..groups)
-                        .filter(|&h| h != own && g.start[h + 1] > g.start[h])
+                    let mut lb: Vec<(f64, u32)> = others
                         .filter_map(|h| {
                             let b = between[own * groups + h] as f64 - mine - g.radius[h];
                             (floor(b) <= limit).then_some((b, h as u32))
@@ -812,8 +844,7 @@ fn knn_grouped<T: Coord>(
                             break;
                         }
                         let h = h as usize;
-                        let l = pivot_floor(dot(qv, leader(h)), index.norm2[h], slack)
-                            .max(between[own * groups + h] as f64 - mine);
+                        let l = to_leader(h).max(between[own * groups + h] as f64 - mine);
                         tally((1, 0));
                         if floor(l - g.radius[h]) > limit {
                             continue;
@@ -822,15 +853,21 @@ fn knn_grouped<T: Coord>(
                     }
                 }
                 _ => {
-                    // Every leader measured, the groups by `|q - L_h| - r_h`.
-                    let mut lb: Vec<(f64, f64, u32)> = (0..groups)
-                        .filter(|&h| g.start[h + 1] > g.start[h])
-                        .map(|h| {
-                            let l = pivot_floor(dot(qv, leader(h)), index.norm2[h], slack);
-                            (l - g.radius[h], l, h as u32)
+                    // Every leader measured, the groups by `|q - L_h| - r_h` (with the
+                    // leaders' bound where it is tighter), those the k-th distance so far
+                    // rules out left unsorted.
+                    let limit = kth(&best);
+                    let mut lb: Vec<(f64, f64, u32)> = others
+                        .filter_map(|h| {
+                            let mut l = to_leader(h);
+                            if let (Some((own, mine)), Some(between)) = (own, &between) {
+                                l = l.max(between[own * groups + h] as f64 - mine);
+                            }
+                            let b = l - g.radius[h];
+                            (floor(b) <= limit).then_some((b, l, h as u32))
                         })
                         .collect();
-                    tally((lb.len() as u64, 0));
+                    tally((n_leaders - own.is_some() as u64, 0));
                     lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
                     for &(group_lb, l, h) in &lb {
                         if floor(group_lb) > kth(&best) {
@@ -840,17 +877,21 @@ fn knn_grouped<T: Coord>(
                     }
                 }
             }
-            (best, n_dots, n_exact)
+            (best, n_dots, n_exact, n_leaders)
         };
         // The p-th query: self-kNN's in group order (neighbouring queries visit the same
-        // groups), A ⋈ B's in input order.
-        let query = |p: usize| match &fq {
+        // groups), A ⋈ B's in input order: its row, f32 copy, own row and home.
+        let at = |p: usize| match &fq {
             None => {
                 let r = g.order[p];
                 let qv = &g.rows[p * dim..(p + 1) * dim];
-                (r, search(r as usize, qv, self_knn.then_some(r), Some(p)))
+                (r, qv, self_knn.then_some(r), Some(p))
             }
-            Some(fq) => (p as u32, search(p, &fq[p * dim..(p + 1) * dim], None, None)),
+            Some(fq) => (p as u32, &fq[p * dim..(p + 1) * dim], None, None),
+        };
+        let query = |p: usize, pd: Option<&[f32]>| {
+            let (r, qv, me, home) = at(p);
+            (r, search(r as usize, qv, me, home, pd))
         };
         let rows = nq.len();
         let n = nx.len();
@@ -860,15 +901,23 @@ fn knn_grouped<T: Coord>(
         // products, at GROUPED_DOT_COST each, cost more than the brute force's products
         // per query (half the rows for a self-kNN's symmetric schedule).
         let probe = rows.min(64);
-        let probed: u64 = (0..probe)
+        let (probed, probed_leaders) = (0..probe)
             .into_par_iter()
-            .map(|i| query(i * rows / probe).1 .1)
-            .sum();
+            .map(|i| {
+                let (_, (_, d, _, l)) = query(i * rows / probe, None);
+                (d, l)
+            })
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         let brute = if self_knn { n as f64 / 2.0 } else { n as f64 };
         if probed as f64 * GROUPED_DOT_COST > probe as f64 * brute {
             control.check()?;
             return Ok(None);
         }
+        // Where queries measure more than a few of the leaders (loose clusters: most are
+        // in reach of the k-th distance), every query's products with all of them are taken
+        // in blocks, two queries at a time, at a fraction of the cost of single products.
+        let blocked = (probed_leaders as f64 > probe as f64 * groups as f64 / BLOCKED_SHARE)
+            .then(|| Blocked::new(&index.leaders, dim));
         const CHUNK: usize = 64;
         control.stage("cosine kNN", rows.div_ceil(CHUNK) as u64);
         let found: Vec<Vec<(u32, Neighbours)>> = (0..rows.div_ceil(CHUNK))
@@ -877,14 +926,25 @@ fn knn_grouped<T: Coord>(
                 if control.is_cancelled() {
                     return Vec::new();
                 }
-                let out = (c * CHUNK..((c + 1) * CHUNK).min(rows))
-                    .map(|p| {
-                        let (r, (best, d, e)) = query(p);
+                let span = c * CHUNK..((c + 1) * CHUNK).min(rows);
+                let mut out = Vec::with_capacity(span.len());
+                let mut pd = vec![0.0f32; if blocked.is_some() { 2 * groups } else { 0 }];
+                for p in span.clone().step_by(2) {
+                    // A lone last query is paired with itself.
+                    let p2 = (p + 1).min(span.end - 1);
+                    if let Some(b) = &blocked {
+                        let (a, z) = pd.split_at_mut(groups);
+                        b.dots(at(p).1, at(p2).1, a, z);
+                    }
+                    let twice = p2 != p;
+                    for (half, p) in [(0, p), (1, p2)].into_iter().take(1 + twice as usize) {
+                        let pd = blocked.as_ref().map(|_| &pd[half * groups..][..groups]);
+                        let (r, (best, d, e, _)) = query(p, pd);
                         dots.fetch_add(d, Relaxed);
                         exact.fetch_add(e, Relaxed);
-                        (r, best)
-                    })
-                    .collect();
+                        out.push((r, best));
+                    }
+                }
                 control.advance(1, 0);
                 out
             })
@@ -898,11 +958,15 @@ fn knn_grouped<T: Coord>(
         let per = |v: &AtomicU64| v.load(Relaxed) as f64 / rows.max(1) as f64;
         let note = format!(
             "cosine kNN: grouped leaders index, {groups} groups (leaders' radius {:.3}) over {} \
-             rows; per query {:.0} f32 dot products (leaders included) and {:.1} rule \
+             rows; per query {:.0} f32 dot products (leaders included{}) and {:.1} rule \
              distances on average",
             index.radius,
             n,
             per(&dots),
+            match blocked {
+                Some(_) => ", every leader's in blocks",
+                None => "",
+            },
             per(&exact)
         );
         Ok(Some((ranked, note, rayon::current_num_threads(), built)))

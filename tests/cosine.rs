@@ -662,16 +662,17 @@ fn gpu_grouped_join_matches_the_rule() {
 
 /// The CPU's cosine kNN of `data` (self, or of `query`) at each k of `ks` (each at most
 /// `kmax`) equals the oracle's in indices and distance bits; `grouped(k)` says where the
-/// notes must show the grouped index ran.
+/// notes must show the grouped index ran. Returns each run's notes.
 fn knn_matches_oracle(
     data: &Dataset,
     query: Option<&Dataset>,
     kmax: usize,
     ks: &[usize],
     grouped: impl Fn(usize) -> bool,
-) {
+) -> Vec<String> {
     // The k nearest are the prefix of the kmax nearest (one total order).
     let (idx, dist) = oracle::knn(data, query, kmax, Metric::Cosine);
+    let mut all = Vec::new();
     for &k in ks {
         let what = format!(
             "{}-D {:?} k={k} ab={}",
@@ -702,7 +703,9 @@ fn knn_matches_oracle(
             .map(|(r, c)| got.distance(r, c))
             .collect();
         assert_eq!(d, want_dist, "{what}: distances");
+        all.push(notes);
     }
+    all
 }
 
 /// The kNN through the grouped leaders' index (`cpu/partition.rs`, clustered rows, enough
@@ -715,6 +718,7 @@ fn knn_matches_oracle(
 fn grouped_knn_matches_the_rule() {
     let mut rng = Rng(47);
     let n = 5000;
+    let mut paths = [0usize; 2];
     // 48-D: clusters of about 200 rows and k = 300 beyond them; 32-D: groups of about 90
     // and k = 100 beyond them.
     for (dim, centres, spread, kmax) in [(48usize, 25usize, 0.1, 300usize), (32, 20, 0.2, 100)] {
@@ -742,10 +746,18 @@ fn grouped_knn_matches_the_rule() {
             for query in [None, Some(&query)] {
                 // k beyond a cluster in 48-D (300 of 5,000 rows): the probe may find the
                 // brute force cheaper; the answer must be the same either way.
-                knn_matches_oracle(&data, query, kmax, &ks, |k| k <= 10 || dim == 32);
+                let notes = knn_matches_oracle(&data, query, kmax, &ks, |k| k <= 10 || dim == 32);
+                for n in notes.iter().filter(|n| n.contains("grouped leaders index")) {
+                    // Queries' products with every leader taken in blocks, or one at a time.
+                    paths[n.contains("every leader's in blocks") as usize] += 1;
+                }
             }
         }
     }
+    assert!(
+        paths[0] > 0 && paths[1] > 0,
+        "both ways to the leaders: {paths:?}"
+    );
     // Uniform directions: no clusters, the grouped index declines (the Euclidean path runs).
     let x = directions(&mut rng, n, 24, 40, 5.0);
     let data = Dataset::from_f64(&x, 24).unwrap();

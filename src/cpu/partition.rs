@@ -657,6 +657,38 @@ unsafe fn heads_block_fma(p: &[f32], q: &[f32], blk: &[f32], out: &mut [f32; 2 *
     }
 }
 
+/// Rows stored for products of two rows with every one of them at a time (a query's with
+/// every pivot of the kNN's index): all coordinates in blocks of [`BLOCK`] ([`in_blocks`]),
+/// so that [`heads_block`] reads each block row once for both.
+pub(crate) struct Blocked {
+    blocks: Vec<f32>,
+    rows: usize,
+    dim: usize,
+}
+
+impl Blocked {
+    pub(crate) fn new(rows: &[f32], dim: usize) -> Blocked {
+        Blocked {
+            blocks: in_blocks(rows, dim, dim),
+            rows: rows.len() / dim,
+            dim,
+        }
+    }
+    /// The f32 dot products of `p` and of `q` (`dim` wide) with every row, into `pd` and
+    /// `qd` (a row's each): the same sums as [`dot`]'s in another order, so the same bounds
+    /// hold.
+    pub(crate) fn dots(&self, p: &[f32], q: &[f32], pd: &mut [f32], qd: &mut [f32]) {
+        debug_assert!(pd.len() == self.rows && qd.len() == self.rows);
+        let mut out = [0.0f32; 2 * BLOCK];
+        let blocks = self.blocks.chunks_exact(BLOCK * self.dim);
+        for ((blk, pd), qd) in blocks.zip(pd.chunks_mut(BLOCK)).zip(qd.chunks_mut(BLOCK)) {
+            heads_block(p, q, blk, &mut out);
+            pd.copy_from_slice(&out[..pd.len()]);
+            qd.copy_from_slice(&out[BLOCK..][..qd.len()]);
+        }
+    }
+}
+
 /// The index of the first largest value of `row` (not empty, no NaN): the maximum in eight
 /// lanes (vectorised), then its first position.
 fn argmax(row: &[f32]) -> usize {
