@@ -915,7 +915,7 @@ fn knn_grouped<T: Coord>(
         }
         // Where queries measure more than a few of the leaders (loose clusters: most are
         // in reach of the k-th distance), every query's products with all of them are taken
-        // in blocks, two queries at a time, at a fraction of the cost of single products.
+        // in blocks, four queries at a time, at a fraction of the cost of single products.
         let blocked = (probed_leaders as f64 > probe as f64 * groups as f64 / BLOCKED_SHARE)
             .then(|| Blocked::new(&index.leaders, dim));
         const CHUNK: usize = 64;
@@ -928,17 +928,18 @@ fn knn_grouped<T: Coord>(
                 }
                 let span = c * CHUNK..((c + 1) * CHUNK).min(rows);
                 let mut out = Vec::with_capacity(span.len());
-                let mut pd = vec![0.0f32; if blocked.is_some() { 2 * groups } else { 0 }];
-                for p in span.clone().step_by(2) {
-                    // A lone last query is paired with itself.
-                    let p2 = (p + 1).min(span.end - 1);
+                let mut pd = vec![0.0f32; if blocked.is_some() { 4 * groups } else { 0 }];
+                for p in span.clone().step_by(4) {
+                    // The last query repeated where fewer than four are left.
+                    let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(span.end - 1));
                     if let Some(b) = &blocked {
-                        let (a, z) = pd.split_at_mut(groups);
-                        b.dots(at(p).1, at(p2).1, a, z);
+                        b.dots(four.map(|p| at(p).1), &mut pd);
                     }
-                    let twice = p2 != p;
-                    for (half, p) in [(0, p), (1, p2)].into_iter().take(1 + twice as usize) {
-                        let pd = blocked.as_ref().map(|_| &pd[half * groups..][..groups]);
+                    for (i, p) in four.into_iter().enumerate() {
+                        if i > 0 && p == four[i - 1] {
+                            break;
+                        }
+                        let pd = blocked.as_ref().map(|_| &pd[i * groups..][..groups]);
                         let (r, (best, d, e, _)) = query(p, pd);
                         dots.fetch_add(d, Relaxed);
                         exact.fetch_add(e, Relaxed);

@@ -657,9 +657,66 @@ unsafe fn heads_block_fma(p: &[f32], q: &[f32], blk: &[f32], out: &mut [f32; 2 *
     }
 }
 
-/// Rows stored for products of two rows with every one of them at a time (a query's with
+/// Whether [`heads_block4`] runs its AVX-512 kernel (as the kNN filter's `Kernel::detect`
+/// chooses: built by Rust >= 1.89, the CPU has AVX-512F, SIMJOIN_NO_AVX512 unset).
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+fn avx512() -> bool {
+    use super::dot_filter::Kernel;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| Kernel::detect() == Kernel::Avx512)
+}
+
+/// [`heads_block`] for four rows (`out[i * BLOCK + l]`: row i's product with block row l):
+/// with AVX-512, each block row is loaded once for the four; else two [`heads_block`]s.
+/// Every lane sums its coordinates in order with fused multiply-adds either way, so the
+/// products are the same.
+#[inline]
+fn heads_block4(r: [&[f32]; 4], blk: &[f32], out: &mut [f32; 4 * BLOCK]) {
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if avx512() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { heads_block4_avx512(r, blk, out) };
+    }
+    let (a, b) = out.split_at_mut(2 * BLOCK);
+    heads_block(r[0], r[1], blk, a.try_into().expect("2 * BLOCK"));
+    heads_block(r[2], r[3], blk, b.try_into().expect("2 * BLOCK"));
+}
+
+/// [`heads_block4`] with 512-bit fused multiply-adds: eight accumulators of sixteen lanes
+/// (a block row in two registers, four rows), enough to hide the multiply-add's latency.
+///
+/// # Safety
+/// AVX-512F must be available.
+// Built only by compilers that have these intrinsics (build.rs sets simjoin_avx512).
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn heads_block4_avx512(r: [&[f32]; 4], blk: &[f32], out: &mut [f32; 4 * BLOCK]) {
+    use std::arch::x86_64::*;
+    let n = r.iter().fold(blk.len() / BLOCK, |n, x| n.min(x.len()));
+    let mut acc = [_mm512_setzero_ps(); 8];
+    for c in 0..n {
+        // SAFETY: c < n: within every row of `r` and the block's row c * BLOCK ..
+        // (c + 1) * BLOCK (BLOCK = 32 floats: two loads of 16).
+        unsafe {
+            let row = blk.as_ptr().add(c * BLOCK);
+            let (lo, hi) = (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)));
+            for i in 0..4 {
+                let x = _mm512_set1_ps(*r[i].get_unchecked(c));
+                acc[2 * i] = _mm512_fmadd_ps(x, lo, acc[2 * i]);
+                acc[2 * i + 1] = _mm512_fmadd_ps(x, hi, acc[2 * i + 1]);
+            }
+        }
+    }
+    for (j, a) in acc.into_iter().enumerate() {
+        // SAFETY: `out` holds 4 * BLOCK = 128 floats: lanes 16 j .. 16 j + 16 are within.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * j), a) };
+    }
+}
+
+/// Rows stored for products of four rows with every one of them at a time (queries' with
 /// every pivot of the kNN's index): all coordinates in blocks of [`BLOCK`] ([`in_blocks`]),
-/// so that [`heads_block`] reads each block row once for both.
+/// so that [`heads_block4`] reads each block row once for the four.
 pub(crate) struct Blocked {
     blocks: Vec<f32>,
     rows: usize,
@@ -674,17 +731,19 @@ impl Blocked {
             dim,
         }
     }
-    /// The f32 dot products of `p` and of `q` (`dim` wide) with every row, into `pd` and
-    /// `qd` (a row's each): the same sums as [`dot`]'s in another order, so the same bounds
-    /// hold.
-    pub(crate) fn dots(&self, p: &[f32], q: &[f32], pd: &mut [f32], qd: &mut [f32]) {
-        debug_assert!(pd.len() == self.rows && qd.len() == self.rows);
-        let mut out = [0.0f32; 2 * BLOCK];
-        let blocks = self.blocks.chunks_exact(BLOCK * self.dim);
-        for ((blk, pd), qd) in blocks.zip(pd.chunks_mut(BLOCK)).zip(qd.chunks_mut(BLOCK)) {
-            heads_block(p, q, blk, &mut out);
-            pd.copy_from_slice(&out[..pd.len()]);
-            qd.copy_from_slice(&out[BLOCK..][..qd.len()]);
+    /// The f32 dot products of each of `r` (`dim` wide) with every row, into `out` (row
+    /// i's at `out[i * rows..]`): the same sums as [`dot`]'s in another order, so the same
+    /// bounds hold.
+    pub(crate) fn dots(&self, r: [&[f32]; 4], out: &mut [f32]) {
+        let n = self.rows;
+        assert_eq!(out.len(), 4 * n, "four rows of products");
+        let mut four = [0.0f32; 4 * BLOCK];
+        for (b, blk) in self.blocks.chunks_exact(BLOCK * self.dim).enumerate() {
+            heads_block4(r, blk, &mut four);
+            let width = BLOCK.min(n - b * BLOCK);
+            for i in 0..4 {
+                out[i * n + b * BLOCK..][..width].copy_from_slice(&four[i * BLOCK..][..width]);
+            }
         }
     }
 }
@@ -738,8 +797,8 @@ fn nearest_leaders(
     let rest = &rest[..];
     let leader = |j: usize| &leaders[j * dim..(j + 1) * dim];
     // A tile's vectors meet each block of leaders in turn (the block stays in the L1 cache
-    // for the tile, the tile's vectors in L2), two vectors at a time (a lone last one is
-    // paired with itself); each vector's head products fill its row of `rows`.
+    // for the tile, the tile's vectors in L2), four vectors at a time (the last ones
+    // repeated where fewer are left); each vector's head products fill its row of `rows`.
     const TILE: usize = 64;
     let nearest: Vec<(u32, f32)> = x
         .par_chunks(TILE * dim)
@@ -751,14 +810,15 @@ fn nearest_leaders(
             }
             let width = blocks * BLOCK;
             let mut rows = vec![0.0f32; m * width];
-            let mut pair = [0.0f32; 2 * BLOCK];
+            let mut four = [0.0f32; 4 * BLOCK];
             for (b, blk) in heads.chunks_exact(BLOCK * pre).enumerate() {
-                for v in (0..m).step_by(2) {
-                    let w = (v + 1).min(m - 1);
-                    let (p, q) = (&tile[v * dim..][..pre], &tile[w * dim..][..pre]);
-                    heads_block(p, q, blk, &mut pair);
-                    rows[v * width + b * BLOCK..][..BLOCK].copy_from_slice(&pair[..BLOCK]);
-                    rows[w * width + b * BLOCK..][..BLOCK].copy_from_slice(&pair[BLOCK..]);
+                for v in (0..m).step_by(4) {
+                    let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
+                    heads_block4(w.map(|w| &tile[w * dim..][..pre]), blk, &mut four);
+                    for (i, w) in w.into_iter().enumerate() {
+                        let out = &four[i * BLOCK..][..BLOCK];
+                        rows[w * width + b * BLOCK..][..BLOCK].copy_from_slice(out);
+                    }
                 }
             }
             if progress {
@@ -1146,7 +1206,7 @@ pub(crate) type Candidates<'a> = dyn Fn(&[Pair], bool) -> anyhow::Result<()> + S
 /// distance, bounded below by their f32 dot product (`dist_floor`), is within the two
 /// groups' radii and eps: with that bound, in order (g, then h). Every pair of leaders'
 /// dot product, taken for a tile of A's leaders against a block of [`BLOCK`] leaders at a
-/// time ([`heads_block`] over all coordinates; any f32 order is within the slack): each
+/// time ([`heads_block4`] over all coordinates; any f32 order is within the slack): each
 /// block is read once a tile, from the cache, not once a leader.
 #[allow(clippy::too_many_arguments)]
 fn group_pairs(
@@ -1159,7 +1219,7 @@ fn group_pairs(
     slack: f64,
     control: &Control,
 ) -> Vec<(u32, u32, f64)> {
-    /// A's leaders a tile (pairs of them go through `heads_block` together).
+    /// A's leaders a tile (four of them go through `heads_block4` together).
     const TILE: usize = 16;
     let k = lead.len() / dim;
     let blocks = in_blocks(lead, dim, dim);
@@ -1174,14 +1234,16 @@ fn group_pairs(
             if control.is_cancelled() {
                 return kept.into_iter().flatten();
             }
-            let mut out = [0.0f32; 2 * BLOCK];
+            let mut out = [0.0f32; 4 * BLOCK];
             let first = if self_join { rows.start / BLOCK } else { 0 };
             for (bk, blk) in blocks.chunks_exact(BLOCK * dim).enumerate().skip(first) {
-                for g in rows.clone().step_by(2) {
-                    let g2 = (g + 1).min(rows.end - 1);
-                    heads_block(leader(g), leader(g2), blk, &mut out);
-                    for (gi, half) in [(g, 0), (g2, BLOCK)] {
-                        if (half == BLOCK && g2 == g) || size(ga, gi) == 0 {
+                for g in rows.clone().step_by(4) {
+                    // The last leader repeated where fewer than four are left.
+                    let four = [g, g + 1, g + 2, g + 3].map(|g| g.min(rows.end - 1));
+                    heads_block4(four.map(leader), blk, &mut out);
+                    for (i, gi) in four.into_iter().enumerate() {
+                        let at = i * BLOCK;
+                        if (i > 0 && gi == four[i - 1]) || size(ga, gi) == 0 {
                             continue;
                         }
                         for l in 0..BLOCK.min(k - bk * BLOCK) {
@@ -1192,7 +1254,7 @@ fn group_pairs(
                             let reach = ga.radius[gi] + gb.radius[h] + eps * (1.0 + 1e-9);
                             // Most pairs are far: ruled out in squares first (no root),
                             // with room for the root's rounding; the rest by the bound.
-                            let d = out[half + l];
+                            let d = out[at + l];
                             let sq = 2.0 - 2.0 * d as f64 - 2.0 * slack;
                             if gi != h && sq > reach * reach * (1.0 + 1e-9) {
                                 continue;
@@ -1350,6 +1412,40 @@ mod tests {
                             "dim {dim}, k {k}, vector {i}: {mine} < {best}"
                         );
                     }
+                }
+            }
+        }
+    }
+
+    /// [`Blocked::dots`] (and so [`heads_block4`], on the widest kernel the CPU has) gives
+    /// each row's product with every row of a partial last block, in its place: each lane a
+    /// sum in coordinate order, fused where the CPU has FMA, as [`heads_block`] sums.
+    #[test]
+    fn blocked_products_are_each_lanes_ordered_sum() {
+        let fused = {
+            #[cfg(target_arch = "x86_64")]
+            {
+                fma()
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        };
+        for (dim, n) in [(7usize, 1usize), (40, 33), (96, 70)] {
+            let rows = vectors(dim as u64, n, dim, 3, false);
+            let queries = vectors(dim as u64 + 1, 4, dim, 3, false);
+            let q: [&[f32]; 4] = std::array::from_fn(|i| &queries[i * dim..(i + 1) * dim]);
+            let mut out = vec![f32::NAN; 4 * n];
+            Blocked::new(&rows, dim).dots(q, &mut out);
+            for (i, q) in q.iter().enumerate() {
+                for (j, r) in rows.chunks_exact(dim).enumerate() {
+                    let want = q.iter().zip(r).fold(0.0f32, |s, (&a, &b)| match fused {
+                        true => a.mul_add(b, s),
+                        false => s + a * b,
+                    });
+                    let got = out[i * n + j];
+                    assert_eq!(got.to_bits(), want.to_bits(), "dim {dim}: {i} x {j}");
                 }
             }
         }
