@@ -630,6 +630,18 @@ fn rule_floor(apart: f64, dim: usize, u: f64, min: f64) -> f64 {
     }
 }
 
+/// At least every `apart` whose [`rule_floor`] is within `limit` (it is non-decreasing), so
+/// that a search can rule rows out by comparing distances, and dot products, before
+/// taking the floor (a root and more) of each: the inverse of the floor, widened for its
+/// own rounding. Infinite where `limit` is.
+fn rule_reach(limit: f64, dim: usize, u: f64, min: f64) -> f64 {
+    let d = dim as f64;
+    let u64_ = f64::EPSILON / 2.0;
+    let copy = 2.0 * u + (d + 4.0) * u64_ + d.sqrt() * min;
+    let l2 = 2.0 * (limit + knn_delta(dim)) / (1.0 - 4.0 * u64_);
+    (2.0 * copy + l2.max(0.0).sqrt()) * (1.0 + 1e-9) + 1e-12
+}
+
 /// Offers `c` (distance, index) to `best`, the k nearest so far in the kNN's order
 /// (distance, then index), kept sorted.
 fn offer(best: &mut Vec<(f64, u32)>, k: usize, c: (f64, u32)) {
@@ -756,13 +768,16 @@ fn knn_grouped<T: Coord>(
                      near: &mut Vec<(f64, u32)>|
          -> (u64, u64) {
             let limit = kth(best);
+            // Members farther than `reach` (by the leader's bound) or with a product below
+            // `least` (at least `reach` apart by `dist_floor`, which the margin covers) have
+            // a floor above the limit: ruled out without one.
+            let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
+            let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
             near.clear();
             // The members left in, then their dot products four at a time (`dot4`).
             near.extend(
                 (g.start[h]..g.start[h + 1])
-                    .filter(|&s| {
-                        floor(to_leader - g.to_leader[s]) <= limit && me != Some(g.order[s])
-                    })
+                    .filter(|&s| to_leader - g.to_leader[s] <= reach && me != Some(g.order[s]))
                     .map(|s| (0.0, s as u32)),
             );
             let row = |s: u32| &g.rows[s as usize * dim..(s as usize + 1) * dim];
@@ -770,15 +785,21 @@ fn knn_grouped<T: Coord>(
             for c in &mut four {
                 let d = dot4(qv, [row(c[0].1), row(c[1].1), row(c[2].1), row(c[3].1)]);
                 for (e, d) in c.iter_mut().zip(d) {
-                    e.0 = dist_floor(d, slack);
+                    e.0 = d as f64;
                 }
             }
             for e in four.into_remainder() {
-                e.0 = dist_floor(dot(qv, row(e.1)), slack);
+                e.0 = dot(qv, row(e.1)) as f64;
             }
-            // Only those the k-th distance so far leaves in are ranked.
+            // Only those the k-th distance so far leaves in are ranked, by their floors.
             let measured = near.len() as u64;
-            near.retain(|e| floor(e.0) <= limit);
+            near.retain_mut(|e| {
+                if e.0 < least {
+                    return false;
+                }
+                e.0 = dist_floor(e.0 as f32, slack);
+                floor(e.0) <= limit
+            });
             near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let mut n_exact = 0;
             for &(a, s) in near.iter() {
@@ -1493,6 +1514,43 @@ mod tests {
     }
 
     /// `up_to` is the least value of T at or above e.
+    /// `rule_reach` is at least the largest distance whose `rule_floor` is within the
+    /// limit (found by bisection: the floor is non-decreasing), and hardly more (so the
+    /// search's early rule-out has an effect), for f32 and f64 copies in 2-1024 dimensions.
+    #[test]
+    fn rule_reach_inverts_the_floor() {
+        let mut next = uniform(17);
+        for dim in [2usize, 16, 384, 1024] {
+            for (u, min) in [
+                (f32::EPSILON as f64 / 2.0, f32::MIN_POSITIVE as f64),
+                (f64::EPSILON / 2.0, f64::MIN_POSITIVE),
+            ] {
+                for _ in 0..2000 {
+                    // Limits from below zero (nothing ranked yet has a floor there) to 2.
+                    let limit = 2.0 * next().powi(3) - 1e-3 * next();
+                    let reach = rule_reach(limit, dim, u, min);
+                    let (mut lo, mut hi) = (0.0f64, 4.0f64);
+                    for _ in 0..200 {
+                        let mid = (lo + hi) / 2.0;
+                        match rule_floor(mid, dim, u, min) <= limit {
+                            true => lo = mid,
+                            false => hi = mid,
+                        }
+                    }
+                    assert!(lo <= reach, "{dim}-D u {u:e} limit {limit}: {lo} > {reach}");
+                    assert!(
+                        reach <= lo * (1.0 + 1e-8) + 1e-11,
+                        "{dim}-D: {reach} >> {lo}"
+                    );
+                    // Points beyond `reach` have floors above the limit.
+                    let beyond = reach * (1.0 + 1e-15) + 1e-300;
+                    assert!(rule_floor(beyond, dim, u, min) > limit, "{dim}-D {limit}");
+                }
+            }
+        }
+        assert_eq!(rule_reach(f64::INFINITY, 8, 1e-8, 0.0), f64::INFINITY);
+    }
+
     #[test]
     fn up_to_rounds_up_to_the_precision() {
         for &e in &[1e-12, 0.1119809780682628, 0.25, 1.0 / 3.0, 1.9999999] {
