@@ -1513,7 +1513,6 @@ mod tests {
         assert!(seen.0 > 2000 && seen.1 > 100, "{seen:?}");
     }
 
-    /// `up_to` is the least value of T at or above e.
     /// `rule_reach` is at least the largest distance whose `rule_floor` is within the
     /// limit (found by bisection: the floor is non-decreasing), and hardly more (so the
     /// search's early rule-out has an effect), for f32 and f64 copies in 2-1024 dimensions.
@@ -1551,6 +1550,7 @@ mod tests {
         assert_eq!(rule_reach(f64::INFINITY, 8, 1e-8, 0.0), f64::INFINITY);
     }
 
+    /// `up_to` is the least value of T at or above e.
     #[test]
     fn up_to_rounds_up_to_the_precision() {
         for &e in &[1e-12, 0.1119809780682628, 0.25, 1.0 / 3.0, 1.9999999] {
