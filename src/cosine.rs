@@ -619,10 +619,8 @@ fn knn_delta(dim: usize) -> f64 {
 /// roundings (a few u64) are covered by the `1 - 4 u64` and the copies' generous error.
 /// Non-decreasing in `apart`; -inf where it proves nothing.
 fn rule_floor(apart: f64, dim: usize, u: f64, min: f64) -> f64 {
-    let d = dim as f64;
     let u64_ = f64::EPSILON / 2.0;
-    let copy = 2.0 * u + (d + 4.0) * u64_ + d.sqrt() * min;
-    let l = apart - 2.0 * copy;
+    let l = apart - 2.0 * copy_error(dim, u, min);
     if l <= 0.0 {
         f64::NEG_INFINITY
     } else {
@@ -635,11 +633,17 @@ fn rule_floor(apart: f64, dim: usize, u: f64, min: f64) -> f64 {
 /// taking the floor (a root and more) of each: the inverse of the floor, widened for its
 /// own rounding. Infinite where `limit` is.
 fn rule_reach(limit: f64, dim: usize, u: f64, min: f64) -> f64 {
-    let d = dim as f64;
     let u64_ = f64::EPSILON / 2.0;
-    let copy = 2.0 * u + (d + 4.0) * u64_ + d.sqrt() * min;
     let l2 = 2.0 * (limit + knn_delta(dim)) / (1.0 - 4.0 * u64_);
-    (2.0 * copy + l2.max(0.0).sqrt()) * (1.0 + 1e-9) + 1e-12
+    (2.0 * copy_error(dim, u, min) + l2.max(0.0).sqrt()) * (1.0 + 1e-9) + 1e-12
+}
+
+/// How far a normalised copy can lie from its real unit vector ([`rule_floor`]'s
+/// derivation): rounding to a precision of unit roundoff `u`, the f64 norm and division,
+/// underflow below `min`.
+fn copy_error(dim: usize, u: f64, min: f64) -> f64 {
+    let d = dim as f64;
+    2.0 * u + (d + 4.0) * (f64::EPSILON / 2.0) + d.sqrt() * min
 }
 
 /// Offers `c` (distance, index) to `best`, the k nearest so far in the kNN's order
@@ -668,7 +672,8 @@ const GROUPED_DOT_COST: f64 = 8.0;
 
 /// A kNN's queries take their products with every leader in blocks (`partition::Blocked`)
 /// where the probe's queries measure more than 1 / BLOCKED_SHARE of the leaders one at a
-/// time: a blocked product costs about a third of a single one (measured below).
+/// time: a blocked product cost about a third of a single one (15 G against 5 G
+/// multiply-adds a CPU second in a profile of dups-384d's search, AVX2; bench/EMBED_RESULTS.md).
 const BLOCKED_SHARE: f64 = 3.0;
 
 /// Each query's k nearest rows by the rule (ties by index) through the grouped index of
@@ -723,6 +728,7 @@ fn knn_grouped<T: Coord>(
         let slack = dot_slack(dim);
         let u32_ = f32::EPSILON as f64 / 2.0;
         let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
+        let reach = |limit: f64| rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
         let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
         let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
         let kth = |best: &Vec<(f64, u32)>| {
@@ -771,7 +777,7 @@ fn knn_grouped<T: Coord>(
             // Members farther than `reach` (by the leader's bound) or with a product below
             // `least` (at least `reach` apart by `dist_floor`, which the margin covers) have
             // a floor above the limit: ruled out without one.
-            let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
+            let reach = reach(limit);
             let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
             near.clear();
             // The members left in, then their dot products four at a time (`dot4`).
