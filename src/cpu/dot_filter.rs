@@ -69,7 +69,7 @@ struct PackedLeaf {
     offset: usize,
     /// Points in the leaf.
     len: usize,
-    /// Column length: `len` rounded up so that whole ROWS and COLS tiles can be read.
+    /// Column length: `len` rounded up so that whole ROWS and 2 COLS tiles can be read.
     stride: usize,
     /// Largest centring error bound c_p and largest n2 among the leaf's points.
     max_err: f64,
@@ -89,10 +89,11 @@ impl FilterPoints {
         let mut packed: Vec<PackedLeaf> = leaves
             .iter()
             .map(|r| {
+                // Whole tiles of the widest kernel (2 COLS candidates) can be read.
                 let stride = r
                     .len()
                     .next_multiple_of(ROWS)
-                    .max(r.len().next_multiple_of(COLS));
+                    .max(r.len().next_multiple_of(2 * COLS));
                 let leaf = PackedLeaf {
                     offset,
                     len: r.len(),
@@ -399,7 +400,7 @@ pub(crate) fn survivors(
     c: &Block,
     dim: usize,
     g: &[f32],
-    fma: bool,
+    kernel: Kernel,
     q_live: &[u64],
     c_live: &[u64],
     mut keep: impl FnMut(usize, usize, u16),
@@ -412,12 +413,19 @@ pub(crate) fn survivors(
         q: q_live,
         c: c_live,
     };
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if kernel == Kernel::Avx512 && c.readable(dim, WIDE) {
+        // SAFETY: avx512f was detected at run time (Kernel::detect); q was checked above,
+        // c just now for tiles of WIDE candidates.
+        return unsafe { survivors_avx512(q, c, dim, g, &live, &mut keep) };
+    }
     #[cfg(target_arch = "x86_64")]
-    if fma {
-        // SAFETY: avx2 and fma were detected at run time; the blocks were checked above.
+    if kernel != Kernel::Portable {
+        // SAFETY: avx2 and fma were detected at run time (Kernel::detect; Avx512 implies
+        // them); the blocks were checked above.
         return unsafe { survivors_fma(q, c, dim, g, &live, &mut keep) };
     }
-    let _ = fma;
+    let _ = kernel;
     survivors_portable(q, c, dim, g, &live, &mut keep)
 }
 
@@ -445,6 +453,12 @@ impl Live<'_> {
     #[inline(always)]
     fn cols(&self, j0: usize) -> u32 {
         Self::bits(self.c, j0, COLS)
+    }
+    /// The live bits of `count` (<= 32) candidates from j0.
+    #[cfg_attr(not(simjoin_avx512), allow(dead_code))]
+    #[inline(always)]
+    fn cols_n(&self, j0: usize, count: usize) -> u32 {
+        Self::bits(self.c, j0, count)
     }
 }
 
@@ -566,6 +580,77 @@ unsafe fn survivors_fma(
     }
 }
 
+/// `survivors_fma` in 512-bit registers: tiles of ROWS queries and WIDE candidates (12
+/// accumulators of 16 lanes), F formed as there; each half of a tile is reported as the
+/// COLS-wide tile it is to `keep`.
+// Built only by compilers that have these intrinsics (build.rs sets simjoin_avx512 from
+// Rust 1.89), so the MSRV lint does not apply.
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn survivors_avx512(
+    q: &Block,
+    c: &Block,
+    dim: usize,
+    g: &[f32],
+    live: &Live,
+    keep: &mut impl FnMut(usize, usize, u16),
+) {
+    use std::arch::x86_64::*;
+    let two = _mm512_set1_ps(2.0);
+    let mut i0 = 0;
+    while i0 < q.len {
+        let rows = live.rows(i0);
+        let mut j0 = 0;
+        while rows != 0 && j0 < c.len {
+            // Candidates j0.. that exist and are live, bit l for candidate j0 + l.
+            let n = WIDE.min(c.len - j0);
+            let cols = live.cols_n(j0, n);
+            if cols == 0 {
+                j0 += WIDE;
+                continue;
+            }
+            let mut acc = [[_mm512_setzero_ps(); 2]; ROWS];
+            let mut qp = q.cols.as_ptr().add(i0);
+            let mut cp = c.cols.as_ptr().add(j0);
+            for _ in 0..dim {
+                let b0 = _mm512_loadu_ps(cp);
+                let b1 = _mm512_loadu_ps(cp.add(16));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*qp.add(r));
+                    acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+                }
+                qp = qp.add(q.stride);
+                cp = cp.add(c.stride);
+            }
+            let cn0 = _mm512_loadu_ps(c.n2.as_ptr().add(j0));
+            let cn1 = _mm512_loadu_ps(c.n2.as_ptr().add(j0 + 16));
+            for (r, acc) in acc.iter().enumerate().take(q.len - i0) {
+                if rows >> r & 1 == 0 {
+                    continue;
+                }
+                let qn = _mm512_set1_ps(*q.n2.get_unchecked(i0 + r));
+                let gv = _mm512_set1_ps(if g.len() == 1 { g[0] } else { g[i0 + r] });
+                let f0 = _mm512_fnmadd_ps(two, acc[0], _mm512_add_ps(qn, cn0));
+                let f1 = _mm512_fnmadd_ps(two, acc[1], _mm512_add_ps(qn, cn1));
+                // "not greater than, unordered true": a NaN is kept.
+                let m0 = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(f0, gv) as u32;
+                let m1 = _mm512_cmp_ps_mask::<_CMP_NGT_UQ>(f1, gv) as u32;
+                let mask = (m0 | m1 << 16) & cols;
+                for half in 0..2 {
+                    let m = (mask >> (half * COLS)) as u16;
+                    if m != 0 {
+                        keep(i0 + r, j0 + half * COLS, m);
+                    }
+                }
+            }
+            j0 += WIDE;
+        }
+        i0 += ROWS;
+    }
+}
+
 /// The kNN form of `survivors`, for one query per row with its own cutoff: `q` holds the
 /// queries' copies times -2 (exact: a power of two, and copies hold no subnormals), so each
 /// tile's accumulators start at the candidates' n_b and sum -2 x~_a.x~_b onto them: F - n_a,
@@ -635,7 +720,7 @@ pub(crate) struct ColumnTest<'a> {
     pub cut: &'a [f32],
 }
 
-/// Candidates per tile of the AVX-512 kernel (two 16-lane registers).
+/// Candidates per tile of the AVX-512 kernels (two 16-lane registers).
 #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
 const WIDE: usize = 2 * COLS;
 
@@ -919,12 +1004,13 @@ pub(crate) fn fma_available() -> bool {
 mod tests {
     use super::*;
 
-    /// Both kernels report exactly the pairs whose F (computed in f64 here) is clearly
-    /// below g, never one clearly above, on blocks with ragged edges.
+    /// Every kernel (portable, AVX2, AVX-512 where the CPU has it) reports the live pairs
+    /// whose F (computed in f64 here) is clearly below g, never one clearly above nor one
+    /// of a dead query or candidate, on blocks with ragged edges.
     #[test]
     fn kernels_agree_with_f64_expansion() {
         let dim = 19;
-        let (nq, nc) = (13, 37);
+        let (nq, nc) = (13usize, 37usize);
         let mut seed = 7u64;
         let mut rnd = || {
             seed = seed
@@ -932,7 +1018,8 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             ((seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
-        let (qs, cs) = (nq + ROWS, nc + COLS);
+        // Candidates' columns as the join packs them (whole tiles of 2 COLS readable).
+        let (qs, cs) = (nq + ROWS, nc.next_multiple_of(2 * COLS));
         let mut qcols = vec![0.0f32; qs * dim];
         let mut ccols = vec![0.0f32; cs * dim];
         for k in 0..dim {
@@ -968,26 +1055,52 @@ mod tests {
                 .sum()
         };
         let g = 2.6f32;
-        for fma in [false, fma_available()] {
+        let mut kernels = vec![Kernel::Portable];
+        if fma_available() {
+            kernels.push(Kernel::Fma);
+        }
+        if Kernel::detect() == Kernel::Avx512 {
+            kernels.push(Kernel::Avx512);
+        }
+        // Every query and candidate live, then some of each (the kernels skip the others).
+        let some = (0b1011_0110_1101u64, 0x0F0F_3C3C_A5A5_FF00u64);
+        for (kernel, (q_live, c_live)) in
+            kernels.into_iter().flat_map(|k| [(k, (!0, !0)), (k, some)])
+        {
             let mut kept = vec![false; nq * nc];
-            survivors(&q, &c, dim, &[g], fma, &[!0], &[!0], |i, j0, mut mask| {
-                while mask != 0 {
-                    let j = j0 + mask.trailing_zeros() as usize;
-                    mask &= mask - 1;
-                    assert!(j < nc && i < nq);
-                    assert!(!kept[i * nc + j], "reported twice");
-                    kept[i * nc + j] = true;
-                }
-            });
+            survivors(
+                &q,
+                &c,
+                dim,
+                &[g],
+                kernel,
+                &[q_live],
+                &[c_live],
+                |i, j0, mut mask| {
+                    while mask != 0 {
+                        let j = j0 + mask.trailing_zeros() as usize;
+                        mask &= mask - 1;
+                        assert!(j < nc && i < nq);
+                        assert!(
+                            q_live >> i & 1 == 1 && c_live >> j & 1 == 1,
+                            "{kernel:?}: dead"
+                        );
+                        assert!(!kept[i * nc + j], "reported twice");
+                        kept[i * nc + j] = true;
+                    }
+                },
+            );
             let (mut inside, mut outside) = (0, 0);
             for i in 0..nq {
                 for j in 0..nc {
                     let d2 = exact(i, j);
-                    if d2 < g as f64 * 0.999 {
-                        assert!(kept[i * nc + j], "fma {fma}: ({i}, {j}) d2 {d2} dropped");
+                    // Pairs of a dead query or candidate are never reported (asserted above).
+                    let live = q_live >> i & 1 == 1 && c_live >> j & 1 == 1;
+                    if d2 < g as f64 * 0.999 && live {
+                        assert!(kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} dropped");
                         inside += 1;
                     } else if d2 > g as f64 * 1.001 {
-                        assert!(!kept[i * nc + j], "fma {fma}: ({i}, {j}) d2 {d2} kept");
+                        assert!(!kept[i * nc + j], "{kernel:?}: ({i}, {j}) d2 {d2} kept");
                         outside += 1;
                     }
                 }

@@ -262,7 +262,7 @@ struct Filter<'a, T> {
     x_leaf: Vec<u32>,
     y_leaf: Vec<u32>,
     bound: FilterBound,
-    fma: bool,
+    kernel: dot_filter::Kernel,
 }
 
 impl<'a, T: Coord> Filter<'a, T> {
@@ -301,7 +301,7 @@ impl<'a, T: Coord> Filter<'a, T> {
             x: fx,
             y: fy,
             bound,
-            fma: dot_filter::fma_available(),
+            kernel: dot_filter::Kernel::detect(),
         })
     }
 }
@@ -519,7 +519,7 @@ impl<T: Coord> Ctx<'_, T> {
             &cand,
             dim,
             &[g],
-            f.fma,
+            f.kernel,
             &q_live,
             &c_live,
             |i, j0, mut mask| {
@@ -756,7 +756,7 @@ pub(crate) fn join<T: Coord, M: MetricKind>(
         notes.push(match &ctx.filter {
             Some(f) => format!(
                 "ego: leaves through the f32 dot-product filter ({}, built in {:.3} s), survivors confirmed exactly",
-                if f.fma { "AVX2+FMA" } else { "portable" },
+                f.kernel.name(),
                 t.elapsed().as_secs_f64()
             ),
             None => "ego: dot-product filter off (data or eps outside its safe range)".to_string(),

@@ -74,7 +74,16 @@ pub(crate) fn choose(a: &Dataset, b: Option<&Dataset>, opts: &JoinOptions) -> Re
     };
     if algorithm == Algorithm::Ego {
         let g = GridGeometry::new(&order, &lo, &hi, opts.eps)?;
-        notes.push(format!("ego: dimension order by variance {:?}", g.dims));
+        // The first few dimensions say what the order is; 384 of them only fill the note.
+        const SHOWN: usize = 8;
+        let more = match g.dims.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            rest => format!(" and {rest} more"),
+        };
+        notes.push(format!(
+            "ego: dimension order by variance {:?}{more}",
+            &g.dims[..g.dims.len().min(SHOWN)]
+        ));
         return Ok(Plan {
             algorithm,
             geometry: Some(g),
