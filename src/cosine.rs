@@ -213,7 +213,10 @@ where
     if let Some(p) = fit.as_ref().filter(|p| p.growth >= PROJECTION_FIRST) {
         return via_projection(p, sink);
     }
-    if auto {
+    // A brute force asked of a device runs in the grouped join's tiles (`Plan::brute`).
+    let brute = opts.algorithm == crate::options::Algorithm::Brute
+        && opts.backend != crate::options::Backend::Cpu;
+    if auto || brute {
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
         let eps32 = widened_eps::<f32>(e, dim);
@@ -224,6 +227,7 @@ where
             cb.as_deref(),
             eps32,
             opts,
+            brute,
             sink.as_deref_mut(),
         )? {
             report
@@ -339,7 +343,9 @@ const AUTO_GROUPED_ON_GPU: bool = false;
 /// comparisons on the device where the join runs on a GPU (`gpu/grouped.rs`), else on the
 /// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread (but
 /// for those past [`sure_dot`]) and passed to `sink`; None (nothing emitted) where the data
-/// show no clusters.
+/// show no clusters. With `brute`, the plan is a blocked brute force (`Plan::brute`: every
+/// pair of rows in the device's tiles), run only on a device (else None).
+#[allow(clippy::too_many_arguments)]
 fn grouped<'d, T: Coord>(
     engine: &Engine,
     rule: &Rule<T>,
@@ -347,6 +353,7 @@ fn grouped<'d, T: Coord>(
     cb: Option<&[T]>,
     eps: f64,
     opts: &JoinOptions,
+    brute: bool,
     sink: Option<&mut (dyn PairSink + 'd)>,
 ) -> Result<Option<JoinReport>> {
     let dim = rule.dim;
@@ -434,8 +441,12 @@ fn grouped<'d, T: Coord>(
                 found
             };
             let t = std::time::Instant::now();
-            let planned =
-                partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign));
+            let planned = match brute {
+                true => Some(Ok(partition::Plan::brute(&fa, fb.as_deref(), dim, eps))),
+                false => {
+                    partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign))
+                }
+            };
             if let Some(secs) = on_device.into_inner().unwrap_or_else(|p| p.into_inner()) {
                 phases
                     .lock()
@@ -455,7 +466,8 @@ fn grouped<'d, T: Coord>(
             plan.sure = sure_dot(rule.e, dim, partition::dot_slack(dim));
             plan.sure_f16 = sure_dot(rule.e, dim, partition::dot_slack_f16(dim));
             let t = std::time::Instant::now();
-            let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
+            let worth =
+                brute || opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
             {
@@ -473,6 +485,9 @@ fn grouped<'d, T: Coord>(
             };
             let (note, backend, device) = match on_device {
                 Some((note, device)) => (note, "gpu", device),
+                // Not on a device (or out of its memory): the brute force asked for runs
+                // in the general join, on the CPU's kernels.
+                None if brute => return Ok(None),
                 None => {
                     let compared = partition::compare(&plan, &opts.control, &emit)?;
                     let threads = rayon::current_num_threads();
@@ -512,7 +527,10 @@ fn grouped<'d, T: Coord>(
         pairs: accepted,
         backend: backend.into(),
         device,
-        algorithm: crate::options::Algorithm::Auto,
+        algorithm: match brute {
+            true => crate::options::Algorithm::Brute,
+            false => crate::options::Algorithm::Auto,
+        },
         batches: 1,
         notes,
         phases: phases.into_inner().unwrap_or_else(|p| p.into_inner()),

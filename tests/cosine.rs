@@ -488,6 +488,78 @@ fn gpu_matches_the_rule() {
     common::assert_no_validation_errors();
 }
 
+/// A brute force asked of the GPU runs in the grouped join's tiles (`Plan::brute`,
+/// lavapipe, validation on): the rule's set exactly, self-join and A ⋈ B, f32 and f64, in
+/// 2-130 dimensions; n = 0, 1, 2; the boundary rows of `boundaries_are_exact` (orthogonal
+/// at eps 1, parallel, opposite); blocks of 1024 rows with a ragged last one (2,100 rows);
+/// a result buffer of one tile's pairs forcing parts to run again (none lost). The notes
+/// prove the tiles ran on the device.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_brute_force_runs_in_tiles() {
+    common::gpu_test_setup();
+    let mut rng = Rng(49);
+    let run = |a: &Dataset, b: &Dataset, eps: f64, capacity: Option<usize>| {
+        let what = format!("{}-D {:?} n {} eps {eps}", a.dim(), a.precision(), a.len());
+        let mut o = cosine(eps, Backend::Gpu, Algorithm::Brute);
+        o.result_buffer_pairs = capacity;
+        let got = engine().self_join(a, &o).unwrap();
+        let notes = got.report.notes.join("; ");
+        assert!(
+            notes.contains("blocked brute force") && notes.contains("on the GPU: "),
+            "{what}: {notes}"
+        );
+        assert_eq!(got.report.backend, "gpu", "{what}");
+        let want = oracle::self_join(a, Metric::Cosine, eps);
+        assert_eq!(got.pairs().unwrap(), &want[..], "{what} {capacity:?}");
+        let ab = engine().join(a, b, &o).unwrap();
+        let want_ab = oracle::join(a, b, Metric::Cosine, eps);
+        assert_eq!(ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
+        (want.len(), notes)
+    };
+    for (dim, n, spread, eps) in [
+        (2usize, 2100usize, 0.05, 0.002),
+        (17, 700, 0.2, 0.05),
+        (130, 400, 0.5, 0.1),
+    ] {
+        let x = directions(&mut rng, n, dim, 6, spread);
+        let y = directions(&mut rng, n / 3, dim, 6, spread);
+        let (x32, y32) = (as_f32(&x), as_f32(&y));
+        let f64s = (
+            Dataset::from_f64(&x, dim).unwrap(),
+            Dataset::from_f64(&y, dim).unwrap(),
+        );
+        let f32s = (
+            Dataset::from_f32(&x32, dim).unwrap(),
+            Dataset::from_f32(&y32, dim).unwrap(),
+        );
+        for (a, b) in [&f64s, &f32s] {
+            let (pairs, _) = run(a, b, eps, None);
+            assert!(pairs > 100, "{dim}-D: {pairs} pairs");
+        }
+        // Candidates dense enough that one tile's pairs overflow the buffer.
+        let (_, notes) = run(&f32s.0, &f32s.1, eps * 20.0, Some(1024));
+        assert!(
+            notes.contains("run again after a full result buffer"),
+            "{dim}-D: {notes}"
+        );
+    }
+    // n = 0, 1, 2 and the boundary rows.
+    let x: Vec<f64> = vec![
+        1.0, 0.0, 0.0, 1.0, 1.0, 1e-9, 1.0, -1e-9, -3.0, 0.0, 0.0, -2.0, 5.0, 0.0,
+    ];
+    let x32 = as_f32(&x);
+    for rows in [0usize, 1, 2, 7] {
+        let a = Dataset::from_f64(&x[..2 * rows], 2).unwrap();
+        let a32 = Dataset::from_f32(&x32[..2 * rows], 2).unwrap();
+        for eps in [1.0, 1e-12, 0.5, 2.0, 2.5] {
+            run(&a, &a, eps, None);
+            run(&a32, &a32, eps, None);
+        }
+    }
+    common::assert_no_validation_errors();
+}
+
 /// From a grouped join's notes: the candidates passed on unconfirmed (their products
 /// reached `cosine::sure_dot`) and the candidates in all.
 fn sure_of(notes: &str) -> (u64, u64) {

@@ -8,8 +8,9 @@
 #      dispatch, not 832) and the first batches sized to fit: the grouped cosine join on
 #      clustered, near-duplicate and uniform embeddings at 100k and clustered at 1M, in a
 #      fresh process (CLI) and on an engine kept open (gpu_join_bench --npy, the runs after
-#      the first), with the phases, against the CPU backend and PyTorch on the same GPU (no
-#      GPU brute force: measured on 2026-11-28);
+#      the first), with the phases, against the CPU backend and PyTorch on the same GPU;
+#      on uniform data also the brute force in the grouped join's tiles (`--algorithm
+#      brute`, Plan::brute, 2026-11-29) against the general join `auto` falls back to;
 #   3. low dimensions at 2M (simjoin GPU, CPU, auto, GDS-Join), while time is left.
 # Rehearse here first (lavapipe; it unpacks the binaries into .device/, pack again after):
 #   bash bench/device/pack.sh && OUT=/tmp/devout VK_DRIVER_FILES=/usr/share/vulkan/icd.d/lvp_icd.x86_64.json \
@@ -18,7 +19,7 @@
 budget=440
 source "$(dirname "$0")/steps.sh"
 step env TEST_TIMEOUT=$(pick 300 160) TEST_JOBS=$(pick 2 8) bash $run tests
-step env COSINE_TIMEOUT=$(pick 60 45) COSINE_NO_BRUTE=1 COSINE_WARM_REPEAT=2 bash $run cosine
+step env COSINE_TIMEOUT=$(pick 60 45) COSINE_WARM_REPEAT=2 bash $run cosine
 step env REPEATS=1 COMPARE_ROWS=1 SIZES=$(pick 20000 2000000) BANDWIDTH_MIB=$(pick 16 1024) bash $run bench low
 cd "$OUT" && tar czf bench.tgz bench-* 2>/dev/null && rm -rf bench-*
 ls -la "$OUT"

@@ -1008,9 +1008,60 @@ pub(crate) struct Plan {
     /// until the caller sets it; `sure_f16` the same for the matrix units' products.
     pub(crate) sure: f32,
     pub(crate) sure_f16: f32,
+    /// A blocked brute force ([`Plan::brute`]): every pair of blocks, every member kept.
+    brute: bool,
 }
 
+/// Rows a block of [`Plan::brute`].
+const BRUTE_BLOCK: usize = 1024;
+
 impl Plan {
+    /// The plan of a blocked brute force of the self-join (`b` None) or A ⋈ B of the unit
+    /// vectors `a`, `b` (f32 copies) within Euclidean distance `eps`: blocks of
+    /// [`BRUTE_BLOCK`] rows in input order, every pair of blocks kept and every member of
+    /// each (no leaders, no bounds). The same floor as [`plan`]'s on the same copies, so a
+    /// device's tiles (`gpu/grouped.rs`) return the same candidates as a brute force of
+    /// every pair; for data where [`plan`] declines (no clusters).
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub(crate) fn brute(a: &[f32], b: Option<&[f32]>, dim: usize, eps: f64) -> Plan {
+        let blocks = |x: &[f32]| {
+            let n = x.len() / dim;
+            let k = n.div_ceil(BRUTE_BLOCK);
+            Groups {
+                order: (0..n as u32).collect(),
+                start: (0..=k).map(|g| (g * BRUTE_BLOCK).min(n)).collect(),
+                rows: x.to_vec(),
+                radius: vec![f64::INFINITY; k],
+                to_leader: vec![0.0; n],
+            }
+        };
+        let ga = blocks(a);
+        let gb = b.map(blocks);
+        let (ka, kb) = (
+            ga.radius.len() as u32,
+            gb.as_ref().unwrap_or(&ga).radius.len() as u32,
+        );
+        let pairs = (0..ka)
+            .flat_map(|g| (if b.is_none() { g } else { 0 }..kb).map(move |h| (g, h, 0.0)))
+            .collect();
+        let slack = dot_slack(dim);
+        Plan {
+            dim,
+            self_join: b.is_none(),
+            eps,
+            radius: f64::INFINITY,
+            lead: Vec::new(),
+            ga,
+            gb,
+            pairs,
+            slack,
+            floor: (1.0 - eps * eps / 2.0 - slack) as f32,
+            sure: f32::INFINITY,
+            sure_f16: f32::INFINITY,
+            brute: true,
+        }
+    }
+
     /// [`Plan::floor`] for dot products taken on a GPU's matrix units from f16 copies
     /// ([`dot_slack_f16`]).
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
@@ -1049,6 +1100,9 @@ impl Plan {
         let same = self.self_join && g == h;
         if same {
             return Some((ra.clone().collect(), ra.collect(), true));
+        }
+        if self.brute {
+            return Some((ra.collect(), rb.collect(), false));
         }
         // A vector within eps of some vector of the other group is within that group's
         // radius plus eps of its leader (triangle inequality): the rest are skipped. The
@@ -1119,6 +1173,13 @@ impl Plan {
 
     /// The report's line on the plan and the vector pairs compared.
     pub(crate) fn note(&self, compared: u64) -> String {
+        if self.brute {
+            return format!(
+                "cosine: blocked brute force, blocks of {BRUTE_BLOCK} rows; {} pairs of blocks, \
+                 {compared} vector pairs compared",
+                self.pairs.len()
+            );
+        }
         let k = self.lead.len() / self.dim;
         format!(
             "cosine: {k} groups around leaders (radius {:.4}); {} of {} pairs of groups compared, {compared} vector pairs",
@@ -1188,6 +1249,7 @@ pub(crate) fn plan(
         floor,
         sure: f32::INFINITY,
         sure_f16: f32::INFINITY,
+        brute: false,
     };
     // Groups wider than eps whose members are mostly within reach of each other prune
     // nothing (no clusters at either radius): the general join does better.
