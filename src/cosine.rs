@@ -453,7 +453,13 @@ fn grouped<'d, T: Coord>(
                     .unwrap_or_else(|p| p.into_inner())
                     .push(("cosine: leaders assigned on the device".into(), secs));
             }
-            phase("cosine: plan (leaders, groups, bounds)", t);
+            phase(
+                match brute {
+                    true => "cosine: plan (blocks of rows)",
+                    false => "cosine: plan (leaders, groups, bounds)",
+                },
+                t,
+            );
             let mut notes: Vec<String> = assigned
                 .into_inner()
                 .unwrap_or_else(|p| p.into_inner())

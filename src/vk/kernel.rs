@@ -214,7 +214,7 @@ impl Context {
         check()?;
         let (tx, rx) = std::sync::mpsc::channel();
         let (ctx, owned_name, owned_spec) = (self.clone(), name.to_string(), spec.clone());
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("simjoin-compile".into())
             .spawn(move || {
                 // The receiver is gone when the caller stopped: the cache keeps the kernel.
@@ -228,7 +228,14 @@ impl Context {
             })?;
         loop {
             match rx.recv_timeout(std::time::Duration::from_millis(2)) {
-                Ok(kernel) => return kernel,
+                Ok(kernel) => {
+                    // The thread ends right after sending, but still holds the context:
+                    // joined, so that an engine dropped after this join releases its
+                    // device at once (a loaded machine once saw the context outlive the
+                    // engine, tests/engine_lifecycle.rs).
+                    let _ = thread.join();
+                    return kernel;
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => check()?,
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(Error::new(
