@@ -455,7 +455,7 @@ impl Live<'_> {
         Self::bits(self.c, j0, COLS)
     }
     /// The live bits of `count` (<= 32) candidates from j0.
-    #[cfg_attr(not(simjoin_avx512), allow(dead_code))]
+    #[cfg_attr(not(all(target_arch = "x86_64", simjoin_avx512)), allow(dead_code))]
     #[inline(always)]
     fn cols_n(&self, j0: usize, count: usize) -> u32 {
         Self::bits(self.c, j0, count)
