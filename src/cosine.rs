@@ -213,9 +213,11 @@ where
     if let Some(p) = fit.as_ref().filter(|p| p.growth >= PROJECTION_FIRST) {
         return via_projection(p, sink);
     }
-    // A brute force asked of a device runs in the grouped join's tiles (`Plan::brute`).
+    // A brute force asked of the GPU runs in the grouped join's tiles (`Plan::brute`);
+    // under `auto` it stays where the general join's choice puts it, as grouped plans do
+    // until a GPU measures them (AUTO_GROUPED_ON_GPU).
     let brute = opts.algorithm == crate::options::Algorithm::Brute
-        && opts.backend != crate::options::Backend::Cpu;
+        && opts.backend == crate::options::Backend::Gpu;
     if auto || brute {
         // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
         // which covers the second rounding (module doc).
@@ -472,8 +474,7 @@ fn grouped<'d, T: Coord>(
             plan.sure = sure_dot(rule.e, dim, partition::dot_slack(dim));
             plan.sure_f16 = sure_dot(rule.e, dim, partition::dot_slack_f16(dim));
             let t = std::time::Instant::now();
-            let worth =
-                brute || opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
+            let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
             {

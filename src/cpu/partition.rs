@@ -1037,10 +1037,8 @@ impl Plan {
         };
         let ga = blocks(a);
         let gb = b.map(blocks);
-        let (ka, kb) = (
-            ga.radius.len() as u32,
-            gb.as_ref().unwrap_or(&ga).radius.len() as u32,
-        );
+        let count = |g: &Groups| (g.start.len() - 1) as u32;
+        let (ka, kb) = (count(&ga), count(gb.as_ref().unwrap_or(&ga)));
         let pairs = (0..ka)
             .flat_map(|g| (if b.is_none() { g } else { 0 }..kb).map(move |h| (g, h, 0.0)))
             .collect();
