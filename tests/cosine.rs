@@ -638,6 +638,72 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
     }
 }
 
+/// The leaders' count in a grouped join's notes ("N groups around leaders"), None where
+/// the general join ran.
+fn groups_in(notes: &str) -> Option<usize> {
+    let head = notes.split(" groups around leaders").next()?;
+    if head.len() == notes.len() {
+        return None;
+    }
+    head.rsplit(' ').next()?.parse().ok()
+}
+
+/// A ⋈ B of unequal sides that share clusters: the larger side's sample picks the leaders
+/// whichever side it is (the same groups either way round), the smaller side's vectors in
+/// a cluster the larger one lacks lead groups of their own (more groups than the larger
+/// side's self-join has), and under 256 vectors on the smaller side the general join
+/// runs. The rule's set exactly every time, f32 and f64.
+#[test]
+fn grouped_join_of_unequal_sides_matches_the_rule() {
+    let mut rng = Rng(57);
+    let (dim, eps) = (48usize, 0.02);
+    let big = directions(&mut rng, 5000, dim, 40, 0.08);
+    // The big side's rows nudged (its clusters, pairs across), then 300 of clusters of
+    // their own.
+    let mut small: Vec<f64> = big[..1200 * dim]
+        .iter()
+        .map(|&v| v * (1.0 + 0.02 * rng.normal()))
+        .collect();
+    small.extend(directions(&mut rng, 300, dim, 3, 0.08));
+    let few = &small[1000 * dim..1200 * dim];
+    let (big32, small32, few32) = (as_f32(&big), as_f32(&small), as_f32(few));
+    fn f64s(x: &[f64]) -> Dataset<'_> {
+        Dataset::from_f64(x, 48).unwrap()
+    }
+    fn f32s(x: &[f32]) -> Dataset<'_> {
+        Dataset::from_f32(x, 48).unwrap()
+    }
+    for (a, b, few) in [
+        (f64s(&big), f64s(&small), f64s(few)),
+        (f32s(&big32), f32s(&small32), f32s(&few32)),
+    ] {
+        let what = format!("{:?}", a.precision());
+        let o = cosine(eps, Backend::Cpu, Algorithm::Auto);
+        let own = engine().self_join(&a, &o).unwrap().report.notes.join("; ");
+        let own = groups_in(&own).unwrap_or_else(|| panic!("{what}: {own}"));
+        let mut seen = Vec::new();
+        for (x, y) in [(&a, &b), (&b, &a)] {
+            let want = oracle::join(x, y, Metric::Cosine, eps);
+            assert!(want.len() > 1000, "{what}: {} pairs", want.len());
+            let got = engine().join(x, y, &o).unwrap();
+            let notes = got.report.notes.join("; ");
+            assert_eq!(got.pairs().unwrap(), &want[..], "{what}: {notes}");
+            seen.push(groups_in(&notes).unwrap_or_else(|| panic!("{what}: {notes}")));
+        }
+        assert!(
+            seen[0] == seen[1] && seen[0] > own,
+            "{what}: {seen:?}, own {own}"
+        );
+        for (x, y) in [(&a, &few), (&few, &a)] {
+            let got = engine().join(x, y, &o).unwrap();
+            let notes = got.report.notes.join("; ");
+            assert_eq!(groups_in(&notes), None, "{what}: {notes}");
+            let want = oracle::join(x, y, Metric::Cosine, eps);
+            assert_eq!(got.pairs().unwrap(), &want[..], "{what}: {notes}");
+        }
+    }
+}
+
 /// The grouped join's assignment and comparisons on the GPU (`gpu/grouped.rs`, lavapipe,
 /// validation on):
 /// the rule's set exactly, self-join and A ⋈ B, f32 and f64, pairs, counts and streams; a
@@ -721,6 +787,10 @@ fn gpu_grouped_join_matches_the_rule() {
                     "{what}: {notes_ab}"
                 );
                 assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
+                // The larger side second: its sample picks the leaders.
+                let got_ba = engine().join(&b, &a, &o).unwrap();
+                let want_ba = oracle::join(&b, &a, Metric::Cosine, eps);
+                assert_eq!(got_ba.pairs().unwrap(), &want_ba[..], "{what} B⋈A");
                 let mut sink = simjoin::VecSink::default();
                 engine().self_join_stream(&a, &o, &mut sink).unwrap();
                 let mut streamed = sink.pairs;

@@ -1200,30 +1200,55 @@ pub(crate) fn plan(
     control: &Control,
     assign: Option<&Assign>,
 ) -> Option<crate::error::Result<Plan>> {
-    let na = a.len() / dim;
-    if na < MIN_POINTS || dim < 16 {
+    // The larger side's sample picks the leaders (a few thousand queries against a large
+    // set would miss most of its clusters: its vectors then sat in wide groups, and a
+    // 5,000 x 95,000 join walked 1.6M pairs of groups); it is grouped first.
+    let b_first = b.is_some_and(|b| b.len() > a.len());
+    let (first, other) = match b {
+        Some(b) if b_first => (b, Some(a)),
+        _ => (a, b),
+    };
+    if first.len() / dim < MIN_POINTS || dim < 16 {
+        return None;
+    }
+    // A few queries against a large set: the general join (measured, 95,000 clustered
+    // 384-D vectors against 100-1,000 of the same clusters: both joins about 1 s, most of
+    // it spent on the large side, its sort or its leaders; the grouped one ahead from about
+    // 250; 5,000: 1.3 s against 3.1 s).
+    const SMALL_SIDE: usize = 256;
+    if other.is_some_and(|o| o.len() / dim < SMALL_SIDE) {
         return None;
     }
     // Declined (None) or stopped (the stop).
     let stopped = || control.check().err().map(Err);
     // Where eps is too small for the sample to show clusters at it (near-duplicates),
     // groups of a wider radius still prune: the bounds hold for any groups.
-    let (mut lead, radius) = match leaders(a, dim, eps, control) {
+    let (mut lead, radius) = match leaders(first, dim, eps, control) {
         Some(l) => (l, eps),
-        None => match stepped_leaders(a, dim, control) {
+        None => match stepped_leaders(first, dim, control) {
             Some((l, r)) if r > eps => (l, r),
             _ => return stopped(),
         },
     };
-    let Some(ga) = group(a, dim, &mut lead, radius, true, control, assign) else {
+    let Some(mut g1) = group(first, dim, &mut lead, radius, true, control, assign) else {
         return stopped();
     };
-    let gb = match b {
-        Some(b) => match group(b, dim, &mut lead, radius, false, control, assign) {
+    // The other side's vectors far from every leader may lead new groups too; the first
+    // side's groups of them are empty.
+    let g2 = match other {
+        Some(o) => match group(o, dim, &mut lead, radius, true, control, assign) {
             Some(g) => Some(g),
             None => return stopped(),
         },
         None => None,
+    };
+    let k = lead.len() / dim;
+    let end = *g1.start.last().unwrap_or(&0);
+    g1.start.resize(k + 1, end);
+    g1.radius.resize(k, 0.0);
+    let (ga, gb) = match g2 {
+        Some(g2) if b_first => (g2, Some(g1)),
+        g2 => (g1, g2),
     };
     let gb_ref = gb.as_ref().unwrap_or(&ga);
     // A pair within eps has a.b >= (|a|^2 + |b|^2 - eps^2) / 2 >= 1 - eps^2 / 2 - slack
