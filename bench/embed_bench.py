@@ -14,7 +14,8 @@ eps is a cosine distance (1 - cos); each row's gives 1-100 neighbours per vector
 FAISS is run twice, IndexFlatIP and IndexFlatL2 (on the unit vectors, eps turned into a
 squared Euclidean radius): both exact brute force.
 
-    python3 bench/embed_bench.py [--quick | --large | --huge] [--threads N] [--knn | --dbscan]
+    python3 bench/embed_bench.py [--quick | --large | --huge] [--threads N]
+                                 [--knn | --dbscan | --queries M]
 
 --large: 100,000 vectors (clustered 384-D and 768-D) instead of the 20-50k rows; FAISS's
 brute force then takes minutes a row on 2 cores. --huge: 1,000,000 clustered 384-D vectors,
@@ -192,6 +193,32 @@ def dbscan_rows(work, threads, min_samples=5):
     return out
 
 
+def queries_rows(work, threads, m):
+    """A ⋈ B, the search a user runs against a collection: `m` vectors drawn at random
+    from the workload (the same distribution) against the rest, simjoin.join against FAISS
+    IndexFlatIP.range_search of those queries: (name, queries, collection, dim, eps,
+    pairs, FAISS count differs by, simjoin s, FAISS s)."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    out = []
+    for name, n, dim, centres, spread, eps in work:
+        x = make(name, n, dim, centres, spread)
+        pick = np.random.default_rng(7).permutation(n)
+        q, rest = x[pick[:m]], x[pick[m:]]
+        sj_s, sj = timed(lambda: simjoin.join(q, rest, eps, metric="cosine", threads=threads))
+
+        def flat():
+            index = faiss.IndexFlatIP(dim)
+            index.add(rest)
+            return index.range_search(q, 1.0 - eps)[2]
+
+        fa_s, ids = timed(flat)
+        out.append((name, m, n - m, dim, eps, len(sj), abs(len(ids) - len(sj)), sj_s, fa_s))
+        print(f"{name} {m} queries: simjoin {sj_s:.2f} s, FAISS {fa_s:.2f} s", file=sys.stderr, flush=True)
+    return out
+
+
 def main():
     global simjoin
     import simjoin
@@ -205,6 +232,8 @@ def main():
     ap.add_argument("--only", help="run only the workloads whose name contains this")
     ap.add_argument("--dbscan", action="store_true",
                     help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
+    ap.add_argument("--queries", type=int, metavar="M",
+                    help="A ⋈ B instead of self-joins: M vectors of each workload against the rest")
     args = ap.parse_args()
     if args.only:
         keep = lambda ws: [w for w in ws if args.only in w[0]]  # noqa: E731
@@ -218,6 +247,16 @@ def main():
         for name, n, dim, eps, clusters, sj_s, sk_s, agree in dbscan_rows(work, args.threads):
             print(f"| {name} | {n:,} | {dim} | {eps} | {clusters} | {sj_s:.2f} | {sk_s:.2f} | "
                   f"{sk_s / sj_s:.1f}x | {agree:.4f} |")
+        return
+    if args.queries:
+        work = LARGE if args.large else WORKLOADS
+        print(f"{args.threads} threads for every system; seconds of one run, pairs as NumPy arrays.\n")
+        print("| workload | queries | collection | dims | eps (1 - cos) | pairs | FAISS count differs by "
+              "| simjoin s | FAISS IP s | FAISS / simjoin |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for name, m, rest, dim, eps, pairs, diff, sj_s, fa_s in queries_rows(work, args.threads, args.queries):
+            print(f"| {name} | {m:,} | {rest:,} | {dim} | {eps} | {pairs:,} | {diff} | {sj_s:.2f} | {fa_s:.2f} "
+                  f"| {fa_s / sj_s:.1f}x |")
         return
     if args.knn:
         work = LARGE if args.large else [
