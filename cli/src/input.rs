@@ -110,9 +110,10 @@ fn read_file(path: &Path, column: bool, picks: Option<&[Column]>) -> Result<Poin
     if matches!(ext.as_str(), "csv" | "txt" | "tsv") {
         return read_text(BufReader::new(file), picks);
     }
+    let file_bytes = file.metadata().map_or(u64::MAX, |m| m.len());
     let reader = BufReader::new(file);
     let points = match ext.as_str() {
-        "npy" => read_npy(reader, column)?,
+        "npy" => read_npy(reader, column, file_bytes)?,
         "fvecs" => read_fvecs(reader)?,
         _ => bail!("unknown input format '.{ext}' (expected .npy, .csv, .txt, .parquet or .fvecs)"),
     };
@@ -251,10 +252,10 @@ pub fn extension(path: &Path) -> String {
         .to_ascii_lowercase()
 }
 
-fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
-    use npyz::{DType, TypeChar};
-    let npy = npyz::NpyFile::new(reader).context("not a valid .npy file")?;
-    let mut shape = npy.shape().to_vec();
+fn read_npy(mut reader: impl Read, column: bool, file_bytes: u64) -> Result<Points> {
+    use npyz::{DType, Endianness, TypeChar};
+    let header = npyz::NpyHeader::from_reader(&mut reader).context("not a valid .npy file")?;
+    let mut shape = header.shape().to_vec();
     if column && shape.len() == 1 {
         shape.push(1);
     }
@@ -262,21 +263,54 @@ fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
         bail!("expected a 2-D array (points x dimensions), got shape {shape:?}");
     }
     let (rows, cols) = (usize::try_from(shape[0])?, usize::try_from(shape[1])?);
-    let fortran = npy.order() == npyz::Order::Fortran;
-    let width = match npy.dtype() {
-        DType::Plain(t) if t.type_char() == TypeChar::Float => t.size_field(),
+    let fortran = header.order() == npyz::Order::Fortran;
+    let (width, big_endian) = match header.dtype() {
+        DType::Plain(t) if t.type_char() == TypeChar::Float => {
+            (t.size_field(), t.endianness() == Endianness::Big)
+        }
         other => bail!(
             "unsupported dtype {} (expected float16, float32 or float64)",
             other.descr()
         ),
     };
+    // The header's shape checked against the file's size before the buffer is allocated.
+    let n = rows
+        .checked_mul(cols)
+        .filter(|&n| {
+            (n as u64)
+                .checked_mul(width as u64)
+                .is_some_and(|b| b <= file_bytes)
+        })
+        .with_context(|| {
+            format!(
+                "the .npy file ({file_bytes} bytes) is too short for its header's shape {shape:?}"
+            )
+        })?;
+    // The data section read whole into its final buffer (npyz's element iterator read
+    // 750 MB/s here: 2 s of a 1.5 GB file), bytes swapped where the file's order is not
+    // this machine's.
+    fn bulk<T: bytemuck::Pod + Default>(
+        mut reader: impl Read,
+        n: usize,
+        swap: impl Fn(T) -> T,
+        big_endian: bool,
+    ) -> Result<Vec<T>> {
+        let mut data = vec![T::default(); n];
+        reader
+            .read_exact(bytemuck::cast_slice_mut(&mut data))
+            .context("the .npy file ends before the data its header describes")?;
+        if big_endian != cfg!(target_endian = "big") {
+            data.iter_mut().for_each(|v| *v = swap(*v));
+        }
+        Ok(data)
+    }
     let points = match width {
         // float16: widened exactly to f32, as the library widens its float16 input.
         2 => Points::F32 {
             data: row_major(
-                npy.into_vec::<half::f16>()?
-                    .iter()
-                    .map(|v| v.to_f32())
+                bulk(reader, n, u16::swap_bytes, big_endian)?
+                    .into_iter()
+                    .map(|v| half::f16::from_bits(v).to_f32())
                     .collect(),
                 rows,
                 cols,
@@ -285,11 +319,31 @@ fn read_npy(reader: impl Read, column: bool) -> Result<Points> {
             dim: cols,
         },
         4 => Points::F32 {
-            data: row_major(npy.into_vec::<f32>()?, rows, cols, fortran),
+            data: row_major(
+                bulk(
+                    reader,
+                    n,
+                    |v: f32| f32::from_bits(v.to_bits().swap_bytes()),
+                    big_endian,
+                )?,
+                rows,
+                cols,
+                fortran,
+            ),
             dim: cols,
         },
         8 => Points::F64 {
-            data: row_major(npy.into_vec::<f64>()?, rows, cols, fortran),
+            data: row_major(
+                bulk(
+                    reader,
+                    n,
+                    |v: f64| f64::from_bits(v.to_bits().swap_bytes()),
+                    big_endian,
+                )?,
+                rows,
+                cols,
+                fortran,
+            ),
             dim: cols,
         },
         w => bail!("unsupported float width {w} bytes (expected float16, float32 or float64)"),

@@ -210,11 +210,22 @@ fn npy_f32_f64_and_fortran_order() {
         0.15,
     );
     assert_ne!(want16, want32, "float16's rounding moves some pairs");
+    // Big-endian copies ('>f8', '>f4', '>f2': NumPy writes them on request).
+    for (file, width) in [("f64", 8), ("f32", 4), ("f16", 2)] {
+        let (magic, text, data) = npy_parts(&dir.join(format!("{file}.npy")));
+        let mut out = [&magic[..], text.replacen("'<f", "'>f", 1).as_bytes()].concat();
+        data.chunks_exact(width)
+            .for_each(|v| out.extend(v.iter().rev()));
+        std::fs::write(dir.join(format!("{file}-be.npy")), out).unwrap();
+    }
     for (file, want) in [
         ("f64.npy", &want64),
         ("f32.npy", &want32),
         ("f16.npy", &want16),
         ("fortran.npy", &want64),
+        ("f64-be.npy", &want64),
+        ("f32-be.npy", &want32),
+        ("f16-be.npy", &want16),
     ] {
         stdout_ok(&run(
             &dir,
@@ -237,6 +248,31 @@ fn npy_f32_f64_and_fortran_order() {
         ],
     ));
     assert_eq!(read_npy_pairs(&dir.join("out.npy")), want32);
+    // A file shorter than its header's shape says, and a shape far past the file's size
+    // (refused before any buffer is allocated): clear errors.
+    let (magic, text, data) = npy_parts(&dir.join("f64.npy"));
+    let short = [&magic[..], text.as_bytes(), &data[..data.len() - 8]].concat();
+    std::fs::write(dir.join("short.npy"), short).unwrap();
+    let huge =
+        text.replacen("(300, 4", "(300000000000000, 4", 1)
+            .replacen("            \n", "\n", 1);
+    assert_eq!(huge.len(), text.len(), "{text:?}");
+    let huge = [&magic[..], huge.as_bytes(), &data[..]].concat();
+    std::fs::write(dir.join("huge.npy"), huge).unwrap();
+    for (file, says) in [("short.npy", "ends before"), ("huge.npy", "too short")] {
+        let out = run(&dir, &["self-join", file, "--eps", "0.15"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{file}: {err}");
+    }
+}
+
+/// A version 1.0 .npy file's magic and header length, header text, and data bytes.
+fn npy_parts(path: &Path) -> (Vec<u8>, String, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00");
+    let end = 10 + u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    let text = String::from_utf8(bytes[10..end].to_vec()).unwrap();
+    (bytes[..10].to_vec(), text, bytes[end..].to_vec())
 }
 
 #[test]
