@@ -397,8 +397,10 @@ fn grouped<'d, T: Coord>(
                 _ => Ok(()),
             }
         };
-        // The plan's note first, then what fell back to the CPU; the backend; the device.
-        let compared = || -> Result<Option<(Vec<String>, &'static str, String)>> {
+        // The plan's note first, then what fell back to the CPU; the backend; the device;
+        // whether the plan compared every pair.
+        type Ran = (Vec<String>, &'static str, String, bool);
+        let compared = || -> Result<Option<Ran>> {
             use crate::cpu::partition;
             // The leaders' assignment (rows x leaders dot products) on the device where the
             // join runs on a GPU (under `auto`, see AUTO_GROUPED_ON_GPU).
@@ -455,8 +457,10 @@ fn grouped<'d, T: Coord>(
                     .unwrap_or_else(|p| p.into_inner())
                     .push(("cosine: leaders assigned on the device".into(), secs));
             }
+            // (A few queries against many vectors are compared with all of them.)
+            let blocks = matches!(&planned, Some(Ok(p)) if p.brute);
             phase(
-                match brute {
+                match blocks {
                     true => "cosine: plan (blocks of rows)",
                     false => "cosine: plan (leaders, groups, bounds)",
                 },
@@ -507,7 +511,7 @@ fn grouped<'d, T: Coord>(
             };
             phase("cosine: comparisons and confirmation", t);
             notes.insert(0, note);
-            Ok(Some((notes, backend, device)))
+            Ok(Some((notes, backend, device, plan.brute)))
         };
         let done = compared();
         (
@@ -518,7 +522,7 @@ fn grouped<'d, T: Coord>(
         )
     })?;
     let (done, candidates, accepted, certain) = out;
-    let Some((mut notes, backend, device)) = done? else {
+    let Some((mut notes, backend, device, every_pair)) = done? else {
         // Declined: nothing was emitted.
         return Ok(None);
     };
@@ -534,7 +538,7 @@ fn grouped<'d, T: Coord>(
         pairs: accepted,
         backend: backend.into(),
         device,
-        algorithm: match brute {
+        algorithm: match every_pair {
             true => crate::options::Algorithm::Brute,
             false => crate::options::Algorithm::Auto,
         },

@@ -278,7 +278,7 @@ fn read_npy(mut reader: impl Read, column: bool, file_bytes: u64) -> Result<Poin
         .checked_mul(cols)
         .filter(|&n| {
             (n as u64)
-                .checked_mul(width as u64)
+                .checked_mul(width)
                 .is_some_and(|b| b <= file_bytes)
         })
         .with_context(|| {

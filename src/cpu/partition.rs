@@ -240,10 +240,11 @@ pub(crate) fn pivot_floor(dot: f32, n2: f64, slack: f64) -> f64 {
 /// Groups of vectors: `order` lists the vectors group by group (`start[g]..start[g + 1]`),
 /// `rows` holds them in that order, and `radius[g]` is the largest distance of group g's
 /// vectors from its leader (f64, rounded up).
-pub(crate) struct Groups {
+pub(crate) struct Groups<'x> {
     pub(crate) order: Vec<u32>,
     pub(crate) start: Vec<usize>,
-    pub(crate) rows: Vec<f32>,
+    /// Copies in group order; borrowed where that is the input's order (`Plan::brute`).
+    pub(crate) rows: std::borrow::Cow<'x, [f32]>,
     pub(crate) radius: Vec<f64>,
     /// Each vector's distance from its leader (in `order`'s order), rounded up.
     pub(crate) to_leader: Vec<f64>,
@@ -255,7 +256,7 @@ pub(crate) struct Groups {
 pub(crate) struct Index {
     pub(crate) leaders: Vec<f32>,
     pub(crate) norm2: Vec<f64>,
-    pub(crate) groups: Groups,
+    pub(crate) groups: Groups<'static>,
     /// The leaders' radius (the sample's covering distance).
     pub(crate) radius: f64,
 }
@@ -293,7 +294,7 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
 /// the bounds then prune where a leader's did not. Measured on a 384-D set of 600 loose
 /// clusters (`embed_bench.py`'s dups-384d, 30,000 vectors): radius 0.79 around a leader,
 /// 0.57 around the mean, and the rows a k = 10 query's bounds leave from 13,828 to 199.
-fn recentre(groups: &mut Groups, leaders: &mut [f32], dim: usize) -> Vec<f64> {
+fn recentre(groups: &mut Groups<'_>, leaders: &mut [f32], dim: usize) -> Vec<f64> {
     let g = &*groups;
     let centre = |h: usize| -> Vec<f32> {
         let (a, b) = (g.start[h], g.start[h + 1]);
@@ -894,7 +895,7 @@ fn group(
     extend: bool,
     control: &Control,
     assign: Option<&Assign>,
-) -> Option<Groups> {
+) -> Option<Groups<'static>> {
     let n = x.len() / dim;
     let near = near_dot(radius);
     control.stage("cosine: grouping", n as u64);
@@ -976,7 +977,7 @@ fn group(
     Some(Groups {
         order,
         start,
-        rows,
+        rows: rows.into(),
         radius,
         to_leader,
     })
@@ -987,7 +988,7 @@ fn group(
 /// The CPU ([`compare`]) and a GPU (`gpu/grouped.rs`) compare the [`Plan::members`] of
 /// each pair of groups in f32 dot products and keep a pair unless its product reaches
 /// below [`Plan::floor`].
-pub(crate) struct Plan {
+pub(crate) struct Plan<'x> {
     pub(crate) dim: usize,
     /// Self-join: pairs `[i, j]` with i < j, else A ⋈ B.
     pub(crate) self_join: bool,
@@ -995,8 +996,8 @@ pub(crate) struct Plan {
     /// The leaders' radius: eps, or a wider one where eps shows no clusters.
     radius: f64,
     lead: Vec<f32>,
-    pub(crate) ga: Groups,
-    gb: Option<Groups>,
+    pub(crate) ga: Groups<'x>,
+    gb: Option<Groups<'x>>,
     /// Pairs of groups (g of A, h of B) that may hold a pair, and a lower bound on their
     /// leaders' distance.
     pub(crate) pairs: Vec<(u32, u32, f64)>,
@@ -1009,35 +1010,39 @@ pub(crate) struct Plan {
     pub(crate) sure: f32,
     pub(crate) sure_f16: f32,
     /// A blocked brute force ([`Plan::brute`]): every pair of blocks, every member kept.
-    brute: bool,
+    /// A blocked brute force ([`Plan::brute`]).
+    pub(crate) brute: bool,
 }
 
 /// Rows a block of [`Plan::brute`].
 const BRUTE_BLOCK: usize = 1024;
 
-impl Plan {
+/// Below this many vectors on one side of an A ⋈ B, [`plan`] compares every pair
+/// ([`Plan::brute`]).
+const SMALL_SIDE: usize = 256;
+
+impl<'x> Plan<'x> {
     /// The plan of a blocked brute force of the self-join (`b` None) or A ⋈ B of the unit
     /// vectors `a`, `b` (f32 copies) within Euclidean distance `eps`: blocks of
     /// [`BRUTE_BLOCK`] rows in input order, every pair of blocks kept and every member of
     /// each (no leaders, no bounds). The same floor as [`plan`]'s on the same copies, so a
     /// device's tiles (`gpu/grouped.rs`) return the same candidates as a brute force of
     /// every pair; for data where [`plan`] declines (no clusters).
-    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-    pub(crate) fn brute(a: &[f32], b: Option<&[f32]>, dim: usize, eps: f64) -> Plan {
-        let blocks = |x: &[f32]| {
+    pub(crate) fn brute(a: &'x [f32], b: Option<&'x [f32]>, dim: usize, eps: f64) -> Self {
+        let blocks = |x: &'x [f32]| {
             let n = x.len() / dim;
             let k = n.div_ceil(BRUTE_BLOCK);
             Groups {
                 order: (0..n as u32).collect(),
                 start: (0..=k).map(|g| (g * BRUTE_BLOCK).min(n)).collect(),
-                rows: x.to_vec(),
+                rows: x.into(),
                 radius: vec![f64::INFINITY; k],
                 to_leader: vec![0.0; n],
             }
         };
         let ga = blocks(a);
         let gb = b.map(blocks);
-        let count = |g: &Groups| (g.start.len() - 1) as u32;
+        let count = |g: &Groups<'_>| (g.start.len() - 1) as u32;
         let (ka, kb) = (count(&ga), count(gb.as_ref().unwrap_or(&ga)));
         let pairs = (0..ka)
             .flat_map(|g| (if b.is_none() { g } else { 0 }..kb).map(move |h| (g, h, 0.0)))
@@ -1068,7 +1073,7 @@ impl Plan {
     }
 
     /// B's groups (A's in a self-join).
-    pub(crate) fn gb(&self) -> &Groups {
+    pub(crate) fn gb(&self) -> &Groups<'x> {
         self.gb.as_ref().unwrap_or(&self.ga)
     }
 
@@ -1106,7 +1111,7 @@ impl Plan {
         // radius plus eps of its leader (triangle inequality): the rest are skipped. The
         // leaders' distance less the vector's own distance from its leader bounds that
         // distance from below at no cost; the survivors are measured.
-        let near = |gr: &Groups, range: std::ops::Range<usize>, other: u32, r: f64| {
+        let near = |gr: &Groups<'_>, range: std::ops::Range<usize>, other: u32, r: f64| {
             let l = &self.lead[other as usize * dim..(other as usize + 1) * dim];
             let reach = (r + eps) * (1.0 + 1e-9);
             range
@@ -1126,7 +1131,7 @@ impl Plan {
     /// Vector pairs in the pairs of groups (a group with itself: n(n-1)/2).
     fn grouped_pairs(&self) -> f64 {
         let (ga, gb) = (&self.ga, self.gb());
-        let size = |g: &Groups, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
+        let size = |g: &Groups<'_>, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
         self.pairs
             .par_iter()
             .map(|&(g, h, _)| {
@@ -1144,7 +1149,7 @@ impl Plan {
     /// that [`Plan::members`] leaves to compare.
     fn compared_share(&self) -> f64 {
         let (ga, gb) = (&self.ga, self.gb());
-        let size = |g: &Groups, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
+        let size = |g: &Groups<'_>, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
         let step = (self.pairs.len() / 256).max(1);
         let (kept, of) = (0..self.pairs.len())
             .into_par_iter()
@@ -1192,14 +1197,14 @@ impl Plan {
 /// (f32 copies, `dim` wide) within Euclidean distance `eps`; None where the data show no
 /// clusters (or too few vectors or dimensions), Some(Err) where `control` stopped. With
 /// `assign`, a device may find each vector's nearest leader.
-pub(crate) fn plan(
-    a: &[f32],
-    b: Option<&[f32]>,
+pub(crate) fn plan<'x>(
+    a: &'x [f32],
+    b: Option<&'x [f32]>,
     dim: usize,
     eps: f64,
     control: &Control,
     assign: Option<&Assign>,
-) -> Option<crate::error::Result<Plan>> {
+) -> Option<crate::error::Result<Plan<'x>>> {
     // The larger side's sample picks the leaders (a few thousand queries against a large
     // set would miss most of its clusters: its vectors then sat in wide groups, and a
     // 5,000 x 95,000 join walked 1.6M pairs of groups); it is grouped first.
@@ -1211,13 +1216,14 @@ pub(crate) fn plan(
     if first.len() / dim < MIN_POINTS || dim < 16 {
         return None;
     }
-    // A few queries against a large set: the general join (measured, 95,000 clustered
-    // 384-D vectors against 100-1,000 of the same clusters: both joins about 1 s, most of
-    // it spent on the large side, its sort or its leaders; the grouped one ahead from about
-    // 250; 5,000: 1.3 s against 3.1 s).
-    const SMALL_SIDE: usize = 256;
-    if other.is_some_and(|o| o.len() / dim < SMALL_SIDE) {
-        return None;
+    // A few queries against a large set: a blocked brute force ([`Plan::brute`]), whose
+    // cost is the queries' products alone; grouping or sorting the large side costs more
+    // (measured, 95,000 clustered 384-D vectors against 100-1,000 of the same clusters:
+    // the grouped and general joins about 1 s each whatever the queries, most of it on the
+    // large side, its leaders or its sort).
+    if let Some(o) = other.filter(|o| o.len() / dim < SMALL_SIDE) {
+        let (a, b) = if b_first { (o, first) } else { (first, o) };
+        return Some(Ok(Plan::brute(a, Some(b), dim, eps)));
     }
     // Declined (None) or stopped (the stop).
     let stopped = || control.check().err().map(Err);
@@ -1297,8 +1303,8 @@ pub(crate) type Candidates<'a> = dyn Fn(&[Pair], bool) -> anyhow::Result<()> + S
 fn group_pairs(
     lead: &[f32],
     dim: usize,
-    ga: &Groups,
-    gb: &Groups,
+    ga: &Groups<'_>,
+    gb: &Groups<'_>,
     self_join: bool,
     eps: f64,
     slack: f64,
@@ -1308,7 +1314,7 @@ fn group_pairs(
     const TILE: usize = 16;
     let k = lead.len() / dim;
     let blocks = in_blocks(lead, dim, dim);
-    let size = |g: &Groups, i: usize| g.start[i + 1] - g.start[i];
+    let size = |g: &Groups<'_>, i: usize| g.start[i + 1] - g.start[i];
     let leader = |g: usize| &lead[g * dim..(g + 1) * dim];
     (0..k.div_ceil(TILE))
         .into_par_iter()
@@ -1361,7 +1367,7 @@ fn group_pairs(
 /// from the engine's threads (`control` read between pairs of groups); returns the vector
 /// pairs compared.
 pub(crate) fn compare(
-    plan: &Plan,
+    plan: &Plan<'_>,
     control: &Control,
     emit: &Candidates,
 ) -> crate::error::Result<u64> {

@@ -333,7 +333,7 @@ pub(super) fn run(
 struct Job<'a> {
     kernel: &'a Kernel,
     base: Params,
-    plan: &'a Plan,
+    plan: &'a Plan<'a>,
     emit: &'a crate::cpu::partition::Candidates<'a>,
     control: &'a Control,
     /// Pairs found by the batches drained so far, and their tiles.
