@@ -652,7 +652,8 @@ fn groups_in(notes: &str) -> Option<usize> {
 /// whichever side it is (the same groups either way round), the smaller side's vectors in
 /// a cluster the larger one lacks lead groups of their own (more groups than the larger
 /// side's self-join has), and under 256 vectors on the smaller side every pair is compared
-/// in blocks (`Plan::brute`, on the CPU). The rule's set exactly every time, f32 and f64.
+/// in blocks (`Plan::brute`, on the CPU, or in the device's tiles with `backend = gpu`:
+/// lavapipe, validation on). The rule's set exactly every time, f32 and f64.
 #[test]
 fn grouped_join_of_unequal_sides_matches_the_rule() {
     let mut rng = Rng(57);
@@ -701,8 +702,23 @@ fn grouped_join_of_unequal_sides_matches_the_rule() {
             assert_eq!(got.report.algorithm, Algorithm::Brute, "{what}");
             let want = oracle::join(x, y, Metric::Cosine, eps);
             assert_eq!(got.pairs().unwrap(), &want[..], "{what}: {notes}");
+            // With `backend = gpu`, the same plan in the device's tiles (lavapipe).
+            #[cfg(feature = "gpu")]
+            {
+                common::gpu_test_setup();
+                let gpu = cosine(eps, Backend::Gpu, Algorithm::Auto);
+                let got = engine().join(x, y, &gpu).unwrap();
+                let notes = got.report.notes.join("; ");
+                assert!(
+                    notes.contains("blocked brute force") && notes.contains("on the GPU: "),
+                    "{what}: {notes}"
+                );
+                assert_eq!(got.pairs().unwrap(), &want[..], "{what} GPU: {notes}");
+            }
         }
     }
+    #[cfg(feature = "gpu")]
+    common::assert_no_validation_errors();
 }
 
 /// The grouped join's assignment and comparisons on the GPU (`gpu/grouped.rs`, lavapipe,
