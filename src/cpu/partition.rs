@@ -1010,7 +1010,6 @@ pub(crate) struct Plan<'x> {
     pub(crate) sure: f32,
     pub(crate) sure_f16: f32,
     /// A blocked brute force ([`Plan::brute`]): every pair of blocks, every member kept.
-    /// A blocked brute force ([`Plan::brute`]).
     pub(crate) brute: bool,
 }
 
@@ -1027,7 +1026,8 @@ impl<'x> Plan<'x> {
     /// [`BRUTE_BLOCK`] rows in input order, every pair of blocks kept and every member of
     /// each (no leaders, no bounds). The same floor as [`plan`]'s on the same copies, so a
     /// device's tiles (`gpu/grouped.rs`) return the same candidates as a brute force of
-    /// every pair; for data where [`plan`] declines (no clusters).
+    /// every pair; for data where [`plan`] declines (no clusters), and [`plan`]'s own for
+    /// an A ⋈ B with a side under [`SMALL_SIDE`] vectors. The rows are borrowed.
     pub(crate) fn brute(a: &'x [f32], b: Option<&'x [f32]>, dim: usize, eps: f64) -> Self {
         let blocks = |x: &'x [f32]| {
             let n = x.len() / dim;
