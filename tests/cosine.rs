@@ -657,7 +657,8 @@ fn groups_in(notes: &str) -> Option<usize> {
 #[test]
 fn grouped_join_of_unequal_sides_matches_the_rule() {
     let mut rng = Rng(57);
-    let (dim, eps) = (48usize, 0.02);
+    const DIM: usize = 48;
+    let (dim, eps) = (DIM, 0.02);
     let big = directions(&mut rng, 5000, dim, 40, 0.08);
     // The big side's rows nudged (its clusters, pairs across), then 300 of clusters of
     // their own.
@@ -669,10 +670,10 @@ fn grouped_join_of_unequal_sides_matches_the_rule() {
     let few = &small[1000 * dim..1200 * dim];
     let (big32, small32, few32) = (as_f32(&big), as_f32(&small), as_f32(few));
     fn f64s(x: &[f64]) -> Dataset<'_> {
-        Dataset::from_f64(x, 48).unwrap()
+        Dataset::from_f64(x, DIM).unwrap()
     }
     fn f32s(x: &[f32]) -> Dataset<'_> {
-        Dataset::from_f32(x, 48).unwrap()
+        Dataset::from_f32(x, DIM).unwrap()
     }
     for (a, b, few) in [
         (f64s(&big), f64s(&small), f64s(few)),

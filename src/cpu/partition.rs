@@ -276,7 +276,7 @@ pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Inde
         return None;
     }
     let (mut leaders, radius) = stepped_leaders(x, dim, control)?;
-    let mut groups = group(x, dim, &mut leaders, radius, true, control, None)?;
+    let mut groups = group(x, dim, &mut leaders, radius, control, None)?;
     let norm2 = recentre(&mut groups, &mut leaders, dim);
     Some(Index {
         leaders,
@@ -881,10 +881,10 @@ pub(crate) type Assign<'a> = dyn Fn(&[f32], &[f32]) -> Option<Vec<(u32, f32)>> +
 const COVER_ROUNDS: usize = 4;
 
 /// Groups `x` around its nearest `leaders` (within `radius`, the nearest; beyond it from
-/// all of them, one of them). With `extend`, vectors farther than `radius` from
-/// every leader (clusters the sample missed, the edges of wide ones) get leaders of their
-/// own, appended to `leaders`: in each of a few rounds, the leader rule runs on an even
-/// sample of them, and they move to a new leader where it is nearer. A round stops the
+/// all of them, one of them). Vectors farther than `radius` from every leader (clusters
+/// the sample missed, the edges of wide ones) get leaders of their own, appended to
+/// `leaders` (the groups of vectors grouped before are then empty): in each of a few
+/// rounds, the leader rule runs on an even sample of them, and they move to a new leader where it is nearer. A round stops the
 /// search where its sample shows no clusters (more than `COVER_SHARE` of it would lead):
 /// those vectors stay with a leader they already have.
 fn group(
@@ -892,7 +892,6 @@ fn group(
     dim: usize,
     leaders: &mut Vec<f32>,
     radius: f64,
-    extend: bool,
     control: &Control,
     assign: Option<&Assign>,
 ) -> Option<Groups<'static>> {
@@ -903,39 +902,37 @@ fn group(
         Some(found) => found,
         None => nearest_leaders(x, dim, leaders, near, control, true)?,
     };
-    if extend {
-        for _ in 0..COVER_ROUNDS {
-            let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
-            if far.is_empty() {
-                break;
-            }
-            let step = far.len().div_ceil(SAMPLE_MAX);
-            let picked: Vec<usize> = far.iter().copied().step_by(step).collect();
-            let cap = (picked.len() as f64 * COVER_SHARE).ceil() as usize;
-            let mut more = Prefixed::new(Split::new(dim, near));
-            if !lead(x, &picked, near, (cap, COVER_SHARE), &mut more, control) {
-                break;
-            }
-            let rows: Vec<f32> = far
-                .iter()
-                .flat_map(|&i| &x[i * dim..(i + 1) * dim])
-                .copied()
-                .collect();
-            // On the device too where it assigned the first leaders.
-            let again = match assign.and_then(|f| f(&rows, &more.rows)) {
-                Some(found) => found,
-                None => nearest_leaders(&rows, dim, &more.rows, near, control, false)?,
-            };
-            let old = (leaders.len() / dim) as u32;
-            for (&i, (g, d)) in far.iter().zip(again) {
-                if d > nearest[i].1 {
-                    nearest[i] = (old + g, d);
-                }
-            }
-            leaders.extend_from_slice(&more.rows);
+    for _ in 0..COVER_ROUNDS {
+        let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
+        if far.is_empty() {
+            break;
         }
-        control.check().ok()?;
+        let step = far.len().div_ceil(SAMPLE_MAX);
+        let picked: Vec<usize> = far.iter().copied().step_by(step).collect();
+        let cap = (picked.len() as f64 * COVER_SHARE).ceil() as usize;
+        let mut more = Prefixed::new(Split::new(dim, near));
+        if !lead(x, &picked, near, (cap, COVER_SHARE), &mut more, control) {
+            break;
+        }
+        let rows: Vec<f32> = far
+            .iter()
+            .flat_map(|&i| &x[i * dim..(i + 1) * dim])
+            .copied()
+            .collect();
+        // On the device too where it assigned the first leaders.
+        let again = match assign.and_then(|f| f(&rows, &more.rows)) {
+            Some(found) => found,
+            None => nearest_leaders(&rows, dim, &more.rows, near, control, false)?,
+        };
+        let old = (leaders.len() / dim) as u32;
+        for (&i, (g, d)) in far.iter().zip(again) {
+            if d > nearest[i].1 {
+                nearest[i] = (old + g, d);
+            }
+        }
+        leaders.extend_from_slice(&more.rows);
     }
+    control.check().ok()?;
     let k = leaders.len() / dim;
     let nearest: Vec<u32> = nearest.into_iter().map(|(g, _)| g).collect();
     let mut start = vec![0usize; k + 1];
@@ -1221,9 +1218,8 @@ pub(crate) fn plan<'x>(
     // (measured, 95,000 clustered 384-D vectors against 100-1,000 of the same clusters:
     // the grouped and general joins about 1 s each whatever the queries, most of it on the
     // large side, its leaders or its sort).
-    if let Some(o) = other.filter(|o| o.len() / dim < SMALL_SIDE) {
-        let (a, b) = if b_first { (o, first) } else { (first, o) };
-        return Some(Ok(Plan::brute(a, Some(b), dim, eps)));
+    if other.is_some_and(|o| o.len() / dim < SMALL_SIDE) {
+        return Some(Ok(Plan::brute(a, b, dim, eps)));
     }
     // Declined (None) or stopped (the stop).
     let stopped = || control.check().err().map(Err);
@@ -1236,13 +1232,13 @@ pub(crate) fn plan<'x>(
             _ => return stopped(),
         },
     };
-    let Some(mut g1) = group(first, dim, &mut lead, radius, true, control, assign) else {
+    let Some(mut g1) = group(first, dim, &mut lead, radius, control, assign) else {
         return stopped();
     };
     // The other side's vectors far from every leader may lead new groups too; the first
     // side's groups of them are empty.
     let g2 = match other {
-        Some(o) => match group(o, dim, &mut lead, radius, true, control, assign) {
+        Some(o) => match group(o, dim, &mut lead, radius, control, assign) {
             Some(g) => Some(g),
             None => return stopped(),
         },
@@ -1618,7 +1614,7 @@ mod tests {
             .collect();
         let mut l = leaders(&x, dim, radius, &control).unwrap();
         let before = l.len() / dim;
-        let g = group(&x, dim, &mut l, radius, true, &control, None).unwrap();
+        let g = group(&x, dim, &mut l, radius, &control, None).unwrap();
         assert!(l.len() / dim > before, "no leaders added");
         assert_eq!(g.start.len(), l.len() / dim + 1);
         let worst = g.to_leader.iter().copied().fold(0.0f64, f64::max);
