@@ -293,6 +293,37 @@ fn grouped_cosine_knn_stops_within_250_ms() {
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 
+/// The cosine kNN of a few queries (under `cosine::SMALL_QUERIES`), which meets every row,
+/// stops in that stage (its name is that path's alone).
+#[test]
+fn few_queries_cosine_knn_stops_within_250_ms() {
+    let _one = serial();
+    let e = engine();
+    let before = small_join_seconds(&e, Backend::Cpu);
+    let d = 96;
+    let x = uniform(1_000_000, d, 14);
+    let q = uniform(255, d, 15);
+    let control = Control::new();
+    let o = KnnOptions {
+        metric: simjoin::Metric::Cosine,
+        backend: Backend::Cpu,
+        control: control.clone(),
+        ..Default::default()
+    };
+    let e2 = e.clone();
+    let out = stop_in_stage(
+        &control,
+        "cosine kNN: every query with every row",
+        Duration::from_millis(100),
+        move || {
+            let (data, query) = (Dataset::from_f32(&x, d)?, Dataset::from_f32(&q, d)?);
+            e2.knn(&data, Some(&query), 10, &o)
+        },
+    );
+    assert_cancelled("few-queries cosine knn", out);
+    assert_usual_speed(&e, Backend::Cpu, before);
+}
+
 /// A cosine join at eps 0.1 on `backend` and the control that stops it.
 fn cosine_join(backend: Backend) -> (Control, JoinOptions) {
     let control = Control::new();

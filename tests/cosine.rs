@@ -260,18 +260,23 @@ fn knn_ranks_by_the_rule() {
     let mut rng = Rng(41);
     for (n, dim, centres, spread) in [(600usize, 3usize, 4usize, 0.05), (500, 64, 8, 0.3)] {
         let x = directions(&mut rng, n, dim, centres, spread);
-        let q = directions(&mut rng, 70, dim, centres, spread);
+        // 70 queries meet every row (`cosine::SMALL_QUERIES`); 300 take the general path.
+        let q = directions(&mut rng, 370, dim, centres, spread);
+        let (q, few) = q.split_at(300 * dim);
         let x32 = as_f32(&x);
-        let q32 = as_f32(&q);
+        let q32 = as_f32(q);
         for k in [1usize, 5, 40] {
             let d64 = Dataset::from_f64(&x, dim).unwrap();
-            let dq64 = Dataset::from_f64(&q, dim).unwrap();
+            let dq64 = Dataset::from_f64(q, dim).unwrap();
             check_knn(&d64, None, k, Backend::Cpu);
             check_knn(&d64, Some(&dq64), k, Backend::Cpu);
             let d32 = Dataset::from_f32(&x32, dim).unwrap();
             let dq32 = Dataset::from_f32(&q32, dim).unwrap();
             check_knn(&d32, None, k, Backend::Cpu);
             check_knn(&d32, Some(&dq32), k, Backend::Cpu);
+            let df = Dataset::from_f64(few, dim).unwrap();
+            let notes = check_knn(&d64, Some(&df), k, Backend::Cpu);
+            assert!(notes.contains("meet every one"), "{notes}");
         }
     }
 }
@@ -882,9 +887,10 @@ fn grouped_knn_matches_the_rule() {
     // 48-D: clusters of about 200 rows and k = 300 beyond them; 32-D: groups of about 90
     // and k = 100 beyond them.
     for (dim, centres, spread, kmax) in [(48usize, 25usize, 0.1, 300usize), (32, 20, 0.2, 100)] {
-        // The queries (the last 200 rows) around the same centres as the data.
-        let mut x = directions(&mut rng, n + 200, dim, centres, spread);
-        for i in (13..n + 200).step_by(13) {
+        // The queries (the last 300 rows: more than `cosine::SMALL_QUERIES`, which meet
+        // every row) around the same centres as the data.
+        let mut x = directions(&mut rng, n + 300, dim, centres, spread);
+        for i in (13..n + 300).step_by(13) {
             let j = (rng.next() as usize) % i;
             for c in 0..dim {
                 x[i * dim + c] = x[j * dim + c] * (1.0 + 1e-9 * rng.normal());
@@ -931,6 +937,57 @@ fn grouped_knn_matches_the_rule() {
     assert!(!notes.contains("grouped leaders index"), "{notes}");
     assert!(notes.contains("grouped leaders' index declined"), "{notes}");
     assert!(notes.contains("Euclidean kNN"), "{notes}");
+}
+
+/// Fewer queries than `cosine::SMALL_QUERIES` (256) meet every row (`knn_brute`) and get
+/// the oracle's indices and distance bits: 200 queries against 5,000 clustered 48-D rows,
+/// f32 and f64, k = 1, 10, 300 and every row, with exact copies, scalar multiples and
+/// relative nudges of 1e-9 among the rows and queries (ties that the rule and the index
+/// decide); a self-kNN of 200 rows. The notes prove that path ran.
+#[test]
+fn few_queries_knn_meets_every_row() {
+    let mut rng = Rng(53);
+    let (n, m, dim) = (5000usize, 200usize, 48usize);
+    let mut x = directions(&mut rng, n + m, dim, 25, 0.1);
+    for i in (13..n + m).step_by(13) {
+        let j = (rng.next() as usize) % i;
+        for c in 0..dim {
+            x[i * dim + c] = x[j * dim + c] * (1.0 + 1e-9 * rng.normal());
+        }
+    }
+    // Every 5th query an exact copy of a row, every 9th a row's double.
+    for r in (0..m).filter(|r| r % 5 == 0 || r % 9 == 0) {
+        let j = (rng.next() as usize) % n;
+        let f = if r % 5 == 0 { 1.0 } else { 2.0 };
+        for c in 0..dim {
+            x[(n + r) * dim + c] = x[j * dim + c] * f;
+        }
+    }
+    let q = x.split_off(n * dim);
+    let brute = |notes: Vec<String>| {
+        for n in notes {
+            assert!(n.contains("meet every one"), "{n}");
+        }
+    };
+    common::each_precision_pair(&x, &q, dim, |data, query| {
+        brute(knn_matches_oracle(
+            data,
+            Some(query),
+            n,
+            &[1, 10, 300, n],
+            |_| false,
+        ));
+    });
+    let few = &x[..m * dim];
+    common::each_precision_pair(few, few, dim, |data, _| {
+        brute(knn_matches_oracle(
+            data,
+            None,
+            m - 1,
+            &[1, 10, m - 1],
+            |_| false,
+        ));
+    });
 }
 
 /// The grouped join's batches on the GPU are sized so that the first ones cannot fill the
