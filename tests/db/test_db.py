@@ -741,14 +741,23 @@ def test_sqlite_cancel():
 
     ref_rows = timed(ref_join)[0]
     ref_time = min(timed(ref_join)[1] for _ in range(2))
+    # The request must come once the join runs, not while its points are read (a stop then is
+    # SQLite's own, not the join's). Reading the 200k rows takes ~0.4 s here but more on a
+    # slower machine and with a Python progress handler called every 1000 steps: time it so
+    # (a join of the same rows with an eps that finds nothing: reading, indexing, no pairs).
+    con.set_progress_handler(lambda: 0, 1000)
+    read_time = timed(long_join.replace("FROM u', 0.5)", "FROM u', 1e-9)"))[1]
+    con.set_progress_handler(None, 0)
+    delay = max(0.7, 1.5 * read_time + 0.2)
+    print(f"   reading the points: {read_time:.2f} s; the stop is asked {delay:.2f} s in", flush=True)
     # The extension logs each stopped join on stderr (SIMJOIN_PIPE_DEBUG): catch fd 2.
     os.environ["SIMJOIN_PIPE_DEBUG"] = "1"
     log = tempfile.TemporaryFile()
     saved = os.dup(2)
     for how in ("interrupt", "progress handler"):
-        t_req = time.time() + 0.7  # reading the points takes ~0.4 s: stop in the join itself
+        t_req = time.time() + delay
         if how == "interrupt":
-            timer = threading.Timer(0.7, con.interrupt)
+            timer = threading.Timer(delay, con.interrupt)
             timer.start()
         else:
             con.set_progress_handler(lambda: int(time.time() >= t_req), 1000)
