@@ -15,7 +15,7 @@ FAISS is run twice, IndexFlatIP and IndexFlatL2 (on the unit vectors, eps turned
 squared Euclidean radius): both exact brute force.
 
     python3 bench/embed_bench.py [--quick | --large | --huge] [--threads N]
-                                 [--knn | --dbscan | --queries M]
+                                 [--knn | --dbscan] [--queries M]
 
 --large: 100,000 vectors (clustered 384-D and 768-D) instead of the 20-50k rows; FAISS's
 brute force then takes minutes a row on 2 cores. --huge: 1,000,000 clustered 384-D vectors,
@@ -141,21 +141,28 @@ def sklearn_pairs(x, eps, threads):
     return np.stack([r[keep], c[keep]], axis=1)
 
 
-def knn_rows(work, threads, k=10):
+def knn_rows(work, threads, k=10, m=None):
     """Cosine kNN (k nearest by 1 - cos, each vector's own row left out) against FAISS
     IndexFlatIP.search (k + 1, itself dropped): (name, n, dim, simjoin s, FAISS s, share of
-    neighbour ids that agree)."""
+    neighbour ids that agree). With `m`, the kNN of m vectors drawn at random (the same
+    distribution) among the rest, FAISS's search of those queries; n is then the rest's."""
     import faiss
 
     faiss.omp_set_num_threads(threads)
     out = []
     for name, n, dim, centres, spread, _ in work:
         x = make(name, n, dim, centres, spread)
-        sj_s, (_, ids) = timed(lambda: simjoin.knn(x, k, metric="cosine", threads=threads))
+        q = None
+        if m:
+            pick = np.random.default_rng(7).permutation(n)
+            q, x, n = x[pick[:m]], x[pick[m:]], n - m
+        sj_s, (_, ids) = timed(lambda: simjoin.knn(x, k, query=q, metric="cosine", threads=threads))
 
         def flat():
             index = faiss.IndexFlatIP(dim)
             index.add(x)
+            if q is not None:
+                return index.search(q, k)[1]
             return index.search(x, k + 1)[1][:, 1:]
 
         fa_s, fids = timed(flat)
@@ -233,7 +240,8 @@ def main():
     ap.add_argument("--dbscan", action="store_true",
                     help="cosine DBSCAN (min_samples = 5) against scikit-learn's instead of joins")
     ap.add_argument("--queries", type=int, metavar="M",
-                    help="A ⋈ B instead of self-joins: M vectors of each workload against the rest")
+                    help="A ⋈ B instead of self-joins (with --knn: the kNN of M queries): M vectors "
+                         "of each workload against the rest")
     args = ap.parse_args()
     if args.only:
         keep = lambda ws: [w for w in ws if args.only in w[0]]  # noqa: E731
@@ -248,7 +256,7 @@ def main():
             print(f"| {name} | {n:,} | {dim} | {eps} | {clusters} | {sj_s:.2f} | {sk_s:.2f} | "
                   f"{sk_s / sj_s:.1f}x | {agree:.4f} |")
         return
-    if args.queries:
+    if args.queries and not args.knn:
         work = LARGE if args.large else WORKLOADS
         print(f"{args.threads} threads for every system; seconds of one run, pairs as NumPy arrays.\n")
         print("| workload | queries | collection | dims | eps (1 - cos) | pairs | FAISS count differs by "
@@ -263,10 +271,12 @@ def main():
             w for w in WORKLOADS if w[0] in (
                 "clusters-384d", "clusters-768d", "sphere-384d", "lowdim-384d", "dups-384d",
                 "topics-384d")]
-        print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays.\n")
+        print(f"{args.threads} threads for every system; seconds of one run, k = 10, ids as NumPy arrays"
+              + (f"; {args.queries:,} queries drawn from each workload against the rest (n)" if args.queries else "")
+              + ".\n")
         print("| workload | n | dims | simjoin s | FAISS IP search s | FAISS / simjoin | ids agreeing |")
         print("|---|---|---|---|---|---|---|")
-        for name, n, dim, sj_s, fa_s, agree in knn_rows(work, args.threads):
+        for name, n, dim, sj_s, fa_s, agree in knn_rows(work, args.threads, m=args.queries):
             print(f"| {name} | {n:,} | {dim} | {sj_s:.2f} | {fa_s:.2f} | {fa_s / sj_s:.2f}x | {agree:.4f} |")
         return
     rows = []

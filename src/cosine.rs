@@ -1060,14 +1060,9 @@ fn knn_grouped<T: Coord>(
 /// `partition::SMALL_SIDE`, for the same reason.
 const SMALL_QUERIES: usize = 256;
 
-/// Rows of the collection a task of the brute-force kNN takes at a time (in
-/// `partition::Blocked`'s layout: 1.5 MB at 384-D, within a core's cache while every query
-/// meets it).
-const BRUTE_ROWS: usize = 1024;
-
 /// Each query's k nearest rows by the rule (ties by index), every query meeting every row:
 /// their f32 dot products in blocks (`partition::Blocked`, four queries at a time, the
-/// collection in tasks of [`BRUTE_ROWS`] rows), then [`rank_by_floor`] as the grouped
+/// collection in tasks of `partition::cached_rows` rows), then [`rank_by_floor`] as the grouped
 /// search ranks a group, exact by the same bounds. Each query's k-th distance found so far
 /// by any task (an upper bound on its real k-th distance) is shared, so that after the first
 /// tasks a row is measured by the rule only where its floor could still place it. The
@@ -1086,7 +1081,7 @@ fn knn_brute<T: Coord>(
     cq: Option<&[T]>,
     control: &crate::control::Control,
 ) -> Result<Ranked> {
-    use crate::cpu::partition::{dot_slack, Blocked};
+    use crate::cpu::partition::{cached_rows, dot_slack, Blocked};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<Ranked> {
         let fx = as_f32(cx);
@@ -1107,7 +1102,8 @@ fn knn_brute<T: Coord>(
                 (d < f64::from_bits(c)).then_some(d.to_bits())
             });
         };
-        let tasks = n.div_ceil(BRUTE_ROWS);
+        let rows = cached_rows(dim);
+        let tasks = n.div_ceil(rows);
         control.stage("cosine kNN: every query with every row", tasks as u64);
         let ranked = (0..tasks)
             .into_par_iter()
@@ -1117,7 +1113,7 @@ fn knn_brute<T: Coord>(
                     if control.is_cancelled() {
                         return best;
                     }
-                    let span = t * BRUTE_ROWS..((t + 1) * BRUTE_ROWS).min(n);
+                    let span = t * rows..((t + 1) * rows).min(n);
                     let w = span.len();
                     let blocked = Blocked::new(&fx[span.start * dim..span.end * dim], dim);
                     let mut pd = vec![0.0f32; 4 * w];

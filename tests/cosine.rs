@@ -945,14 +945,17 @@ fn grouped_knn_matches_the_rule() {
 }
 
 /// Fewer queries than `cosine::SMALL_QUERIES` (256) meet every row (`knn_brute`) and get
-/// the oracle's indices and distance bits: 200 queries against 5,000 clustered 48-D rows,
+/// the oracle's indices and distance bits: 200 queries against 5,000 clustered 384-D rows
+/// (eight tasks of rows, which share each query's k-th distance and merge their nearest),
 /// f32 and f64, k = 1, 10, 300 and every row, with exact copies, scalar multiples and
 /// relative nudges of 1e-9 among the rows and queries (ties that the rule and the index
-/// decide); a self-kNN of 200 rows. The notes prove that path ran.
+/// decide); a self-kNN of 200 rows. The notes prove that path ran. The same queries' join
+/// with the rows, either side first (`Plan::brute`'s blocks met in parts that stay in the
+/// cache), gives the oracle's pairs.
 #[test]
 fn few_queries_knn_meets_every_row() {
     let mut rng = Rng(53);
-    let (n, m, dim) = (5000usize, 200usize, 48usize);
+    let (n, m, dim) = (5000usize, 200usize, 384usize);
     let mut x = directions(&mut rng, n + m, dim, 25, 0.1);
     for i in (13..n + m).step_by(13) {
         let j = (rng.next() as usize) % i;
@@ -982,6 +985,14 @@ fn few_queries_knn_meets_every_row() {
             &[1, 10, 300, n],
             |_| false,
         ));
+        let o = cosine(0.05, Backend::Cpu, Algorithm::Auto);
+        for (a, b) in [(data, query), (query, data)] {
+            let want = oracle::join(a, b, Metric::Cosine, 0.05);
+            assert!(want.len() > 1000, "{} pairs", want.len());
+            let got = engine().join(a, b, &o).unwrap();
+            assert_eq!(got.report.algorithm, Algorithm::Brute);
+            assert_eq!(got.pairs().unwrap(), &want[..]);
+        }
     });
     let few = &x[..m * dim];
     common::each_precision_pair(few, few, dim, |data, _| {
