@@ -1006,6 +1006,39 @@ fn few_queries_knn_meets_every_row() {
     });
 }
 
+/// Queries beyond `SMALL_SIDE` but fewer than half the leaders the collection's sample
+/// picks (`partition::LEADERS_PER_QUERY`) meet every row too: 300 queries against 12,000
+/// vectors in 2,000 tight clusters (a few thousand leaders) take the blocked brute force;
+/// 300 queries against 12,000 in 40 clusters are grouped. The oracle's pairs either way.
+#[test]
+fn queries_fewer_than_the_leaders_meet_every_row() {
+    let mut rng = Rng(61);
+    let (n, m, dim, eps) = (12_000usize, 300usize, 32usize, 0.05);
+    for (centres, brute) in [(2000usize, true), (40, false)] {
+        let mut x = directions(&mut rng, n + m, dim, centres, 0.01);
+        let q = x.split_off(n * dim);
+        let (data, query) = (
+            Dataset::from_f64(&x, dim).unwrap(),
+            Dataset::from_f64(&q, dim).unwrap(),
+        );
+        let want = oracle::join(&query, &data, Metric::Cosine, eps);
+        let got = engine()
+            .join(&query, &data, &cosine(eps, Backend::Cpu, Algorithm::Auto))
+            .unwrap();
+        let notes = got.report.notes.join("; ");
+        assert_eq!(
+            notes.contains("blocked brute force"),
+            brute,
+            "{centres} centres: {notes}"
+        );
+        assert_eq!(
+            got.pairs().unwrap(),
+            &want[..],
+            "{centres} centres: {notes}"
+        );
+    }
+}
+
 /// The grouped join's batches on the GPU are sized so that the first ones cannot fill the
 /// result buffer (a full tile's pairs each, before any batch came back) and the later ones
 /// by the pairs a tile has found: on dense candidates with a buffer of 32 full tiles'

@@ -1032,6 +1032,15 @@ const BRUTE_BLOCK: usize = 1024;
 /// ([`Plan::brute`]).
 const SMALL_SIDE: usize = 256;
 
+/// An A ⋈ B whose smaller side has fewer vectors than 1 / LEADERS_PER_QUERY of the
+/// leaders that the larger side's sample picks is a blocked brute force too: a vector's
+/// product with a query (in [`Blocked`]'s layout) costs about as much as its assignment to
+/// two leaders. Measured, 2 threads, queries against 95,000 clustered 384-D vectors (3,882
+/// leaders in the end, 2,000-3,000 from the sample; grouping takes about 0.9 s): 500
+/// queries 0.63 s brute against 1.24 grouped, 1,000 0.95 against 1.16, 1,500 1.87
+/// against 1.21 (at 1 the 1,500 went brute; at 3 the 1,000 were grouped).
+const LEADERS_PER_QUERY: usize = 2;
+
 impl<'x> Plan<'x> {
     /// The plan of a blocked brute force of the self-join (`b` None) or A ⋈ B of the unit
     /// vectors `a`, `b` (f32 copies) within Euclidean distance `eps`: blocks of
@@ -1247,6 +1256,11 @@ pub(crate) fn plan<'x>(
             _ => return stopped(),
         },
     };
+    // More queries, but still few against the large side's leaders: grouping it (each of
+    // its vectors against every leader) costs more than the queries' products.
+    if other.is_some_and(|o| o.len() / dim * LEADERS_PER_QUERY < lead.len() / dim) {
+        return Some(Ok(Plan::brute(a, b, dim, eps)));
+    }
     let Some(mut g1) = group(first, dim, &mut lead, radius, control, assign) else {
         return stopped();
     };
