@@ -1065,8 +1065,8 @@ const SMALL_QUERIES: usize = 256;
 /// collection in tasks of `partition::cached_rows` rows), then [`rank_by_floor`] as the grouped
 /// search ranks a group, exact by the same bounds. Each query's k-th distance found so far
 /// by any task (an upper bound on its real k-th distance) is shared, so that after the first
-/// tasks a row is measured by the rule only where its floor could still place it. The
-/// tasks' k nearest merge into each query's (each task's are exact among its rows).
+/// tasks a row is measured by the rule only where its floor could still place it. Each
+/// task's k nearest among its rows within that bound (exact) merge into the query's.
 #[allow(clippy::too_many_arguments)]
 fn knn_brute<T: Coord>(
     engine: &Engine,
@@ -1102,67 +1102,73 @@ fn knn_brute<T: Coord>(
                 (d < f64::from_bits(c)).then_some(d.to_bits())
             });
         };
+        // Each query's k nearest so far, merged from the tasks' own (a task ranks into a
+        // list of its own, then merges it: memory m k, not m k a task).
+        let shared: Vec<std::sync::Mutex<Neighbours>> =
+            (0..m).map(|_| std::sync::Mutex::new(Vec::new())).collect();
         let rows = cached_rows(dim);
         let tasks = n.div_ceil(rows);
         control.stage("cosine kNN: every query with every row", tasks as u64);
-        let ranked = (0..tasks)
-            .into_par_iter()
-            .fold(
-                || vec![Vec::with_capacity(k + 1); m],
-                |mut best: Ranked, t| {
-                    if control.is_cancelled() {
-                        return best;
-                    }
-                    let span = t * rows..((t + 1) * rows).min(n);
-                    let w = span.len();
-                    let blocked = Blocked::new(&fx[span.start * dim..span.end * dim], dim);
-                    let mut pd = vec![0.0f32; 4 * w];
-                    let mut near: Vec<(f64, u32)> = Vec::with_capacity(w);
-                    for p in (0..m).step_by(4) {
-                        // The last query repeated where fewer than four are left.
-                        let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(m - 1));
-                        blocked.dots(four.map(|r| &fq[r * dim..(r + 1) * dim]), &mut pd);
-                        for (i, r) in four.into_iter().enumerate() {
-                            if i > 0 && r == four[i - 1] {
-                                break;
-                            }
-                            let b = &mut best[r];
-                            let limit = kth_of(b, k).min(f64::from_bits(cap[r].load(Relaxed)));
-                            // Products below `least` are at least `reach` apart
-                            // (`dist_floor`, the margin covers it): a floor above the limit.
-                            let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
-                            let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
-                            near.clear();
-                            near.extend(
-                                pd[i * w..(i + 1) * w]
-                                    .iter()
-                                    .zip(span.clone())
-                                    .filter(|&(_, j)| !(self_knn && j == r))
-                                    .map(|(&d, j)| (d as f64, j as u32)),
-                            );
-                            rank_by_floor(&mut near, b, k, limit, least, slack, floor, |j| {
-                                (dist(r, j as usize), j)
-                            });
-                            if b.len() >= k {
-                                lower(r, b[k - 1].0);
-                            }
+        (0..tasks).into_par_iter().for_each_init(
+            || (Vec::<(f64, u32)>::new(), Neighbours::new()),
+            |(near, local), t| {
+                if control.is_cancelled() {
+                    return;
+                }
+                let span = t * rows..((t + 1) * rows).min(n);
+                let w = span.len();
+                let blocked = Blocked::new(&fx[span.start * dim..span.end * dim], dim);
+                let mut pd = vec![0.0f32; 4 * w];
+                for p in (0..m).step_by(4) {
+                    // The last query repeated where fewer than four are left.
+                    let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(m - 1));
+                    blocked.dots(four.map(|r| &fq[r * dim..(r + 1) * dim]), &mut pd);
+                    for (i, r) in four.into_iter().enumerate() {
+                        if i > 0 && r == four[i - 1] {
+                            break;
+                        }
+                        let limit = f64::from_bits(cap[r].load(Relaxed));
+                        // Products below `least` are at least `reach` apart (`dist_floor`,
+                        // the margin covers it): a floor above the limit.
+                        let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
+                        let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
+                        near.clear();
+                        near.extend(
+                            pd[i * w..(i + 1) * w]
+                                .iter()
+                                .zip(span.clone())
+                                .filter(|&(_, j)| !(self_knn && j == r))
+                                .map(|(&d, j)| (d as f64, j as u32)),
+                        );
+                        // The task's k nearest among its rows within the limit, exact.
+                        local.clear();
+                        rank_by_floor(near, local, k, limit, least, slack, floor, |j| {
+                            (dist(r, j as usize), j)
+                        });
+                        if local.is_empty() {
+                            continue;
+                        }
+                        let mut best = shared[r]
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        for c in local.drain(..) {
+                            offer(&mut best, k, c);
+                        }
+                        if best.len() >= k {
+                            lower(r, best[k - 1].0);
                         }
                     }
-                    control.advance(1, 0);
-                    best
-                },
-            )
-            .reduce(
-                || vec![Vec::new(); m],
-                |mut a, b| {
-                    for (a, b) in a.iter_mut().zip(b) {
-                        for c in b {
-                            offer(a, k, c);
-                        }
-                    }
-                    a
-                },
-            );
+                }
+                control.advance(1, 0);
+            },
+        );
+        let ranked: Ranked = shared
+            .into_iter()
+            .map(|b| {
+                b.into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            })
+            .collect();
         control.check()?;
         Ok(ranked)
     })?
