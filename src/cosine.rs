@@ -691,6 +691,13 @@ fn kth_of(best: &[(f64, u32)], k: usize) -> f64 {
     best.get(k.wrapping_sub(1)).map_or(f64::INFINITY, |e| e.0)
 }
 
+/// The f32 dot product (of two f32 unit copies, as `partition::dot` takes it) below which
+/// the copies are at least `reach` apart by `partition::dist_floor` (the margin covers its
+/// rounding): a row whose product is below it has a floor beyond `reach`.
+fn least_dot(reach: f64, slack: f64) -> f64 {
+    1.0 - slack - reach * reach / 2.0 - 1e-6
+}
+
 /// Offers to `best` (a query's k nearest so far) the candidates of `near` (each an f32 dot
 /// product of the query's f32 copy with a row's, as `partition::dot` takes them, and a
 /// key that `exact` turns into the rule's distance and the row), as both searches rank
@@ -844,7 +851,7 @@ fn knn_grouped<T: Coord>(
             // `least` (at least `reach` apart by `dist_floor`, which the margin covers) have
             // a floor above the limit: ruled out without one.
             let reach = reach(limit);
-            let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
+            let least = least_dot(reach, slack);
             near.clear();
             // The members left in, then their dot products four at a time (`dot4`).
             near.extend(
@@ -1128,10 +1135,8 @@ fn knn_brute<T: Coord>(
                             break;
                         }
                         let limit = f64::from_bits(cap[r].load(Relaxed));
-                        // Products below `least` are at least `reach` apart (`dist_floor`,
-                        // the margin covers it): a floor above the limit.
                         let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
-                        let least = 1.0 - slack - reach * reach / 2.0 - 1e-6;
+                        let least = least_dot(reach, slack);
                         near.clear();
                         near.extend(
                             pd[i * w..(i + 1) * w]

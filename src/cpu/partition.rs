@@ -593,9 +593,13 @@ const BLOCK: usize = 32;
 /// coordinate by coordinate, as [`heads_block`] reads them (the last block padded with
 /// zero rows).
 fn in_blocks(rows: &[f32], dim: usize, pre: usize) -> Vec<f32> {
-    let k = rows.len() / dim;
-    let mut out = vec![0.0f32; k.div_ceil(BLOCK) * BLOCK * pre];
-    for (j, l) in rows.chunks_exact(dim).enumerate() {
+    rows_in_blocks(rows.chunks_exact(dim), pre)
+}
+
+/// [`in_blocks`] of the rows `rows` yields, in that order.
+fn rows_in_blocks<'r>(rows: impl ExactSizeIterator<Item = &'r [f32]>, pre: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows.len().div_ceil(BLOCK) * BLOCK * pre];
+    for (j, l) in rows.enumerate() {
         let blk = &mut out[(j / BLOCK) * BLOCK * pre..][..BLOCK * pre];
         for (c, &v) in l[..pre].iter().enumerate() {
             blk[c * BLOCK + j % BLOCK] = v;
@@ -734,15 +738,9 @@ impl Blocked {
     }
     /// The rows `ids` of `rows` (`dim` wide), in that order.
     fn gather(rows: &[f32], dim: usize, ids: &[usize]) -> Blocked {
-        let mut blocks = vec![0.0f32; ids.len().div_ceil(BLOCK) * BLOCK * dim];
-        for (j, &s) in ids.iter().enumerate() {
-            let blk = &mut blocks[(j / BLOCK) * BLOCK * dim..][..BLOCK * dim];
-            for (c, &v) in rows[s * dim..(s + 1) * dim].iter().enumerate() {
-                blk[c * BLOCK + j % BLOCK] = v;
-            }
-        }
+        let picked = ids.iter().map(|&s| &rows[s * dim..(s + 1) * dim]);
         Blocked {
-            blocks,
+            blocks: rows_in_blocks(picked, dim),
             rows: ids.len(),
             dim,
         }
