@@ -786,20 +786,28 @@ fn knn_grouped<T: Coord>(
     self_knn: bool,
     dim: usize,
     k: usize,
-    nx: &[f64],
-    nq: &[f64],
+    (nx, nq): (&[f64], &[f64]),
     cx: &[T],
     cq: Option<&[T]>,
+    sampled: Option<Option<(Vec<f32>, f64)>>,
     control: &crate::control::Control,
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
-    use crate::cpu::partition::{dot, dot4, dot_slack, knn_index, pivot_floor, Blocked};
+    use crate::cpu::partition::{dot, dot4, dot_slack, knn_index_of, knn_leaders, pivot_floor};
+    use crate::cpu::partition::{Blocked, KnnLeaders};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
         let t = std::time::Instant::now();
-        let Some(index) = knn_index(&as_f32(cx), dim, control) else {
+        let fx = as_f32(cx);
+        // The sample's leaders, where the caller has not taken them already.
+        let sampled = sampled.unwrap_or_else(|| match knn_leaders(&fx, dim, usize::MAX, control) {
+            KnnLeaders::Found(l) => l,
+            KnnLeaders::Over => None,
+        });
+        let Some(index) = sampled.and_then(|l| knn_index_of(&fx, dim, l, control)) else {
             control.check()?;
             return Ok(None);
         };
+        drop(fx);
         let built = t.elapsed().as_secs_f64();
         let fq = cq.map(as_f32);
         let g = &index.groups;
@@ -1067,6 +1075,17 @@ fn knn_grouped<T: Coord>(
 /// `partition::SMALL_SIDE`, for the same reason.
 const SMALL_QUERIES: usize = 256;
 
+/// A kNN of at least [`SMALL_QUERIES`] queries against a collection meets every row too
+/// where the queries number fewer than 1 / KNN_LEADERS_PER_QUERY of the leaders the
+/// collection's sample picks (`partition::knn_leaders`): grouping the rows (each against
+/// every leader) would cost more than the queries' products. Measured, 2 threads, k = 10,
+/// queries drawn from clusters-384d-100k and -768d-100k against the other 97,500 rows
+/// (2,000 leaders; grouping them 1.2-1.7 s at 384-D, 2.8-3.9 s at 768-D): every row met
+/// against grouped, 384-D 1,000 queries 1.05 / 1.86 s, 1,500 1.89 / 2.00, 2,500
+/// 2.58 / 2.05; 768-D 1,500 2.67 / 3.83, 2,500 5.24 / 4.86. Even at about 0.8-1.3 leaders
+/// a query; the join's `LEADERS_PER_QUERY` is 2 (its grouping is cheaper than the kNN's).
+const KNN_LEADERS_PER_QUERY: usize = 1;
+
 /// Each query's k nearest rows by the rule (ties by index), every query meeting every row:
 /// their f32 dot products in blocks (`partition::Blocked`, four queries at a time, the
 /// collection in tasks of `partition::cached_rows` rows), then [`rank_by_floor`] as the grouped
@@ -1266,6 +1285,7 @@ fn knn_search<T: Coord>(
 where
     for<'x> Dataset<'x>: FromRows<'x, T>,
 {
+    use crate::cpu::partition;
     let start = std::time::Instant::now();
     let (nx, nq, cx, cq) = prepare(engine, x, q, dim)?;
     opts.control.check()?;
@@ -1279,7 +1299,8 @@ where
         || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
     let mut declined = None;
     let auto = opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates;
-    if on_cpu && auto && rows < SMALL_QUERIES {
+    // Every query meets every row (`knn_brute`), for `why`, after `phases`.
+    let brute = |why: String, phases: Vec<(String, f64)>| -> Result<crate::knn::KnnResult> {
         let t = std::time::Instant::now();
         let ranked = knn_brute(
             engine,
@@ -1294,6 +1315,12 @@ where
             cq.as_deref(),
             &opts.control,
         )?;
+        let mut phases = phases;
+        phases.insert(0, ("cosine: norms and normalised copies".into(), prepared));
+        phases.push((
+            "cosine kNN: every query with every row".into(),
+            t.elapsed().as_secs_f64(),
+        ));
         let report = JoinReport {
             backend: "cpu".into(),
             device: format!(
@@ -1303,19 +1330,16 @@ where
             algorithm: crate::options::Algorithm::Brute,
             batches: 1,
             notes: vec![format!(
-                "cosine kNN: {rows} queries (< {SMALL_QUERIES}) meet every one of {n} rows \
+                "cosine kNN: {rows} queries ({why}) meet every one of {n} rows \
                  (f32 products in blocks, the rule's distance where they leave a row in)"
             )],
-            phases: vec![
-                ("cosine: norms and normalised copies".into(), prepared),
-                (
-                    "cosine kNN: every query with every row".into(),
-                    t.elapsed().as_secs_f64(),
-                ),
-            ],
+            phases,
             ..Default::default()
         };
-        return Ok(knn_result::<T>(ranked, k, report, start));
+        Ok(knn_result::<T>(ranked, k, report, start))
+    };
+    if on_cpu && auto && rows < SMALL_QUERIES {
+        return brute(format!("< {SMALL_QUERIES}"), Vec::new());
     }
     // Vectors near a low-dimensional subspace: a Euclidean kNN of their projections finds
     // the candidates, first where the sample's leaders keep growing (as for joins), else
@@ -1329,6 +1353,31 @@ where
     };
     let fitted = t.elapsed().as_secs_f64();
     let projection_first = fit.as_ref().is_some_and(|p| p.growth >= PROJECTION_FIRST);
+    // More queries against a collection, but fewer than the leaders its sample picks: the
+    // grouped index (each row against every leader) would cost more than the queries' own
+    // products. Found at the cost of that many leaders; those found serve the index.
+    let mut sampled = None;
+    let mut leaders_s = 0.0;
+    if on_cpu && auto && !projection_first && q.is_some() {
+        let t = std::time::Instant::now();
+        let over = rows * KNN_LEADERS_PER_QUERY;
+        let found =
+            engine.install(|| partition::knn_leaders(&as_f32(&cx), dim, over, &opts.control))?;
+        opts.control.check()?;
+        leaders_s = t.elapsed().as_secs_f64();
+        match found {
+            partition::KnnLeaders::Over => {
+                return brute(
+                    format!("more than {over} of the rows' sample lead at radius 1"),
+                    vec![
+                        ("cosine: principal directions of a sample".into(), fitted),
+                        ("cosine kNN: the rows' sample's leaders".into(), leaders_s),
+                    ],
+                );
+            }
+            partition::KnnLeaders::Found(l) => sampled = Some(l),
+        }
+    }
     if on_cpu && auto && !projection_first {
         let t = std::time::Instant::now();
         if let Some((ranked, note, threads, built)) = knn_grouped(
@@ -1338,10 +1387,10 @@ where
             q.is_none(),
             dim,
             k,
-            &nx,
-            norms_q,
+            (&nx, norms_q),
             &cx,
             cq.as_deref(),
+            sampled.take(),
             &opts.control,
         )? {
             let report = JoinReport {
@@ -1352,7 +1401,7 @@ where
                 notes: vec![note],
                 phases: vec![
                     ("cosine: norms and normalised copies".into(), prepared),
-                    ("cosine kNN: leaders and groups".into(), built),
+                    ("cosine kNN: leaders and groups".into(), leaders_s + built),
                     (
                         "cosine kNN: grouped search".into(),
                         t.elapsed().as_secs_f64() - built,

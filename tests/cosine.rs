@@ -1010,6 +1010,9 @@ fn few_queries_knn_meets_every_row() {
 /// picks (`partition::LEADERS_PER_QUERY`) meet every row too: 300 queries against 12,000
 /// vectors in 2,000 tight clusters (a few thousand leaders) take the blocked brute force;
 /// 300 queries against 12,000 in 40 clusters are grouped. The oracle's pairs either way.
+/// The same queries' kNN likewise (`KNN_LEADERS_PER_QUERY`): every row met where the
+/// sample's leaders outnumber them, grouped where they do not, the oracle's neighbours
+/// and distances either way.
 #[test]
 fn queries_fewer_than_the_leaders_meet_every_row() {
     let mut rng = Rng(61);
@@ -1036,6 +1039,14 @@ fn queries_fewer_than_the_leaders_meet_every_row() {
             &want[..],
             "{centres} centres: {notes}"
         );
+        let notes = knn_matches_oracle(&data, Some(&query), 10, &[1, 10], |_| !brute);
+        for note in notes {
+            assert_eq!(
+                note.contains("of the rows' sample lead"),
+                brute,
+                "{centres} centres: {note}"
+            );
+        }
     }
 }
 

@@ -270,12 +270,40 @@ pub(crate) struct Index {
 /// keeping the last radius before the sample stops showing
 /// clusters (`leaders` declines, or more than 16 times the target would lead); declines
 /// where even radius 1 finds none.
+#[cfg(test)]
 pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Index> {
-    let n = x.len() / dim;
-    if n < MIN_POINTS || dim < 16 {
-        return None;
+    match knn_leaders(x, dim, usize::MAX, control) {
+        KnnLeaders::Found(sampled) => knn_index_of(x, dim, sampled?, control),
+        KnnLeaders::Over => unreachable!("no cap"),
     }
-    let (mut leaders, radius) = stepped_leaders(x, dim, control)?;
+}
+
+/// What the first step of [`knn_index`] found: the sample's leaders.
+pub(crate) enum KnnLeaders {
+    /// More than the count asked of [`knn_leaders`] lead at its first radius (1); the
+    /// index would have at least as many.
+    Over,
+    /// The index's leaders and their radius, or None where it declines.
+    Found(Option<(Vec<f32>, f64)>),
+}
+
+/// The first step of [`knn_index`], the sample's leaders and their radius, which tell what
+/// grouping every vector would cost before it is paid; [`KnnLeaders::Over`] as soon as
+/// more than `over` lead at the first radius (at the cost of finding that many).
+pub(crate) fn knn_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> KnnLeaders {
+    if x.len() / dim < MIN_POINTS || dim < 16 {
+        return KnnLeaders::Found(None);
+    }
+    stepped_leaders(x, dim, over, control)
+}
+
+/// The rest of [`knn_index`]: every vector grouped around the leaders [`knn_leaders`] found.
+pub(crate) fn knn_index_of(
+    x: &[f32],
+    dim: usize,
+    (mut leaders, radius): (Vec<f32>, f64),
+    control: &Control,
+) -> Option<Index> {
     let mut groups = group(x, dim, &mut leaders, radius, control, None)?;
     let norm2 = recentre(&mut groups, &mut leaders, dim);
     Some(Index {
@@ -345,8 +373,9 @@ fn recentre(groups: &mut Groups<'_>, leaders: &mut [f32], dim: usize) -> Vec<f64
 
 /// Leaders of `x` at a radius stepped down from 1 until the sample has about sqrt(n)
 /// of them (see [`knn_index`]), and that radius; None where even radius 1 finds no
-/// clusters or `control` stopped.
-fn stepped_leaders(x: &[f32], dim: usize, control: &Control) -> Option<(Vec<f32>, f64)> {
+/// clusters or `control` stopped; [`KnnLeaders::Over`] where more than `over` (below the
+/// most the index takes) lead at radius 1.
+fn stepped_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> KnnLeaders {
     let n = x.len() / dim;
     let target = (n as f64).sqrt() as usize;
     // Many more leaders than the target cost every vector's assignment and buy nothing.
@@ -355,11 +384,14 @@ fn stepped_leaders(x: &[f32], dim: usize, control: &Control) -> Option<(Vec<f32>
     let mut best: Option<(Vec<f32>, f64)> = None;
     while radius > 0.05 {
         if control.is_cancelled() {
-            return None;
+            return KnnLeaders::Found(None);
         }
-        match leaders_capped(x, dim, radius, most, control) {
-            None => break,
-            Some(l) => {
+        let first = best.is_none();
+        let cap = if first { most.min(over) } else { most };
+        match leaders_capped(x, dim, radius, cap, control) {
+            Err(Declined::Capped) if first && cap < most => return KnnLeaders::Over,
+            Err(_) => break,
+            Ok(l) => {
                 let enough = l.len() / dim >= target;
                 best = Some((l, radius));
                 if enough {
@@ -369,13 +401,21 @@ fn stepped_leaders(x: &[f32], dim: usize, control: &Control) -> Option<(Vec<f32>
         }
         radius *= 0.8;
     }
-    best
+    KnnLeaders::Found(best)
 }
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
 fn leaders(x: &[f32], dim: usize, radius: f64, control: &Control) -> Option<Vec<f32>> {
-    leaders_capped(x, dim, radius, usize::MAX, control)
+    leaders_capped(x, dim, radius, usize::MAX, control).ok()
+}
+
+/// Why [`leaders_capped`] found no leaders.
+enum Declined {
+    /// More than its `most` would lead.
+    Capped,
+    /// More than `MAX_LEADER_SHARE` of the sample would lead, or the pass was stopped.
+    Spread,
 }
 
 /// [`leaders`], declining also where more than `most` would lead.
@@ -385,15 +425,22 @@ fn leaders_capped(
     radius: f64,
     most: usize,
     control: &Control,
-) -> Option<Vec<f32>> {
+) -> Result<Vec<f32>, Declined> {
     let n = x.len() / dim;
     let sample = (n / 8).clamp(SAMPLE_MIN, SAMPLE_MAX).min(n);
     let step = (n / sample).max(1);
-    let cap = ((sample as f64 * MAX_LEADER_SHARE) as usize).min(most);
+    let share_cap = (sample as f64 * MAX_LEADER_SHARE) as usize;
+    let cap = share_cap.min(most);
     let picked: Vec<usize> = (0..n).step_by(step).collect();
     let near = near_dot(radius);
     let mut out = Prefixed::new(Split::new(dim, near));
-    lead(x, &picked, near, (cap, MAX_LEADER_SHARE), &mut out, control).then_some(out.rows)
+    if lead(x, &picked, near, (cap, MAX_LEADER_SHARE), &mut out, control) {
+        Ok(out.rows)
+    } else if out.len() >= cap && cap < share_cap && !control.is_cancelled() {
+        Err(Declined::Capped)
+    } else {
+        Err(Declined::Spread)
+    }
 }
 
 /// Unit vectors: |a - b|^2 = 2 - 2 a.b, so "within radius" is a.b >= 1 - radius^2 / 2 (a
@@ -1249,8 +1296,8 @@ pub(crate) fn plan<'x>(
     // groups of a wider radius still prune: the bounds hold for any groups.
     let (mut lead, radius) = match leaders(first, dim, eps, control) {
         Some(l) => (l, eps),
-        None => match stepped_leaders(first, dim, control) {
-            Some((l, r)) if r > eps => (l, r),
+        None => match stepped_leaders(first, dim, usize::MAX, control) {
+            KnnLeaders::Found(Some((l, r))) if r > eps => (l, r),
             _ => return stopped(),
         },
     };
