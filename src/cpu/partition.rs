@@ -32,8 +32,11 @@ const MAX_LEADER_SHARE: f64 = 0.75;
 /// sample of them would lead, they are the loose edges of clusters, not clusters the
 /// sample missed, and new leaders would each gather few.
 const COVER_SHARE: f64 = 0.5;
-/// Groups of a radius wider than eps (near-duplicates) are used only where the bounds
-/// leave at most this share of the vector pairs to compare (estimated on a sample).
+/// Groups are used only where the bounds leave at most this share of the vector pairs
+/// to compare (estimated on a sample, [`kept_share`]). Measured, 2 threads, self-joins
+/// of 20,000-97,500 vectors: a share of 0.78-1.0 took 2.5-30x the general join's time
+/// (clusters-384d at eps 0.5: 10.6 s against EGO's 4.2; uniform 64-D vectors at eps 0.55,
+/// groups of 12: 162 s against 5.5), 0.01-0.04 a quarter of it.
 const WIDE_PAIRS_SHARE: f64 = 0.25;
 /// Fewest vectors for which grouping pays.
 const MIN_POINTS: usize = 4096;
@@ -406,6 +409,7 @@ fn stepped_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> Knn
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
+#[cfg(test)]
 fn leaders(x: &[f32], dim: usize, radius: f64, control: &Control) -> Option<Vec<f32>> {
     leaders_capped(x, dim, radius, usize::MAX, control).ok()
 }
@@ -451,9 +455,10 @@ fn near_dot(radius: f64) -> f32 {
 
 /// The leader rule over the rows `picked` of `x`, in order: a row leads when no leader so
 /// far (those in `out` included) has a dot product of at least `near` with it. False (and
-/// `out` incomplete) where `out` would pass `cap` rows, where a quarter of the way through
-/// the rate of new leaders already shows that more than `share` of `picked` would lead
-/// ([`share_floor`]), or where `control` stops (read between chunks). The same leaders as
+/// `out` incomplete) where `out` would pass `cap` rows, where nearly every row of a chunk
+/// leads, where a quarter of the way through the rate of new leaders already shows that
+/// more than `share` of `picked` would lead ([`share_floor`]), or where `control` stops
+/// (read between chunks). The same leaders as
 /// a serial pass, found in chunks: a chunk's rows meet the leaders so far in parallel,
 /// then the unmatched ones meet each other in order.
 fn lead(
@@ -487,9 +492,17 @@ fn lead(
             }
         }
         done += chunk.len();
+        let at = done as f64 / picked.len() as f64;
+        // Nearly every row of a full chunk leading (no clusters at all at this radius:
+        // uniform data) stops the pass from the second chunk on; sampled clusters leave
+        // a rate well below it there (measured on the second chunk: clusters-384d-1m 0.92,
+        // topics-384d's cover pass 0.96, the other embedding workloads 0.15-0.83).
+        let rate = (out.len() - old) as f64 / chunk.len() as f64;
+        if done >= 2 * LEAD_CHUNK && chunk.len() == LEAD_CHUNK && rate >= 0.99 {
+            return false;
+        }
         // The pass costs about (rows done) x (leaders so far): judged once, at a quarter,
         // on a full chunk, it stops a doomed pass at a sixteenth of its cost.
-        let at = done as f64 / picked.len() as f64;
         if !judged && at >= 0.25 && done >= 4 * LEAD_CHUNK && chunk.len() == LEAD_CHUNK {
             judged = true;
             let rate = (out.len() - old) as f64 / chunk.len() as f64;
@@ -1194,52 +1207,6 @@ impl<'x> Plan<'x> {
         Some((sa, near(gb, rb, g, ga.radius[g as usize]), false))
     }
 
-    /// Vector pairs in the pairs of groups (a group with itself: n(n-1)/2).
-    fn grouped_pairs(&self) -> f64 {
-        let (ga, gb) = (&self.ga, self.gb());
-        let size = |g: &Groups<'_>, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
-        self.pairs
-            .par_iter()
-            .map(|&(g, h, _)| {
-                let (a, b) = (size(ga, g), size(gb, h));
-                if self.self_join && g == h {
-                    a * (a - 1.0) / 2.0
-                } else {
-                    a * b
-                }
-            })
-            .sum()
-    }
-
-    /// An estimate, from a sample of the pairs of groups, of the share of all vector pairs
-    /// that [`Plan::members`] leaves to compare.
-    fn compared_share(&self) -> f64 {
-        let (ga, gb) = (&self.ga, self.gb());
-        let size = |g: &Groups<'_>, i: u32| (g.start[i as usize + 1] - g.start[i as usize]) as f64;
-        let step = (self.pairs.len() / 256).max(1);
-        let (kept, of) = (0..self.pairs.len())
-            .into_par_iter()
-            .step_by(step)
-            .map(|p| {
-                let (g, h, _) = self.pairs[p];
-                let kept = self.members(p).map_or(0.0, |(sa, sb, same)| {
-                    (sa.len() * sb.len()) as f64 / if same { 2.0 } else { 1.0 }
-                });
-                let of =
-                    size(ga, g) * size(gb, h) / if self.self_join && g == h { 2.0 } else { 1.0 };
-                (kept, of)
-            })
-            .reduce(|| (0.0, 0.0), |x, y| (x.0 + y.0, x.1 + y.1));
-        let grouped = self.grouped_pairs();
-        let (na, nb) = (ga.order.len() as f64, gb.order.len() as f64);
-        let all = if self.self_join {
-            na * na / 2.0
-        } else {
-            na * nb
-        };
-        kept / of.max(1.0) * grouped / all.max(1.0)
-    }
-
     /// The report's line on the plan and the vector pairs compared.
     pub(crate) fn note(&self, compared: u64) -> String {
         if self.brute {
@@ -1294,17 +1261,28 @@ pub(crate) fn plan<'x>(
     let stopped = || control.check().err().map(Err);
     // Where eps is too small for the sample to show clusters at it (near-duplicates),
     // groups of a wider radius still prune: the bounds hold for any groups.
-    let (mut lead, radius) = match leaders(first, dim, eps, control) {
-        Some(l) => (l, eps),
-        None => match stepped_leaders(first, dim, usize::MAX, control) {
+    // More queries, but still few against the large side's leaders: grouping it (each of
+    // its vectors against every leader) costs more than the queries' products. Known once
+    // that many lead (the pass stops there).
+    let few = other.map_or(usize::MAX, |o| o.len() / dim * LEADERS_PER_QUERY);
+    let (mut lead, radius) = match leaders_capped(first, dim, eps, few, control) {
+        Ok(l) => (l, eps),
+        Err(Declined::Capped) => return Some(Ok(Plan::brute(a, b, dim, eps))),
+        Err(Declined::Spread) => match stepped_leaders(first, dim, usize::MAX, control) {
             KnnLeaders::Found(Some((l, r))) if r > eps => (l, r),
             _ => return stopped(),
         },
     };
-    // More queries, but still few against the large side's leaders: grouping it (each of
-    // its vectors against every leader) costs more than the queries' products.
-    if other.is_some_and(|o| o.len() / dim * LEADERS_PER_QUERY < lead.len() / dim) {
+    if few < lead.len() / dim {
         return Some(Ok(Plan::brute(a, b, dim, eps)));
+    }
+    // Groups that cannot prune are known from a few hundred rows before every vector is
+    // assigned (uniform 64-D vectors at eps 0.55 spent 8.6 s grouping 97,500, the general
+    // join 5.5 s in all).
+    match early_share(first, dim, &lead, eps, control) {
+        None => return stopped(),
+        Some(share) if share > 2.0 * WIDE_PAIRS_SHARE => return None,
+        Some(_) => {}
     }
     let Some(mut g1) = group(first, dim, &mut lead, radius, control, assign) else {
         return stopped();
@@ -1331,6 +1309,12 @@ pub(crate) fn plan<'x>(
     // (`dot_slack`).
     let slack = dot_slack(dim);
     let floor = (1.0 - eps * eps / 2.0 - slack) as f32;
+    // Groups whose members are mostly within reach of each other prune nothing (no
+    // clusters at this radius, or eps too wide for them), and small groups cost more a pair
+    // than the general join's blocks: it does better.
+    if kept_share(&lead, dim, &ga, gb_ref, b.is_none(), eps, slack) > WIDE_PAIRS_SHARE {
+        return None;
+    }
     let pairs = group_pairs(&lead, dim, &ga, gb_ref, b.is_none(), eps, slack, control);
     if let Err(e) = control.check() {
         return Some(Err(e));
@@ -1350,12 +1334,115 @@ pub(crate) fn plan<'x>(
         sure_f16: f32::INFINITY,
         brute: false,
     };
-    // Groups wider than eps whose members are mostly within reach of each other prune
-    // nothing (no clusters at either radius): the general join does better.
-    if radius > eps && plan.compared_share() > WIDE_PAIRS_SHARE {
-        return None;
-    }
     Some(Ok(plan))
+}
+
+/// Vector pairs [`kept_share`] and [`early_share`] draw.
+const SHARE_SAMPLE: usize = 4096;
+
+/// Rows of `x` that [`early_share`] assigns.
+const EARLY_ROWS: usize = 512;
+
+/// The `i`-th of a fixed sequence of evenly spread 64-bit values (a splitmix64 step).
+fn spread(i: u64) -> u64 {
+    let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// [`kept_share`] foreseen before the vectors are grouped: [`EARLY_ROWS`] rows of `x`
+/// spread evenly, each given its nearest leader, every group's radius taken as the 90th
+/// percentile of their distances from theirs, and pairs of those rows drawn as
+/// [`kept_share`] draws them. An estimate only (the radii are guessed): the plan checks
+/// [`kept_share`] once the groups are made. None where `control` stopped.
+fn early_share(x: &[f32], dim: usize, lead: &[f32], eps: f64, control: &Control) -> Option<f64> {
+    let n = x.len() / dim;
+    let m = EARLY_ROWS.min(n);
+    if m < 2 {
+        return Some(0.0);
+    }
+    let rows: Vec<f32> = (0..m)
+        .flat_map(|i| {
+            x[i * (n / m) * dim..(i * (n / m) + 1) * dim]
+                .iter()
+                .copied()
+        })
+        .collect();
+    let near = nearest_leaders(&rows, dim, lead, near_dot(eps), control, false)?;
+    let apart = |d: f32| (2.0 - 2.0 * d as f64).max(0.0).sqrt();
+    let mut to_leader: Vec<f64> = near.iter().map(|&(_, d)| apart(d)).collect();
+    to_leader.sort_unstable_by(f64::total_cmp);
+    let radius = to_leader[m * 9 / 10];
+    let reach = radius + eps;
+    let leader = |g: u32| &lead[g as usize * dim..(g as usize + 1) * dim];
+    let row = |i: usize| &rows[i * dim..(i + 1) * dim];
+    let kept = (0..SHARE_SAMPLE as u64)
+        .into_par_iter()
+        .filter(|&i| {
+            let z = spread(i);
+            let s = (z % m as u64) as usize;
+            let t = (s + 1 + ((z >> 32) % (m as u64 - 1)) as usize) % m;
+            let (g, h) = (near[s].0, near[t].0);
+            g == h
+                || (apart(dot(leader(g), leader(h))) <= radius + reach
+                    && apart(dot(row(s), leader(h))) <= reach
+                    && apart(dot(row(t), leader(g))) <= reach)
+        })
+        .count();
+    Some(kept as f64 / SHARE_SAMPLE as f64)
+}
+
+/// An estimate of the share of all vector pairs of the groups `ga`, `gb` (around the
+/// leaders `lead`) that a plan would compare: `SHARE_SAMPLE` pairs drawn evenly (a fixed
+/// sequence), each counted where [`group_pairs`] keeps its pair of groups and
+/// [`Plan::members`] keeps both of its vectors (the same tests).
+#[allow(clippy::too_many_arguments)]
+fn kept_share(
+    lead: &[f32],
+    dim: usize,
+    ga: &Groups<'_>,
+    gb: &Groups<'_>,
+    self_join: bool,
+    eps: f64,
+    slack: f64,
+) -> f64 {
+    let (na, nb) = (ga.order.len() as u64, gb.order.len() as u64);
+    if na == 0 || nb == 0 || (self_join && na < 2) {
+        return 0.0;
+    }
+    let leader = |g: usize| &lead[g * dim..(g + 1) * dim];
+    let group_of = |gr: &Groups<'_>, s: usize| gr.start.partition_point(|&st| st <= s) - 1;
+    let kept = (0..SHARE_SAMPLE as u64)
+        .into_par_iter()
+        .filter(|&i| {
+            let z = spread(i);
+            let s = (z % na) as usize;
+            let mut t = ((z >> 32).wrapping_mul(0x2545_F491_4F6C_DD1D) % nb) as usize;
+            if self_join && t == s {
+                t = (t + 1) % nb as usize;
+            }
+            let (g, h) = (group_of(ga, s), group_of(gb, t));
+            if self_join && g == h {
+                return true;
+            }
+            let gap = match g == h {
+                true => 0.0,
+                false => dist_floor(dot(leader(g), leader(h)), slack),
+            };
+            if gap > ga.radius[g] + gb.radius[h] + eps * (1.0 + 1e-9) {
+                return false;
+            }
+            let near = |gr: &Groups<'_>, s: usize, other: usize, r: f64| {
+                let reach = (r + eps) * (1.0 + 1e-9);
+                gap - gr.to_leader[s] <= reach
+                    && dist_floor(dot(&gr.rows[s * dim..(s + 1) * dim], leader(other)), slack)
+                        <= reach
+            };
+            near(ga, s, h, gb.radius[h]) && near(gb, t, g, ga.radius[g])
+        })
+        .count();
+    kept as f64 / SHARE_SAMPLE as f64
 }
 
 /// Where a grouped join hands its candidates, in chunks, from any thread: `true` with a
@@ -1809,8 +1896,34 @@ mod tests {
         assert_eq!(share_floor(0.25, 0.0), 0.0);
     }
 
-    /// A pass whose rows nearly all lead stops at its quarter (a sixteenth of its cost);
-    /// one over clustered rows runs to the end.
+    /// Groups of uniform vectors at a wide eps are within reach of each other: both
+    /// estimates of the share of pairs a plan compares say most ([`early_share`] before
+    /// the vectors are grouped, [`kept_share`] after), and [`plan`] declines; clustered
+    /// vectors at a narrower eps leave few, and are planned.
+    #[test]
+    fn shares_of_pairs_compared_tell_groups_that_prune() {
+        let (n, dim) = (6000usize, 64usize);
+        let control = Control::new();
+        for (centres, eps, wide) in [(0usize, 1.15f64, true), (60, 0.3, false)] {
+            let x = vectors(5, n, dim, centres, false);
+            let mut lead = leaders(&x, dim, eps, &control).expect("the sample leads");
+            let early = early_share(&x, dim, &lead, eps, &control).unwrap();
+            let g = group(&x, dim, &mut lead, eps, &control, None).unwrap();
+            let kept = kept_share(&lead, dim, &g, &g, true, eps, dot_slack(dim));
+            let what = format!("{centres} centres: early {early}, kept {kept}");
+            assert_eq!(early > 2.0 * WIDE_PAIRS_SHARE, wide, "{what}");
+            assert_eq!(kept > WIDE_PAIRS_SHARE, wide, "{what}");
+            assert_eq!(
+                plan(&x, None, dim, eps, &control, None).is_none(),
+                wide,
+                "{what}"
+            );
+        }
+    }
+
+    /// A pass whose rows nearly all lead stops after its second chunk; one whose rate is
+    /// lower but shows more than `share` would lead stops at its quarter (a sixteenth of
+    /// its cost); one over clustered rows runs to the end.
     #[test]
     fn the_leader_rule_stops_a_doomed_pass_early() {
         let (n, dim) = (8192usize, 64usize);
@@ -1827,10 +1940,29 @@ mod tests {
             &Control::new()
         ));
         assert!(
-            out.len() <= n / 4,
+            out.len() <= 2 * LEAD_CHUNK,
             "{} leaders before it stopped",
             out.len()
         );
+        // Pairs of copies: half the rows lead, a rate far below 0.99 but above 0.2: it
+        // stops at its quarter, 2,048 rows in.
+        let pairs: Vec<f32> = uniform[..n / 2 * dim].repeat(2);
+        let picked: Vec<usize> = (0..n / 2).flat_map(|i| [i, i + n / 2]).collect();
+        let mut out = Prefixed::new(Split::new(dim, near));
+        assert!(!lead(
+            &pairs,
+            &picked,
+            near,
+            (n, 0.2),
+            &mut out,
+            &Control::new()
+        ));
+        assert!(
+            out.len() == n / 8,
+            "{} leaders before it stopped",
+            out.len()
+        );
+        let picked: Vec<usize> = (0..n).collect();
         let clustered = vectors(9, n, dim, 40, false);
         let near = near_dot(0.8);
         let mut out = Prefixed::new(Split::new(dim, near));
