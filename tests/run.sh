@@ -71,6 +71,10 @@ echo "== Randomised differential tests (tests/fuzz/fuzz.py: every backend agains
 for what in join knn dbscan; do
   (cd /tmp && "$venv/bin/python" "$root/tests/fuzz/fuzz.py" "$what" --seed 1 --iterations 150)
 done
+# Cosine cases are larger (up to 5,000 rows, where the grouped index runs; 1024-D): fewer.
+for what in cosine cosine-knn; do
+  (cd /tmp && "$venv/bin/python" "$root/tests/fuzz/fuzz.py" "$what" --seed 1 --iterations 40)
+done
 
 echo "== Benchmark harness tests (pytest) [at ${SECONDS} s]"
 # The harness's logic (peers' counts normalised, eps by sampling, the runners, the gpu
