@@ -1156,12 +1156,21 @@ fn knn_brute<T: Coord>(
                         let limit = f64::from_bits(cap[r].load(Relaxed));
                         let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
                         let least = least_dot(reach, slack);
+                        // Most products fall below `least` once the k-th distance is known:
+                        // dropped in f32 first (`least` rounded down to f32, so that none
+                        // at or above it is), the rest by `rank_by_floor`.
+                        let below = least as f32;
+                        let below = if below as f64 > least {
+                            below.next_down()
+                        } else {
+                            below
+                        };
                         near.clear();
                         near.extend(
                             pd[i * w..(i + 1) * w]
                                 .iter()
                                 .zip(span.clone())
-                                .filter(|&(_, j)| !(self_knn && j == r))
+                                .filter(|&(&d, j)| d >= below && !(self_knn && j == r))
                                 .map(|(&d, j)| (d as f64, j as u32)),
                         );
                         // The task's k nearest among its rows within the limit, exact.
