@@ -445,7 +445,7 @@ fn grouped<'d, T: Coord>(
                 found
             };
             let t = std::time::Instant::now();
-            let planned = match brute || std::env::var("SIMJOIN_TMP_JOIN").is_ok() {
+            let planned = match brute {
                 true => Some(Ok(partition::Plan::brute(&fa, fb.as_deref(), dim, eps))),
                 false => {
                     partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign))
