@@ -8,6 +8,7 @@ use super::dot_filter;
 use super::index::{plan_grid, GridIndex};
 use super::interface::{binding, flags};
 use crate::backend::Job;
+use crate::control::Control;
 use crate::dataset::{Coords, Dataset};
 use crate::error::{Error, Result};
 use crate::grid::GridGeometry;
@@ -224,8 +225,12 @@ pub(super) fn prepare_grid<T: Coord>(
         Some(b) => (job.a, b, true),
     };
     let t_plan = std::time::Instant::now();
-    let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims)?;
+    // The host's planning and build take a second or more at a few hundred thousand points
+    // (several on a loaded machine): a stop is seen between their steps. The copies queued
+    // by then hold their buffers, and dropping `uploads` waits for them.
+    let plan = plan_grid(&r, &q, self_join, eps, opts.indexed_dims, &opts.control)?;
     let planning = t_plan.elapsed().as_secs_f64();
+    opts.control.check()?;
     if let Some(k) = opts.indexed_dims {
         if k > plan.geom.k() {
             report
@@ -296,6 +301,7 @@ pub(super) fn prepare_grid<T: Coord>(
                 plan.geom.clone(),
                 plan.sort_dim,
                 &plan.variance_order,
+                &opts.control,
             )?;
             (data, n_cells, 0, None)
         }
@@ -322,6 +328,7 @@ pub(super) fn prepare_grid<T: Coord>(
     if swap {
         bits |= flags::FLAG_SWAP;
     }
+    opts.control.check()?;
     let mut data = data;
     let thr = threshold::<T>(opts.metric, eps);
     let dot = dot_filter::prepare(
@@ -363,9 +370,11 @@ fn host_index<T: Coord>(
     geom: GridGeometry,
     sort_dim: Option<usize>,
     variance_order: &[usize],
+    control: &Control,
 ) -> Result<(DeviceData, u32)> {
     let dim = r.dim();
     let idx = GridIndex::build(r, geom, sort_dim);
+    control.check()?;
     // Each array goes up (its copy queued) as soon as it exists, while the host goes on.
     let cell_keys = upload(uploads, &idx.cell_keys, "cell ids (B)")?;
     let cell_ranges = upload(uploads, &idx.cell_ranges, "cell ranges (G)")?;
@@ -382,6 +391,7 @@ fn host_index<T: Coord>(
     meta.extend_from_slice(&idx.mask_coords);
     let meta = upload(uploads, &meta, "grid masks (M)")?;
     uploads.submit()?;
+    control.check()?;
     let (q_coords, q_ids, q_cells) = match q {
         None => (None, None, idx.query_cells(r, &idx.order)),
         Some(q) => {

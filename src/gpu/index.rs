@@ -10,6 +10,7 @@
 //! Points are sorted by cell and, inside a cell, by the SORTIDU dimension. Cell coordinates
 //! come from `GridGeometry` (f64 on the host) so no pair is lost on cell edges.
 
+use crate::control::Control;
 use crate::dataset::Dataset;
 use crate::error::Result;
 use crate::grid::GridGeometry;
@@ -290,6 +291,10 @@ impl KCost {
 /// GPU-JOIN's sampling cost model: for each k, search a sample of the queries through the
 /// index, count the cells probed and the candidate points compared (mu), and scale by 1/f:
 /// compare ops = mu/f * dim, search ops = probes/f * log2|G|. Returns the costs per k.
+/// Each k keys and sorts every indexed point (a tenth of a second at 200,000 points, half
+/// a second on CI's loaded cores, where a SIGINT once waited 2.9 s for the planning), so
+/// `control` is checked before each k and after its sort.
+#[allow(clippy::too_many_arguments)]
 pub fn k_costs(
     indexed: &Dataset,
     queries: &Dataset,
@@ -298,12 +303,14 @@ pub fn k_costs(
     lo: &[f64],
     hi: &[f64],
     eps: f64,
+    control: &Control,
 ) -> Result<Vec<KCost>> {
     let kmax = dims.len().min(MAX_AUTO_K);
     let sample = sample_positions(queries.len(), 0.01, MAX_COST_SAMPLE);
     let f = sample.len() as f64 / queries.len().max(1) as f64;
     let mut out: Vec<KCost> = Vec::new();
     for k in 1..=kmax {
+        control.check()?;
         let geom = geometry_for(&dims[..k], lo, hi, eps)?;
         if geom.k() < k {
             break; // linear ids would overflow: larger k cannot be indexed
@@ -315,6 +322,7 @@ pub fn k_costs(
         all.par_sort_unstable();
         let (keys, sizes) = runs(&all);
         drop(all);
+        control.check()?;
         let log_g = (keys.len().max(2) as f64).log2();
         let lite = skeleton(&geom, keys);
         let size_of = |key: u64| lite.cell_keys.binary_search(&key).map_or(0, |c| sizes[c]);
@@ -439,6 +447,7 @@ pub fn plan_grid(
     self_join: bool,
     eps: f64,
     forced_k: Option<usize>,
+    control: &Control,
 ) -> Result<GridPlan> {
     let variances = sampled_variances(indexed);
     let dims = order_by_variance(&variances);
@@ -448,7 +457,7 @@ pub fn plan_grid(
     let (k, costs) = match forced_k {
         Some(k) => (k.min(dims.len()), Vec::new()),
         None => {
-            let costs = k_costs(indexed, queries, self_join, &dims, &lo, &hi, eps)?;
+            let costs = k_costs(indexed, queries, self_join, &dims, &lo, &hi, eps, control)?;
             (choose_k(&costs), costs)
         }
     };
@@ -536,7 +545,7 @@ mod tests {
                 .map(|_| (lcg(&mut seed) * 10.0).round() / 10.0)
                 .collect();
             let data = Dataset::from_f64(&pts, d).unwrap();
-            let plan = plan_grid(&data, &data, true, eps, Some(k)).unwrap();
+            let plan = plan_grid(&data, &data, true, eps, Some(k), &Control::default()).unwrap();
             let idx = GridIndex::build(&data, plan.geom, plan.sort_dim);
             let got = emulate_self_join(&data, &idx, eps);
             let want = oracle::self_join(&data, Metric::Euclidean, eps);
@@ -553,7 +562,7 @@ mod tests {
     fn index_arrays_are_consistent() {
         let pts: Vec<f64> = vec![0.0, 0.0, 0.05, 0.0, 1.0, 1.0, 0.0, 0.0, 3.0, 0.5];
         let data = Dataset::from_f64(&pts, 2).unwrap();
-        let plan = plan_grid(&data, &data, true, 0.1, Some(2)).unwrap();
+        let plan = plan_grid(&data, &data, true, 0.1, Some(2), &Control::default()).unwrap();
         let idx = GridIndex::build(&data, plan.geom, plan.sort_dim);
         assert!(idx.cell_keys.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(idx.cell_ranges.last().unwrap()[1], 5);
@@ -563,13 +572,27 @@ mod tests {
         assert_eq!(idx.mask_offsets.len(), 3);
     }
 
+    /// A stopped job's planning ends at its next check: the cost model's first k.
+    #[test]
+    fn a_stop_ends_the_planning() {
+        let mut seed = 5;
+        let (n, d) = (3000, 8);
+        let pts: Vec<f64> = (0..n * d).map(|_| lcg(&mut seed)).collect();
+        let data = Dataset::from_f64(&pts, d).unwrap();
+        let control = Control::new();
+        assert!(plan_grid(&data, &data, true, 0.3, None, &control).is_ok());
+        control.cancel();
+        let stopped = plan_grid(&data, &data, true, 0.3, None, &control);
+        assert!(stopped.is_err_and(|e| e.kind() == crate::error::ErrorKind::Cancelled));
+    }
+
     #[test]
     fn cost_model_prefers_few_dims_on_high_dim_uniform() {
         let mut seed = 3;
         let (n, d) = (2000, 32);
         let pts: Vec<f64> = (0..n * d).map(|_| lcg(&mut seed)).collect();
         let data = Dataset::from_f64(&pts, d).unwrap();
-        let plan = plan_grid(&data, &data, true, 0.3, None).unwrap();
+        let plan = plan_grid(&data, &data, true, 0.3, None, &Control::default()).unwrap();
         assert!(plan.geom.k() >= 1 && plan.geom.k() <= MAX_AUTO_K);
         assert!(!plan.costs.is_empty());
         assert_eq!(plan.geom.k(), choose_k(&plan.costs));
@@ -641,7 +664,8 @@ mod tests {
             for (r, q, self_join) in [(&a, &a, true), (&b, &a, false)] {
                 let dims = order_by_variance(&sampled_variances(r));
                 let (lo, hi) = bounds(r);
-                let got = k_costs(r, q, self_join, &dims, &lo, &hi, eps).unwrap();
+                let got =
+                    k_costs(r, q, self_join, &dims, &lo, &hi, eps, &Control::default()).unwrap();
                 let want = reference(r, q, self_join, eps);
                 assert!(!got.is_empty());
                 for c in &got {
