@@ -365,6 +365,44 @@ fn threads_option_and_lss_unsupported() {
     );
 }
 
+/// A grid whose cells are as wide as the data (32-D, eps past the side of the box): every
+/// item's candidates are nearly the whole set, so its queries run in short runs with the
+/// control read between them (`cpu/grid.rs` CHECK_WORK). Every pair is still found once,
+/// self-join and A ⋈ B, each metric, f32 and f64, pairs and CSR.
+#[test]
+fn grid_items_over_the_whole_set_keep_every_pair() {
+    let d = 32;
+    let x = uniform(3000, d, 1.0, 31);
+    let y = uniform(1200, d, 1.0, 32);
+    for (m, eps) in [
+        (Metric::Euclidean, 1.6),
+        (Metric::Manhattan, 9.0),
+        (Metric::Chebyshev, 0.7),
+    ] {
+        common::each_precision_pair(&x, &y, d, |a, b| {
+            let want = oracle::self_join(a, m, eps);
+            assert!(
+                want.len() > 200,
+                "{m:?}: too few pairs to test: {}",
+                want.len()
+            );
+            let o = opts(eps, m, Algorithm::Grid);
+            let r = Engine::new().self_join(a, &o).unwrap();
+            assert_eq!(sorted(r.pairs().unwrap().to_vec()), want, "{m:?} self-join");
+            let mut c = o.clone();
+            c.output = OutputForm::Csr;
+            c.sorted = true;
+            let r = Engine::new().self_join(a, &c).unwrap();
+            let expect = simjoin::result::build_csr(want, true, a.len(), false, true).unwrap();
+            assert_eq!(r.csr().unwrap(), &expect, "{m:?} self-join CSR");
+            let want = oracle::join(a, b, m, eps);
+            assert!(!want.is_empty());
+            let r = Engine::new().join(a, b, &o).unwrap();
+            assert_eq!(sorted(r.pairs().unwrap().to_vec()), want, "{m:?} A x B");
+        });
+    }
+}
+
 #[test]
 fn grid_indexed_dims_option() {
     let d = 6;
