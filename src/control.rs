@@ -5,7 +5,7 @@
 //! callback ([`Control::with_progress`]) is told at a bounded rate.
 //!
 //! How a stop travels: every backend's workers read the flag between small pieces of
-//! work (a CPU grid item of 256 query points, an EGO recursion step, a kNN chunk, a GPU
+//! work (a run of a CPU grid item's queries, an EGO recursion step, a kNN chunk, a GPU
 //! batch), so a stop is seen within milliseconds on the CPU and after the batches in
 //! flight on a GPU. The job then ends with `ErrorKind::Cancelled`, after its threads
 //! have stopped and its buffers are freed (the call returns only then).
