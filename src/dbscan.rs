@@ -670,6 +670,9 @@ fn run<T: Points>(
     join.algorithm = opts.algorithm;
     join.control = opts.control.clone();
     join.validate()?;
+    // A stopped control ends the call before the Z-order copy (200,000 32-D points took
+    // over 50 ms to copy under AddressSanitizer, tests/c/test_cancel.c).
+    opts.control.check()?;
     let mut report = JoinReport::default();
     let mut phases = Vec::new();
 
@@ -686,6 +689,7 @@ fn run<T: Points>(
     let data = T::dataset(xs, dim)?;
     if reorder {
         phases.push(("spatial order".to_string(), t.elapsed().as_secs_f64()));
+        opts.control.check()?;
     }
 
     // The join: neighbour counts (the point itself included), core-core links where both
