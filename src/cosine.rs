@@ -1076,23 +1076,216 @@ fn knn_grouped<T: Coord>(
 const SMALL_QUERIES: usize = 256;
 
 /// A kNN of at least [`SMALL_QUERIES`] queries against a collection meets every row too
-/// where the queries number fewer than 1 / KNN_LEADERS_PER_QUERY of the leaders the
+/// where the queries number fewer than KNN_QUERIES_PER_LEADER times the leaders the
 /// collection's sample picks (`partition::knn_leaders`): grouping the rows (each against
-/// every leader) would cost more than the queries' products. Measured, 2 threads, k = 10,
-/// queries drawn from clusters-384d-100k and -768d-100k against the other 97,500 rows
-/// (2,000 leaders; grouping them 1.2-1.7 s at 384-D, 2.8-3.9 s at 768-D): every row met
-/// against grouped, 384-D 1,000 queries 1.05 / 1.86 s, 1,500 1.89 / 2.00, 2,500
-/// 2.58 / 2.05; 768-D 1,500 2.67 / 3.83, 2,500 5.24 / 4.86. Even at about 0.8-1.3 leaders
-/// a query; the join's `LEADERS_PER_QUERY` is 2 (its grouping is cheaper than the kNN's).
-const KNN_LEADERS_PER_QUERY: usize = 1;
+/// every leader) would cost more than the queries' products, most of which stop at their
+/// first coordinates. Measured, 2 threads, k = 10, queries drawn from clusters-384d-100k
+/// and -768d-100k against the other rows (2,000 leaders), every row met against grouped:
+/// 384-D 2,500 queries 1.0-1.3 / 1.7-1.9 s, 5,000 1.78 / 1.89; 768-D 2,500 1.5-1.6 /
+/// 2.7-2.9, 5,000 2.37 / 3.30. (Before the first coordinates' bounds the two met at about
+/// one query a leader.)
+const KNN_QUERIES_PER_LEADER: usize = 2;
+
+/// The largest of `v` (minus infinity where empty; no NaN), over eight lanes so that it
+/// vectorises.
+fn max_of(v: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = v.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    lanes.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// The f32 product of unit copies below which a row is out of a query's reach where its
+/// k-th distance is `limit`: [`least_dot`] of [`rule_reach`], and the same rounded down to
+/// f32 (none at or above it is), for the f32 tests before [`rank_by_floor`].
+fn least_below(limit: f64, dim: usize) -> (f64, f32) {
+    let u32_ = f32::EPSILON as f64 / 2.0;
+    let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
+    let least = least_dot(reach, crate::cpu::partition::dot_slack(dim));
+    let below = least as f32;
+    let below = if below as f64 > least {
+        below.next_down()
+    } else {
+        below
+    };
+    (least, below)
+}
+
+/// Queries [`seeds_pay`] seeds, and rows it samples.
+const SEED_PROBE: (usize, usize) = (8, 2048);
+
+/// Whether [`seed_caps`] pays before [`knn_brute`]: where the seeds leave most products
+/// past their first coordinates anyway (no clusters: uniform directions), its work is lost
+/// (a twelfth of the products'). Decided on the first [`SEED_PROBE`] queries' seeds: the
+/// share of a sample of rows whose bound by `partition::Bounded`'s first coordinates and
+/// rest (`rest_q`: the queries' rest norms) reaches their floors, paying below a quarter.
+#[allow(clippy::too_many_arguments)]
+fn seeds_pay(
+    fx: &[f32],
+    fq: &[f32],
+    rest_q: &[f32],
+    dim: usize,
+    k: usize,
+    self_knn: bool,
+    dist: &(dyn Fn(usize, usize) -> f64 + Sync),
+    control: &crate::control::Control,
+) -> bool {
+    use crate::cpu::partition::{dot, Bounded};
+    let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
+    let pre = Bounded::pre(dim);
+    if pre == dim || m == 0 {
+        return false;
+    }
+    let probe = m.min(SEED_PROBE.0);
+    let caps = seed_caps(fx, &fq[..probe * dim], dim, k, self_knn, dist, control);
+    let step = n.div_ceil(SEED_PROBE.1).max(1);
+    let (mut met, mut left) = (0usize, 0usize);
+    for (r, &cap) in caps.iter().enumerate() {
+        let (_, below) = least_below(cap, dim);
+        let q = &fq[r * dim..(r + 1) * dim];
+        for j in (0..n).step_by(step) {
+            let row = &fx[j * dim..(j + 1) * dim];
+            let bound = dot(&q[..pre], &row[..pre]) + rest_q[r] * Bounded::rest(row, pre);
+            met += 1;
+            left += (bound >= below) as usize;
+        }
+    }
+    4 * left < met
+}
+
+/// Rows a query measures by the rule for [`seed_caps`]: enough of its nearest by the heads
+/// that at least k of them be near ones where a few far rows' heads come out on top.
+fn seed_rows(k: usize) -> usize {
+    2 * k + 8
+}
+
+/// For each query (rows of `fq`, `dim` wide) an upper bound on its k-th rule distance
+/// among the rows of `fx` (f32 unit copies), before any row is met in full, so that
+/// [`knn_brute`]'s bounds prune from its first rows on: the rule distance (`dist(query,
+/// row)`) of its [`seed_rows`] rows with the largest f32 products over the first third of
+/// [`Bounded::pre`]'s coordinates, the k-th of them (infinite where fewer than k rows).
+/// Which rows is a guess (on clustered data, mostly the query's own cluster: a third of a
+/// quarter of the products' work); the bound is exact, any k rows' distances being one.
+fn seed_caps(
+    fx: &[f32],
+    fq: &[f32],
+    dim: usize,
+    k: usize,
+    self_knn: bool,
+    dist: &(dyn Fn(usize, usize) -> f64 + Sync),
+    control: &crate::control::Control,
+) -> Vec<f64> {
+    use crate::cpu::partition::{cached_rows, Blocked, Bounded};
+    use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+    use std::sync::Mutex;
+    let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
+    let want = seed_rows(k);
+    if m == 0 || n < k + usize::from(self_knn) || k == 0 {
+        return vec![f64::INFINITY; m];
+    }
+    let s = (Bounded::pre(dim) / 3 / 8 * 8).max(8).min(dim);
+    // Each query's `want` largest heads so far, and the least of them once there are
+    // that many (f32 bits, rising), below which a task offers none.
+    let lists: Vec<Mutex<Vec<(f32, u32)>>> = (0..m).map(|_| Mutex::new(Vec::new())).collect();
+    let least: Vec<AtomicU32> = (0..m)
+        .map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits()))
+        .collect();
+    let by_head = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    let rows = cached_rows(s);
+    (0..n.div_ceil(rows))
+        .into_par_iter()
+        .for_each_init(Vec::<(f32, u32)>::new, |top, t| {
+            if control.is_cancelled() {
+                return;
+            }
+            let span = t * rows..((t + 1) * rows).min(n);
+            let w = span.len();
+            let heads = Blocked::prefix(&fx[span.start * dim..span.end * dim], dim, s);
+            let mut pd = vec![0.0f32; 4 * w];
+            for p in (0..m).step_by(4) {
+                let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(m - 1));
+                heads.dots(four.map(|r| &fq[r * dim..r * dim + s]), &mut pd);
+                for (i, r) in four.into_iter().enumerate() {
+                    if i > 0 && r == four[i - 1] {
+                        break;
+                    }
+                    let mut at = f32::from_bits(least[r].load(Relaxed));
+                    let pd = &pd[i * w..(i + 1) * w];
+                    // Most runs of rows hold none above `at`: seen from their maximum
+                    // (vectorised) before any of them is looked at.
+                    top.clear();
+                    const RUN: usize = 64;
+                    for (c, run) in pd.chunks(RUN).enumerate() {
+                        if max_of(run) <= at {
+                            continue;
+                        }
+                        for (l, &h) in (c * RUN..).zip(run) {
+                            if h > at && !(self_knn && span.start + l == r) {
+                                top.push((h, (span.start + l) as u32));
+                                // Cut to the largest `want` now and then, raising `at`.
+                                if top.len() == 4 * want {
+                                    top.select_nth_unstable_by(want - 1, by_head);
+                                    top.truncate(want);
+                                    at = top.iter().fold(f32::INFINITY, |a, e| a.min(e.0));
+                                }
+                            }
+                        }
+                    }
+                    if top.is_empty() {
+                        continue;
+                    }
+                    if top.len() > want {
+                        top.select_nth_unstable_by(want - 1, by_head);
+                        top.truncate(want);
+                    }
+                    let mut list = lists[r]
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    list.extend_from_slice(top);
+                    if list.len() >= want {
+                        list.select_nth_unstable_by(want - 1, by_head);
+                        list.truncate(want);
+                        let low = list.iter().fold(f32::INFINITY, |a, e| a.min(e.0));
+                        // Under the lock, and the least of the largest only rises.
+                        least[r].store(low.to_bits(), Relaxed);
+                    }
+                }
+            }
+        });
+    lists
+        .into_par_iter()
+        .enumerate()
+        .map(|(r, list)| {
+            let list = list
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if list.len() < k {
+                return f64::INFINITY;
+            }
+            let mut d: Vec<f64> = list.iter().map(|&(_, j)| dist(r, j as usize)).collect();
+            d.select_nth_unstable_by(k - 1, f64::total_cmp);
+            d[k - 1]
+        })
+        .collect()
+}
 
 /// Each query's k nearest rows by the rule (ties by index), every query meeting every row:
-/// their f32 dot products in blocks (`partition::Blocked`, four queries at a time, the
+/// their f32 dot products in blocks (`partition::Bounded`, four queries at a time, the
 /// collection in tasks of `partition::cached_rows` rows), then [`rank_by_floor`] as the grouped
 /// search ranks a group, exact by the same bounds. Each query's k-th distance found so far
-/// by any task (an upper bound on its real k-th distance) is shared, so that after the first
-/// tasks a row is measured by the rule only where its floor could still place it. Each
-/// task's k nearest among its rows within that bound (exact) merge into the query's.
+/// (an upper bound on its real k-th distance: first [`seed_caps`]'s, then any task's) is
+/// shared, so that a row is measured by the rule only where its floor could still place
+/// it, and a block of rows is completed past its first quarter of coordinates only where
+/// the rest could lift a product to that floor. Each task's k nearest among its rows
+/// within that bound (exact) merge into the query's.
 #[allow(clippy::too_many_arguments)]
 fn knn_brute<T: Coord>(
     engine: &Engine,
@@ -1106,10 +1299,10 @@ fn knn_brute<T: Coord>(
     cx: &[T],
     cq: Option<&[T]>,
     control: &crate::control::Control,
-) -> Result<Ranked> {
-    use crate::cpu::partition::{cached_rows, dot_slack, Blocked};
+) -> Result<BruteRun> {
+    use crate::cpu::partition::{cached_rows, dot_slack, Bounded};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    engine.install(|| -> Result<Ranked> {
+    engine.install(|| -> Result<BruteRun> {
         let fx = as_f32(cx);
         let fq = cq.map(as_f32);
         let fq: &[f32] = fq.as_deref().unwrap_or(&fx);
@@ -1118,11 +1311,27 @@ fn knn_brute<T: Coord>(
         let u32_ = f32::EPSILON as f64 / 2.0;
         let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
         let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
-        // Each query's least k-th distance found by a task (f64 bits; rule distances are
-        // compared as f64, never by their bits).
-        let cap: Vec<AtomicU64> = (0..m)
-            .map(|_| AtomicU64::new(f64::INFINITY.to_bits()))
+        // Each query's least k-th distance known (f64 bits; rule distances are compared
+        // as f64, never by their bits).
+        let t = std::time::Instant::now();
+        let pre = Bounded::pre(dim);
+        let rest_q: Vec<f32> = fq
+            .par_chunks_exact(dim)
+            .map(|q| Bounded::rest(q, pre))
             .collect();
+        let seeds = match seeds_pay(&fx, fq, &rest_q, dim, k, self_knn, &dist, control) {
+            true => seed_caps(&fx, fq, dim, k, self_knn, &dist, control),
+            false => vec![f64::INFINITY; m],
+        };
+        control.check()?;
+        let cap: Vec<AtomicU64> = seeds.iter().map(|c| AtomicU64::new(c.to_bits())).collect();
+        let seeded = t.elapsed().as_secs_f64();
+        let least_of = |r: usize| {
+            let limit = f64::from_bits(cap[r].load(Relaxed));
+            let (least, below) = least_below(limit, dim);
+            (limit, least, below)
+        };
+        let blocks = AtomicU64::new(0);
         let lower = |r: usize, d: f64| {
             let _ = cap[r].fetch_update(Relaxed, Relaxed, |c| {
                 (d < f64::from_bits(c)).then_some(d.to_bits())
@@ -1143,35 +1352,41 @@ fn knn_brute<T: Coord>(
                 }
                 let span = t * rows..((t + 1) * rows).min(n);
                 let w = span.len();
-                let blocked = Blocked::new(&fx[span.start * dim..span.end * dim], dim);
+                let bounded = Bounded::new(&fx[span.start * dim..span.end * dim], dim);
                 let mut pd = vec![0.0f32; 4 * w];
+                let (mut done, mut completed) = (Vec::new(), 0);
                 for p in (0..m).step_by(4) {
                     // The last query repeated where fewer than four are left.
                     let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(m - 1));
-                    blocked.dots(four.map(|r| &fq[r * dim..(r + 1) * dim]), &mut pd);
+                    let bounds = four.map(least_of);
+                    completed += bounded.dots_above(
+                        four.map(|r| &fq[r * dim..(r + 1) * dim]),
+                        four.map(|r| rest_q[r]),
+                        bounds.map(|b| b.2),
+                        &mut pd,
+                        &mut done,
+                    );
+                    // The rows of the blocks completed (the others' products are below
+                    // every `below`).
+                    let rows = || {
+                        done.iter().flat_map(|&b| {
+                            let b = b as usize * Bounded::BLOCK;
+                            b..(b + Bounded::BLOCK).min(w)
+                        })
+                    };
                     for (i, r) in four.into_iter().enumerate() {
                         if i > 0 && r == four[i - 1] {
                             break;
                         }
-                        let limit = f64::from_bits(cap[r].load(Relaxed));
-                        let reach = rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
-                        let least = least_dot(reach, slack);
                         // Most products fall below `least` once the k-th distance is known:
-                        // dropped in f32 first (`least` rounded down to f32, so that none
-                        // at or above it is), the rest by `rank_by_floor`.
-                        let below = least as f32;
-                        let below = if below as f64 > least {
-                            below.next_down()
-                        } else {
-                            below
-                        };
+                        // dropped in f32 first, the rest by `rank_by_floor`.
+                        let (limit, least, below) = bounds[i];
                         near.clear();
+                        let pd = &pd[i * w..(i + 1) * w];
                         near.extend(
-                            pd[i * w..(i + 1) * w]
-                                .iter()
-                                .zip(span.clone())
-                                .filter(|&(&d, j)| d >= below && !(self_knn && j == r))
-                                .map(|(&d, j)| (d as f64, j as u32)),
+                            rows()
+                                .filter(|&l| pd[l] >= below && !(self_knn && span.start + l == r))
+                                .map(|l| (pd[l] as f64, (span.start + l) as u32)),
                         );
                         // The task's k nearest among its rows within the limit, exact.
                         local.clear();
@@ -1192,6 +1407,7 @@ fn knn_brute<T: Coord>(
                         }
                     }
                 }
+                blocks.fetch_add(completed as u64, Relaxed);
                 control.advance(1, 0);
             },
         );
@@ -1203,8 +1419,21 @@ fn knn_brute<T: Coord>(
             })
             .collect();
         control.check()?;
-        Ok(ranked)
+        let all = (4 * m.div_ceil(4) * n).max(1) as f64;
+        Ok(BruteRun {
+            ranked,
+            seeded,
+            completed: blocks.into_inner() as f64 / all,
+        })
     })?
+}
+
+/// [`knn_brute`]'s answer and what its report says: the seconds [`seed_caps`] took, and
+/// the share of the products completed past their first coordinates.
+struct BruteRun {
+    ranked: Ranked,
+    seeded: f64,
+    completed: f64,
 }
 
 fn knn_typed<T: Coord>(
@@ -1311,7 +1540,7 @@ where
     // Every query meets every row (`knn_brute`), for `why`, after `phases`.
     let brute = |why: String, phases: Vec<(String, f64)>| -> Result<crate::knn::KnnResult> {
         let t = std::time::Instant::now();
-        let ranked = knn_brute(
+        let run = knn_brute(
             engine,
             x,
             rows_q,
@@ -1327,8 +1556,12 @@ where
         let mut phases = phases;
         phases.insert(0, ("cosine: norms and normalised copies".into(), prepared));
         phases.push((
+            "cosine kNN: bounds from the rows nearest by the first coordinates".into(),
+            run.seeded,
+        ));
+        phases.push((
             "cosine kNN: every query with every row".into(),
-            t.elapsed().as_secs_f64(),
+            t.elapsed().as_secs_f64() - run.seeded,
         ));
         let report = JoinReport {
             backend: "cpu".into(),
@@ -1340,12 +1573,14 @@ where
             batches: 1,
             notes: vec![format!(
                 "cosine kNN: {rows} queries ({why}) meet every one of {n} rows \
-                 (f32 products in blocks, the rule's distance where they leave a row in)"
+                 (f32 products in blocks, {:.1}% of them completed past their first \
+                 coordinates; the rule's distance where they leave a row in)",
+                100.0 * run.completed
             )],
             phases,
             ..Default::default()
         };
-        Ok(knn_result::<T>(ranked, k, report, start))
+        Ok(knn_result::<T>(run.ranked, k, report, start))
     };
     if on_cpu && auto && rows < SMALL_QUERIES {
         return brute(format!("< {SMALL_QUERIES}"), Vec::new());
@@ -1369,7 +1604,7 @@ where
     let mut leaders_s = 0.0;
     if on_cpu && auto && !projection_first && q.is_some() {
         let t = std::time::Instant::now();
-        let over = rows * KNN_LEADERS_PER_QUERY;
+        let over = rows.div_ceil(KNN_QUERIES_PER_LEADER);
         let found =
             engine.install(|| partition::knn_leaders(&as_f32(&cx), dim, over, &opts.control))?;
         opts.control.check()?;

@@ -1006,13 +1006,82 @@ fn few_queries_knn_meets_every_row() {
     });
 }
 
+/// The kNN that meets every row completes a block of products past its first quarter of
+/// coordinates only where the norms of the rest leave a row within reach of the query's
+/// k-th distance (`partition::Bounded`), known from the start from the rows nearest by
+/// their first coordinates (`cosine::seed_caps`). Exact where both mislead: 8 queries in
+/// no cluster, each with 30 decoys (its first coordinates, the rest pointing away: the
+/// nearest by the seed's coordinates, far by the rule) and 8 hidden neighbours (zero first
+/// coordinates, the query's rest: found only through the rest; each second one an exact
+/// copy of the one before, a tie by index); the other queries in tight clusters, where most
+/// blocks are never completed. A ⋈ B and a self-kNN, f32 and f64, k = 1 to 300.
+#[test]
+fn bounded_brute_knn_is_exact_where_first_coordinates_mislead() {
+    let mut rng = Rng(61);
+    let (dim, pre, n, m) = (384usize, 96usize, 4000usize, 120usize);
+    let mut x = directions(&mut rng, n + m, dim, 40, 0.1);
+    let mut q = x.split_off(n * dim);
+    let mut at = 0;
+    for r in (0..m).step_by(15) {
+        let v: Vec<f64> = (0..dim).map(|_| rng.normal()).collect();
+        q[r * dim..(r + 1) * dim].copy_from_slice(&v);
+        for t in 0..38 {
+            at += 1;
+            if t >= 30 && t % 2 == 1 {
+                // An exact copy of the hidden neighbour before it.
+                x.copy_within((at - 2) * dim..(at - 1) * dim, (at - 1) * dim);
+                continue;
+            }
+            let row = &mut x[(at - 1) * dim..at * dim];
+            for c in 0..dim {
+                let e = 0.02 * rng.normal();
+                row[c] = match (t < 30, c < pre) {
+                    (true, true) => v[c] * (1.0 + e),
+                    (true, false) => -v[c] + e,
+                    (false, true) => 0.0,
+                    (false, false) => v[c] + e,
+                };
+            }
+        }
+    }
+    let brute = |notes: &[String], pruned: bool| {
+        for n in notes {
+            assert!(n.contains("meet every one"), "{n}");
+        }
+        if pruned {
+            // k = 10: "f32 products in blocks, P% of them completed past ...".
+            let share: f64 = notes[1]
+                .split("blocks, ")
+                .nth(1)
+                .and_then(|t| t.split('%').next())
+                .and_then(|p| p.parse().ok())
+                .expect("the share completed");
+            assert!(
+                share < 50.0,
+                "{share}% of the blocks completed: {}",
+                notes[1]
+            );
+        }
+    };
+    common::each_precision_pair(&x, &q, dim, |data, query| {
+        let notes = knn_matches_oracle(data, Some(query), 300, &[1, 10, 30, 300], |_| false);
+        brute(&notes, true);
+    });
+    let mut few = q.clone();
+    few.extend_from_slice(&x[..130 * dim]);
+    common::each_precision_pair(&few, &few, dim, |data, _| {
+        let notes = knn_matches_oracle(data, None, 100, &[1, 10, 100], |_| false);
+        brute(&notes, false);
+    });
+}
+
 /// Queries beyond `SMALL_SIDE` but fewer than half the leaders the collection's sample
 /// picks (`partition::LEADERS_PER_QUERY`) meet every row too: 300 queries against 12,000
 /// vectors in 2,000 tight clusters (a few thousand leaders) take the blocked brute force;
 /// 300 queries against 12,000 in 40 clusters are grouped. The oracle's pairs either way.
-/// The same queries' kNN likewise (`KNN_LEADERS_PER_QUERY`): every row met where the
-/// sample's leaders outnumber them, grouped where they do not, the oracle's neighbours
-/// and distances either way.
+/// The same queries' kNN likewise (`KNN_QUERIES_PER_LEADER`): every row met where the
+/// sample's leaders number more than half of them, grouped where far fewer, the oracle's
+/// neighbours and distances either way.
 #[test]
 fn queries_fewer_than_the_leaders_meet_every_row() {
     let mut rng = Rng(61);

@@ -796,6 +796,15 @@ impl Blocked {
             dim,
         }
     }
+    /// [`Blocked::new`] of the first `pre` coordinates of each row only: [`Blocked::dots`]
+    /// then gives the products over those coordinates.
+    pub(crate) fn prefix(rows: &[f32], dim: usize, pre: usize) -> Blocked {
+        Blocked {
+            blocks: in_blocks(rows, dim, pre),
+            rows: rows.len() / dim,
+            dim: pre,
+        }
+    }
     /// The rows `ids` of `rows` (`dim` wide), in that order.
     fn gather(rows: &[f32], dim: usize, ids: &[usize]) -> Blocked {
         let picked = ids.iter().map(|&s| &rows[s * dim..(s + 1) * dim]);
@@ -819,6 +828,151 @@ impl Blocked {
                 out[i * n + b * BLOCK..][..width].copy_from_slice(&four[i * BLOCK..][..width]);
             }
         }
+    }
+}
+
+/// Rows (f32 copies of unit vectors) whose products with other such rows are completed
+/// only where they can reach a floor: first over the first [`Bounded::pre`] coordinates (in
+/// [`Blocked`]'s layout, four queries by a block of [`BLOCK`] rows), then over the rest only
+/// for the rows where Cauchy-Schwarz on the rest (the two rows' norms over it) leaves the
+/// product at or above its query's floor: a block at a time where many of its rows are
+/// left, one row at a time where few are. On clustered data a query's floor (its k-th
+/// neighbour's product) is far above what the rest can add to a far row's head, so about
+/// a quarter of the products' work is done.
+pub(crate) struct Bounded<'r> {
+    rows: Blocked,
+    /// The same rows, one after the other (for the rows completed one at a time).
+    each: &'r [f32],
+    pre: usize,
+    /// Each row's norm over its coordinates from `pre` on, rounded up ([`Bounded::rest`]).
+    rest: Vec<f32>,
+    /// What the f32 roundings may add to a product beyond its head and the rest's bound.
+    margin: f32,
+}
+
+/// Rows left in a block (of its 4 x [`BLOCK`] products) up to which [`Bounded::dots_above`]
+/// completes them one at a time: a row's rest alone runs at about a quarter of the
+/// block's rate a product.
+const EACH_MAX: usize = 24;
+
+impl<'r> Bounded<'r> {
+    /// Rows a block of [`Bounded::dots_above`] holds.
+    pub(crate) const BLOCK: usize = BLOCK;
+
+    /// Where the products split: a quarter of the coordinates (a multiple of 8) in 64
+    /// dimensions or more, all of them below (the bound then saves nothing).
+    pub(crate) fn pre(dim: usize) -> usize {
+        match dim >= 64 {
+            true => dim / 4 / 8 * 8,
+            false => dim,
+        }
+    }
+    /// The norm of `p` over its coordinates from `pre` on, rounded up: their f32 sum of
+    /// squares ([`dot`], any order) is within (d + 2) u_f32 of the real one, relative (d
+    /// terms, none negative), so widened by (d + 4) u_f32 it is at least the real one; the
+    /// root in f64, widened for its rounding and rounded up to f32.
+    pub(crate) fn rest(p: &[f32], pre: usize) -> f32 {
+        let t = &p[pre..];
+        let u = f32::EPSILON as f64 / 2.0;
+        let sq = dot(t, t).max(0.0) as f64 * (1.0 + (t.len() as f64 + 4.0) * u);
+        let s = sq.sqrt() * (1.0 + 1e-12);
+        let f = s as f32;
+        if (f as f64) < s {
+            f.next_up()
+        } else {
+            f
+        }
+    }
+    pub(crate) fn new(rows: &'r [f32], dim: usize) -> Bounded<'r> {
+        let pre = Bounded::pre(dim);
+        // The f32 product d of unit copies a, b (norms at most 1 + (dim + 2) u, so |a||b|
+        // <= 2), in any order, is within (dim + 2) u |a||b| of the real one (as for
+        // `dot_slack`), and so is the head h over the first `pre` coordinates of the real
+        // head; the rest's real product is at most rest(a) rest(b) (Cauchy-Schwarz). So
+        // d <= h + rest(a) rest(b) + 4 (dim + 2) u, and the f32 sum of h and the norms'
+        // product and the floor less the margin round by at most 2^-24 * 3 each: 1e-6
+        // covers them.
+        let u = f32::EPSILON as f64 / 2.0;
+        let margin = (4.0 * (dim as f64 + 2.0) * u + 1e-6) as f32;
+        Bounded {
+            rows: Blocked::new(rows, dim),
+            each: rows,
+            pre,
+            rest: rows
+                .chunks_exact(dim)
+                .map(|p| Bounded::rest(p, pre))
+                .collect(),
+            margin,
+        }
+    }
+    /// The f32 dot products of the four rows `r` (with their [`Bounded::rest`] norms
+    /// `rest`) with the rows of the blocks of [`BLOCK`] rows it lists in `done` (block b:
+    /// rows `b * BLOCK..`), into `out` as [`Blocked::dots`] does, except that a row whose
+    /// product with `r[i]` (in any order) is proven below `below[i]` may get minus
+    /// infinity; every row of the other blocks has such a proof for all four, and its
+    /// products are left as they were. Returns the products completed past the first
+    /// coordinates.
+    pub(crate) fn dots_above(
+        &self,
+        r: [&[f32]; 4],
+        rest: [f32; 4],
+        below: [f32; 4],
+        out: &mut [f32],
+        done: &mut Vec<u32>,
+    ) -> usize {
+        let (n, dim, pre) = (self.rows.rows, self.rows.dim, self.pre);
+        assert_eq!(out.len(), 4 * n, "four rows of products");
+        done.clear();
+        // Nothing to prune (no floor yet, or one no head can miss): the products whole.
+        if pre == dim || below.iter().all(|&b| b <= -2.0) {
+            self.rows.dots(r, out);
+            done.extend(0..n.div_ceil(BLOCK) as u32);
+            return 4 * n;
+        }
+        let mut completed = 0;
+        let at = below.map(|b| b - self.margin);
+        let (mut head, mut tail) = ([0.0f32; 4 * BLOCK], [0.0f32; 4 * BLOCK]);
+        for (b, blk) in self.rows.blocks.chunks_exact(BLOCK * dim).enumerate() {
+            heads_block4(r.map(|r| &r[..pre]), blk, &mut head);
+            let width = BLOCK.min(n - b * BLOCK);
+            let rs = &self.rest[b * BLOCK..][..width];
+            // Counted first (vectorised), the rows marked only in the few blocks with some.
+            let count = (0..4).fold(0u32, |c, i| {
+                let h = &head[i * BLOCK..][..width];
+                h.iter()
+                    .zip(rs)
+                    .fold(c, |c, (&h, &q)| c + (h + rest[i] * q >= at[i]) as u32)
+            }) as usize;
+            if count == 0 {
+                continue;
+            }
+            done.push(b as u32);
+            if count > EACH_MAX {
+                completed += 4 * width;
+                heads_block4(r.map(|r| &r[pre..]), &blk[pre * BLOCK..], &mut tail);
+                for i in 0..4 {
+                    let o = &mut out[i * n + b * BLOCK..][..width];
+                    for (l, o) in o.iter_mut().enumerate() {
+                        *o = head[i * BLOCK + l] + tail[i * BLOCK + l];
+                    }
+                }
+                continue;
+            }
+            for i in 0..4 {
+                let o = &mut out[i * n + b * BLOCK..][..width];
+                for (l, o) in o.iter_mut().enumerate() {
+                    *o = match head[i * BLOCK + l] + rest[i] * rs[l] >= at[i] {
+                        true => {
+                            let row = &self.each[(b * BLOCK + l) * dim..][..dim];
+                            head[i * BLOCK + l] + dot(&r[i][pre..], &row[pre..])
+                        }
+                        false => f32::NEG_INFINITY,
+                    };
+                }
+            }
+            completed += count;
+        }
+        completed
     }
 }
 
@@ -1705,6 +1859,105 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// [`Bounded::dots_above`] leaves out no row whose f32 product with its query reaches
+    /// the query's floor, where the bound is as tight as it gets: each query is a row's
+    /// head, another direction's, plus a multiple of that row's rest (so Cauchy-Schwarz on
+    /// the rest holds with equality), and its floor is that row's own f32 product (in two
+    /// orders, and one f32 step above). The products of the blocks it completes are those
+    /// of [`Blocked::dots`] within the f32 slack, and on such tight floors it completes
+    /// few blocks of clustered rows (the point of it).
+    #[test]
+    fn bounded_products_keep_every_row_at_its_floor() {
+        let mut skipped = 0usize;
+        for (dim, n) in [(64usize, 70usize), (100, 200), (384, 300), (1024, 65)] {
+            let rows = vectors(dim as u64 * 7, n, dim, 4, false);
+            let other = vectors(dim as u64 * 7 + 1, 8, dim, 0, false);
+            let bounded = Bounded::new(&rows, dim);
+            let pre = Bounded::pre(dim);
+            let slack = dot_slack(dim) as f32;
+            let mut out = vec![f32::NAN; 4 * n];
+            let mut whole = vec![0.0f32; 4 * n];
+            let mut done = Vec::new();
+            for t in 0..n.min(40) {
+                // Four queries aimed at rows j[i]: the other direction's head (scaled),
+                // row j's rest scaled by 0.5..2, normalised.
+                let j: [usize; 4] = std::array::from_fn(|i| (t * 7 + i * 13) % n);
+                let q: Vec<Vec<f32>> = (0..4)
+                    .map(|i| {
+                        let (r, o) = (&rows[j[i] * dim..][..dim], &other[(i % 8) * dim..][..dim]);
+                        let f = 0.5 + 0.5 * i as f32;
+                        let mut v: Vec<f32> = (0..dim)
+                            .map(|c| if c < pre { o[c] * 0.3 } else { r[c] * f })
+                            .collect();
+                        let norm = v.iter().map(|&a| a as f64 * a as f64).sum::<f64>().sqrt();
+                        v.iter_mut().for_each(|a| *a = (*a as f64 / norm) as f32);
+                        v
+                    })
+                    .collect();
+                let four: [&[f32]; 4] = std::array::from_fn(|i| &q[i][..]);
+                let rest = four.map(|q| Bounded::rest(q, pre));
+                let forward = |i: usize, l: usize| {
+                    let r = &rows[l * dim..][..dim];
+                    four[i].iter().zip(r).fold(0.0f32, |s, (a, b)| s + a * b)
+                };
+                let backward = |i: usize, l: usize| {
+                    let r = &rows[l * dim..][..dim];
+                    four[i]
+                        .iter()
+                        .zip(r)
+                        .rev()
+                        .fold(0.0f32, |s, (a, b)| s + a * b)
+                };
+                Blocked::new(&rows, dim).dots(four, &mut whole);
+                for i in 0..4 {
+                    // The bound is tight on row j[i]: its head and rest's norms give its
+                    // product to within rounding.
+                    let r = &rows[j[i] * dim..][..dim];
+                    let bound = dot(&four[i][..pre], &r[..pre]) + rest[i] * Bounded::rest(r, pre);
+                    assert!(
+                        (bound - forward(i, j[i])).abs() < 1e-4,
+                        "{dim}-D: not tight"
+                    );
+                }
+                let floors = [
+                    std::array::from_fn(|i| dot(four[i], &rows[j[i] * dim..][..dim])),
+                    std::array::from_fn(|i| forward(i, j[i])),
+                    std::array::from_fn(|i| backward(i, j[i]).next_up()),
+                ];
+                for below in floors {
+                    let completed = bounded.dots_above(four, rest, below, &mut out, &mut done);
+                    let blocks = n.div_ceil(BLOCK) as u32;
+                    for b in 0..blocks {
+                        let span = b as usize * BLOCK..((b as usize + 1) * BLOCK).min(n);
+                        for i in 0..4 {
+                            for l in span.clone() {
+                                let (got, want) = (out[i * n + l], whole[i * n + l]);
+                                if done.contains(&b) && got != f32::NEG_INFINITY {
+                                    assert!((got - want).abs() <= slack, "{dim}-D: {got} {want}");
+                                    continue;
+                                }
+                                let at = below[i];
+                                for d in [
+                                    want,
+                                    forward(i, l),
+                                    backward(i, l),
+                                    dot(four[i], &rows[l * dim..][..dim]),
+                                ] {
+                                    assert!(d < at, "{dim}-D: row {l} left out at {d} >= {at}");
+                                }
+                            }
+                        }
+                    }
+                    skipped += 4 * n - completed;
+                }
+            }
+        }
+        assert!(
+            skipped > 1000,
+            "{skipped} products left at their first coordinates"
+        );
     }
 
     /// [`Blocked::dots`] (and so [`heads_block4`], on the widest kernel the CPU has) gives
