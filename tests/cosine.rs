@@ -1075,7 +1075,7 @@ fn bounded_brute_knn_is_exact_where_first_coordinates_mislead() {
     });
 }
 
-/// Queries beyond `SMALL_SIDE` but fewer than half the leaders the collection's sample
+/// Queries beyond `SMALL_SIDE` but fewer than the leaders the collection's sample
 /// picks (`partition::LEADERS_PER_QUERY`) meet every row too: 300 queries against 12,000
 /// vectors in 2,000 tight clusters (a few thousand leaders) take the blocked brute force;
 /// 300 queries against 12,000 in 40 clusters are grouped. The oracle's pairs either way.

@@ -805,15 +805,6 @@ impl Blocked {
             dim: pre,
         }
     }
-    /// The rows `ids` of `rows` (`dim` wide), in that order.
-    fn gather(rows: &[f32], dim: usize, ids: &[usize]) -> Blocked {
-        let picked = ids.iter().map(|&s| &rows[s * dim..(s + 1) * dim]);
-        Blocked {
-            blocks: rows_in_blocks(picked, dim),
-            rows: ids.len(),
-            dim,
-        }
-    }
     /// The f32 dot products of each of `r` (`dim` wide) with every row, into `out` (row
     /// i's at `out[i * rows..]`): the same sums as [`dot`]'s in another order, so the same
     /// bounds hold.
@@ -1245,13 +1236,14 @@ const BRUTE_BLOCK: usize = 1024;
 const SMALL_SIDE: usize = 256;
 
 /// An A ⋈ B whose smaller side has fewer vectors than 1 / LEADERS_PER_QUERY of the
-/// leaders that the larger side's sample picks is a blocked brute force too: a vector's
-/// product with a query (in [`Blocked`]'s layout) costs about as much as its assignment to
-/// two leaders. Measured, 2 threads, queries against 95,000 clustered 384-D vectors (3,882
-/// leaders in the end, 2,000-3,000 from the sample; grouping takes about 0.9 s): 500
-/// queries 0.63 s brute against 1.24 grouped, 1,000 0.95 against 1.16, 1,500 1.87
-/// against 1.21 (at 1 the 1,500 went brute; at 3 the 1,000 were grouped).
-const LEADERS_PER_QUERY: usize = 2;
+/// leaders that the larger side's sample picks is a blocked brute force too: grouping the
+/// larger side (each vector against every leader) costs more than the queries' products
+/// ([`Bounded`]: most stop at their first coordinates). Measured, 2 threads, queries
+/// against the other rows of clustered 384-D vectors (100k, 2,000 clusters, eps 0.1):
+/// 1,000 queries 0.27 s brute against 1.16 grouped, 2,500 0.84 against 0.79. (Before the
+/// bound, at 2: 500 queries 0.63 s brute against 1.24, 1,000 0.95 against 1.16, 1,500
+/// 1.87 against 1.21.)
+const LEADERS_PER_QUERY: usize = 1;
 
 impl<'x> Plan<'x> {
     /// The plan of a blocked brute force of the self-join (`b` None) or A ⋈ B of the unit
@@ -1721,23 +1713,34 @@ pub(crate) fn compare(
             }
         };
         let row_a = |s: usize| &ga.rows[s * dim..(s + 1) * dim];
-        if plan.brute && !same && sa.len() >= BLOCKED_ROWS {
-            // B's members copied into blocks that stay in a core's cache, each met by four
-            // of A's rows at a time.
+        // A brute force's blocks are rows in order (the general path below takes any).
+        let contiguous = sb.last().is_some_and(|&l| l + 1 - sb[0] == sb.len());
+        if plan.brute && !same && sa.len() >= BLOCKED_ROWS && contiguous {
+            // B's rows (a brute force's block: in order) in parts that stay in a core's
+            // cache, each met by four of A's rows at a time, past their first coordinates
+            // only where the rest can lift a product to the floor.
+            let pre = Bounded::pre(dim);
+            let rest: Vec<f32> = sa.iter().map(|&s| Bounded::rest(row_a(s), pre)).collect();
+            let mut done = Vec::new();
             for sb in sb.chunks(cached_rows(dim)) {
-                let blocked = Blocked::gather(&gb.rows, dim, sb);
+                let bounded = Bounded::new(&gb.rows[sb[0] * dim..(sb[0] + sb.len()) * dim], dim);
                 let n = sb.len();
                 let mut pd = vec![0.0f32; 4 * n];
                 for x in (0..sa.len()).step_by(4) {
                     // The last row repeated where fewer than four are left.
                     let four = [x, x + 1, x + 2, x + 3].map(|x| x.min(sa.len() - 1));
-                    blocked.dots(four.map(|x| row_a(sa[x])), &mut pd);
+                    let r = four.map(|x| row_a(sa[x]));
+                    bounded.dots_above(r, four.map(|x| rest[x]), [floor; 4], &mut pd, &mut done);
                     for (i, x) in four.into_iter().enumerate() {
                         if i > 0 && x == four[i - 1] {
                             break;
                         }
-                        for (&t, &d) in sb.iter().zip(&pd[i * n..(i + 1) * n]) {
-                            keep(sa[x], t, d);
+                        for &b in &done {
+                            let span = b as usize * Bounded::BLOCK..;
+                            let pd = &pd[i * n..(i + 1) * n][span.clone()];
+                            for (&t, &d) in sb[span].iter().zip(pd).take(Bounded::BLOCK) {
+                                keep(sa[x], t, d);
+                            }
                         }
                     }
                 }
