@@ -1161,6 +1161,9 @@ fn seeds_pay(
     4 * left < met
 }
 
+/// Rows of a task of [`seed_caps`], at most (a few dozen tasks a core at 100k rows).
+const SEED_TASK: usize = 1024;
+
 /// Rows a query measures by the rule for [`seed_caps`]: enough of its nearest by the heads
 /// that at least k of them be near ones where a few far rows' heads come out on top.
 fn seed_rows(k: usize) -> usize {
@@ -1199,7 +1202,8 @@ fn seed_caps(
         .map(|_| AtomicU32::new(f32::NEG_INFINITY.to_bits()))
         .collect();
     let by_head = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    let rows = cached_rows(s);
+    // Tasks of few rows: until its list fills, a query looks at every row of a task.
+    let rows = cached_rows(s).min(SEED_TASK);
     (0..n.div_ceil(rows))
         .into_par_iter()
         .for_each_init(Vec::<(f32, u32)>::new, |top, t| {
