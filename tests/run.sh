@@ -57,8 +57,10 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # scikit-learn: the kNN tests compare with its kneighbors; dask, distributed, pandas and
 # pyarrow: simjoin.dask on a LocalCluster; faiss-cpu and matplotlib: the benchmark
-# harness's own tests (its peers and plots).
-"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' distributed pandas pyarrow duckdb polars faiss-cpu matplotlib
+# harness's own tests (its peers and plots). distributed at least 2024.1, as the package's
+# `dask` extra asks: when a dask release had no distributed of its own yet, pip fell back
+# to distributed 2021.4.1, which cannot import with a new dask (2026-12-06).
+"$venv/bin/python" -m pip install -q numpy scipy pytest scikit-learn 'dask[dataframe]' 'distributed>=2024.1' pandas pyarrow duckdb polars faiss-cpu matplotlib
 # Reinstall the package (no cache) so it bundles the library just built.
 "$venv/bin/python" -m pip install -q --force-reinstall --no-deps --no-cache-dir ./bindings/python
 # Run from outside the source tree so the installed package, not bindings/python/src, is tested.
