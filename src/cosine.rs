@@ -1086,23 +1086,6 @@ const SMALL_QUERIES: usize = 256;
 /// one query a leader.)
 const KNN_QUERIES_PER_LEADER: usize = 2;
 
-/// The largest of `v` (minus infinity where empty; no NaN), over eight lanes so that it
-/// vectorises.
-fn max_of(v: &[f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = v.chunks_exact(8);
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    for c in chunks {
-        for l in 0..8 {
-            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
-        }
-    }
-    lanes.iter().fold(tail, |a, &b| a.max(b))
-}
-
 /// The f32 product of unit copies below which a row is out of a query's reach where its
 /// k-th distance is `limit`: [`least_dot`] of [`rule_reach`], and the same rounded down to
 /// f32 (none at or above it is), for the f32 tests before [`rank_by_floor`].
@@ -1124,7 +1107,7 @@ const SEED_PROBE: (usize, usize) = (8, 2048);
 
 /// Whether [`seed_caps`] pays before [`knn_brute`]: where the seeds leave most products
 /// past their first coordinates anyway (no clusters: uniform directions), its work is lost
-/// (a twelfth of the products'). Decided on the first [`SEED_PROBE`] queries' seeds: the
+/// (about a tenth of the products'). Decided on the first [`SEED_PROBE`] queries' seeds: the
 /// share of a sample of rows whose bound by `partition::Bounded`'s first coordinates and
 /// rest (`rest_q`: the queries' rest norms) reaches their floors, paying below a quarter.
 #[allow(clippy::too_many_arguments)]
@@ -1141,24 +1124,37 @@ fn seeds_pay(
     use crate::cpu::partition::{dot, Bounded};
     let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
     let pre = Bounded::pre(dim);
-    if pre == dim || m == 0 {
+    if seed_coords(dim).is_none() || m == 0 {
         return false;
     }
     let probe = m.min(SEED_PROBE.0);
     let caps = seed_caps(fx, &fq[..probe * dim], dim, k, self_knn, dist, control);
     let step = n.div_ceil(SEED_PROBE.1).max(1);
+    let below: Vec<f32> = caps.iter().map(|&c| least_below(c, dim).1).collect();
     let (mut met, mut left) = (0usize, 0usize);
-    for (r, &cap) in caps.iter().enumerate() {
-        let (_, below) = least_below(cap, dim);
-        let q = &fq[r * dim..(r + 1) * dim];
-        for j in (0..n).step_by(step) {
-            let row = &fx[j * dim..(j + 1) * dim];
-            let bound = dot(&q[..pre], &row[..pre]) + rest_q[r] * Bounded::rest(row, pre);
+    for j in (0..n).step_by(step) {
+        let row = &fx[j * dim..(j + 1) * dim];
+        let rest = Bounded::rest(row, pre);
+        for (r, &below) in below.iter().enumerate() {
+            let q = &fq[r * dim..(r + 1) * dim];
             met += 1;
-            left += (bound >= below) as usize;
+            left += (dot(&q[..pre], &row[..pre]) + rest_q[r] * rest >= below) as usize;
         }
     }
     4 * left < met
+}
+
+/// The coordinates [`seed_caps`] ranks rows by: a third of [`Bounded::pre`]'s, at least 40
+/// (a query's cluster stands out from far rows by its products over s coordinates, about
+/// s / dim against a spread of sqrt(s) / dim, only where sqrt(s) is beyond the far rows'
+/// largest deviation, about 5 at 10^5-10^6 rows: 16 of 192 coordinates left 500,000 rows
+/// in 5,000 tight clusters with seeds at random). None where that is more than half of
+/// `pre` (below 320 dimensions): the seeds would cost about the bounded products' own time
+/// (measured at 192-D: 0.89 s of seeds saved 0.62 s).
+fn seed_coords(dim: usize) -> Option<usize> {
+    let pre = crate::cpu::partition::Bounded::pre(dim);
+    let s = (pre / 3).max(40) / 8 * 8;
+    (2 * s <= pre).then_some(s)
 }
 
 /// Rows of a task of [`seed_caps`], at most (a few dozen tasks a core at 100k rows).
@@ -1173,10 +1169,10 @@ fn seed_rows(k: usize) -> usize {
 /// For each query (rows of `fq`, `dim` wide) an upper bound on its k-th rule distance
 /// among the rows of `fx` (f32 unit copies), before any row is met in full, so that
 /// [`knn_brute`]'s bounds prune from its first rows on: the rule distance (`dist(query,
-/// row)`) of its [`seed_rows`] rows with the largest f32 products over the first third of
-/// [`Bounded::pre`]'s coordinates, the k-th of them (infinite where fewer than k rows).
-/// Which rows is a guess (on clustered data, mostly the query's own cluster: a third of a
-/// quarter of the products' work); the bound is exact, any k rows' distances being one.
+/// row)`) of its [`seed_rows`] rows with the largest f32 products over the first
+/// [`seed_coords`] coordinates, the k-th of them (infinite where fewer than k rows). Which
+/// rows is a guess (on clustered data, mostly the query's own cluster, for about a tenth
+/// of the products' work); the bound is exact, any k rows' distances being one.
 fn seed_caps(
     fx: &[f32],
     fq: &[f32],
@@ -1186,7 +1182,7 @@ fn seed_caps(
     dist: &(dyn Fn(usize, usize) -> f64 + Sync),
     control: &crate::control::Control,
 ) -> Vec<f64> {
-    use crate::cpu::partition::{cached_rows, Blocked, Bounded};
+    use crate::cpu::partition::{cached_rows, max_of, Blocked};
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
     use std::sync::Mutex;
     let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
@@ -1194,7 +1190,9 @@ fn seed_caps(
     if m == 0 || n < k + usize::from(self_knn) || k == 0 {
         return vec![f64::INFINITY; m];
     }
-    let s = (Bounded::pre(dim) / 3 / 8 * 8).max(8).min(dim);
+    let Some(s) = seed_coords(dim) else {
+        return vec![f64::INFINITY; m];
+    };
     // Each query's `want` largest heads so far, and the least of them once there are
     // that many (f32 bits, rising), below which a task offers none.
     let lists: Vec<Mutex<Vec<(f32, u32)>>> = (0..m).map(|_| Mutex::new(Vec::new())).collect();
@@ -1204,6 +1202,10 @@ fn seed_caps(
     let by_head = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
     // Tasks of few rows: until its list fills, a query looks at every row of a task.
     let rows = cached_rows(s).min(SEED_TASK);
+    control.stage(
+        "cosine kNN: bounds from the rows nearest by the first coordinates",
+        n.div_ceil(rows) as u64,
+    );
     (0..n.div_ceil(rows))
         .into_par_iter()
         .for_each_init(Vec::<(f32, u32)>::new, |top, t| {
@@ -1263,6 +1265,7 @@ fn seed_caps(
                     }
                 }
             }
+            control.advance(1, 0);
         });
     lists
         .into_par_iter()

@@ -324,6 +324,39 @@ fn few_queries_cosine_knn_stops_within_250_ms() {
     assert_usual_speed(&e, Backend::Cpu, before);
 }
 
+/// A cosine kNN that meets every row on clustered directions at 384-D (2,000 queries, 5,000
+/// clusters: more leaders than half the queries) first bounds each query's k-th distance
+/// from its rows nearest by their first coordinates (`cosine::seed_caps`): it stops in
+/// that stage too.
+#[test]
+fn cosine_knn_bounds_stop_within_250_ms() {
+    let _one = serial();
+    let e = engine();
+    let before = small_join_seconds(&e, Backend::Cpu);
+    let d = 384;
+    let x = clustered_directions(200_000, d, 5_000, 0.01, 16);
+    let q = clustered_directions(2_000, d, 5_000, 0.01, 16);
+    let control = Control::new();
+    let o = KnnOptions {
+        metric: simjoin::Metric::Cosine,
+        backend: Backend::Cpu,
+        control: control.clone(),
+        ..Default::default()
+    };
+    let e2 = e.clone();
+    let out = stop_in_stage(
+        &control,
+        "cosine kNN: bounds from the rows nearest by the first coordinates",
+        Duration::from_millis(10),
+        move || {
+            let (data, query) = (Dataset::from_f32(&x, d)?, Dataset::from_f32(&q, d)?);
+            e2.knn(&data, Some(&query), 10, &o)
+        },
+    );
+    assert_cancelled("cosine knn's bounds", out);
+    assert_usual_speed(&e, Backend::Cpu, before);
+}
+
 /// A cosine join at eps 0.1 on `backend` and the control that stops it.
 fn cosine_join(backend: Backend) -> (Control, JoinOptions) {
     let control = Control::new();

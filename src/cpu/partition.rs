@@ -653,13 +653,9 @@ const BLOCK: usize = 32;
 /// coordinate by coordinate, as [`heads_block`] reads them (the last block padded with
 /// zero rows).
 fn in_blocks(rows: &[f32], dim: usize, pre: usize) -> Vec<f32> {
-    rows_in_blocks(rows.chunks_exact(dim), pre)
-}
-
-/// [`in_blocks`] of the rows `rows` yields, in that order.
-fn rows_in_blocks<'r>(rows: impl ExactSizeIterator<Item = &'r [f32]>, pre: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; rows.len().div_ceil(BLOCK) * BLOCK * pre];
-    for (j, l) in rows.enumerate() {
+    let n = rows.len() / dim;
+    let mut out = vec![0.0f32; n.div_ceil(BLOCK) * BLOCK * pre];
+    for (j, l) in rows.chunks_exact(dim).enumerate() {
         let blk = &mut out[(j / BLOCK) * BLOCK * pre..][..BLOCK * pre];
         for (c, &v) in l[..pre].iter().enumerate() {
             blk[c * BLOCK + j % BLOCK] = v;
@@ -967,11 +963,11 @@ impl<'r> Bounded<'r> {
     }
 }
 
-/// The index of the first largest value of `row` (not empty, no NaN): the maximum in eight
-/// lanes (vectorised), then its first position.
-fn argmax(row: &[f32]) -> usize {
+/// The largest of `v` (minus infinity where empty; no NaN), over eight lanes so that it
+/// vectorises.
+pub(crate) fn max_of(v: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
+    let chunks = v.chunks_exact(8);
     let tail = chunks
         .remainder()
         .iter()
@@ -981,7 +977,13 @@ fn argmax(row: &[f32]) -> usize {
             lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
         }
     }
-    let top = lanes.iter().fold(tail, |a, &b| a.max(b));
+    lanes.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// The index of the first largest value of `row` (not empty, no NaN): [`max_of`], then its
+/// first position.
+fn argmax(row: &[f32]) -> usize {
+    let top = max_of(row);
     row.iter().position(|&v| v == top).unwrap_or(0)
 }
 
