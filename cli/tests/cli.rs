@@ -1045,12 +1045,13 @@ fn sigint_stops_the_command_cleanly() {
         assert!(stderr.contains("interrupted after"), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
         // The GPU job on lavapipe: the kernels see the stop word between their work items,
-        // and a software GPU's items on two loaded cores (CI's other stages, validation
-        // on) took up to 357 ms to wind down (the CPU's stop is checked between tasks).
-        let limit = if gpu { 1000 } else { 250 };
+        // and a software GPU's items, time-sliced on two cores with this binary's other
+        // tests' commands (validation on), took up to 357 ms to wind down, once 1.015 s
+        // (CI, 2026-12-06; 40-110 ms unloaded). The CPU's stop is checked between tasks.
+        let limit = if gpu { 2000 } else { 250 };
         assert!(
             took < std::time::Duration::from_millis(limit),
-            "{args:?}: exited {took:?} after SIGINT"
+            "{args:?}: exited {took:?} after SIGINT: {stderr}"
         );
         assert!(
             !dir.join("pairs.npy").exists(),
