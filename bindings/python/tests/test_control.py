@@ -96,6 +96,27 @@ def test_ctrl_c_stops_the_call_within_100_ms(far_apart, call):
     assert after < 2 * before + 0.02, f"next join {after:.4f} s against {before:.4f} s before"
 
 
+@pytest.mark.parametrize("launched", [False, True], ids=["before_launch", "after_launch"])
+def test_ctrl_c_inside_the_worker_start_leaves_nothing_running(far_apart, monkeypatch, launched):
+    """A Ctrl-C that lands in `Thread.start()` (which waits for the new thread, and can be
+    interrupted before or after launching it): the call is stopped or never made, and
+    nothing runs on after the KeyboardInterrupt."""
+    real = threading.Thread.start
+
+    def interrupted_start(self):
+        if launched:
+            real(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted_start)
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        simjoin.self_join(far_apart, EPS, backend="cpu")
+    monkeypatch.undo()
+    assert time.perf_counter() - start < 0.5
+    _assert_idle()
+
+
 def test_progress_is_called_with_growing_fractions_and_every_pair():
     X = np.random.default_rng(3).random((400_000, 2))
     seen = []

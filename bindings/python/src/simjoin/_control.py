@@ -83,19 +83,33 @@ def run(call, opts, progress=None):
             status = call()
             return status, (last_error() if status != _native.OK else "")
         outcome = {}
+        # Whether the worker ran the call, or found it given up and never will: decided
+        # under `gate`, so that a Ctrl-C inside `start()` (which waits for the thread and
+        # can be interrupted after the thread was launched) cannot leave a call running
+        # on with a freed control, out of the caller's reach.
+        gate = threading.Lock()
+        state = {"ran": False, "given_up": False}
+        finished = threading.Event()
 
         def work():
-            status = call()
-            outcome["status"] = status, (last_error() if status != _native.OK else "")
+            try:
+                with gate:
+                    if state["given_up"]:
+                        return
+                    state["ran"] = True
+                status = call()
+                outcome["status"] = status, (last_error() if status != _native.OK else "")
+            finally:
+                finished.set()
 
         worker = threading.Thread(target=work, name="simjoin-call", daemon=True)
-        worker.start()
         interrupted = None
         last = 0.0
         try:
-            while worker.is_alive():
+            worker.start()
+            while not finished.is_set():
                 worker.join(_STEP)
-                if report is not None and worker.is_alive():
+                if report is not None and not finished.is_set():
                     now = time.monotonic()
                     if now - last >= _EVERY:
                         last = now
@@ -106,12 +120,19 @@ def run(call, opts, progress=None):
             interrupted = e
             lib.simjoin_control_cancel(handle)
         # The job stops within milliseconds once cancelled; wait for it (a second Ctrl-C
-        # must not leave it running on memory the caller is about to free).
-        while worker.is_alive():
+        # must not leave it running on memory the caller is about to free). A worker that
+        # has not reached the call yet is told never to.
+        while True:
             try:
-                worker.join()
+                with gate:
+                    state["given_up"] = interrupted is not None
+                    running = state["ran"] or interrupted is None
+                if running:
+                    finished.wait()
+                break
             except KeyboardInterrupt:
                 lib.simjoin_control_cancel(handle)
+                interrupted = interrupted or KeyboardInterrupt()
         if interrupted is not None:
             raise interrupted
         if report is not None:
