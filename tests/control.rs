@@ -266,15 +266,21 @@ fn clustered_directions(n: usize, d: usize, centres: usize, spread: f64, seed: u
     x
 }
 
-/// The cosine kNN through the grouped leaders' index (clustered directions) stops in its
-/// search (stage "cosine kNN", which only that path enters).
-#[test]
-fn grouped_cosine_knn_stops_within_250_ms() {
-    let _one = serial();
+/// A cosine kNN (CPU) of `q` (None: `x` itself) against `x`, `d` wide, k neighbours,
+/// stopped `after` into `stage`: it stops within 250 ms and leaves the engine as fast as
+/// before.
+#[allow(clippy::too_many_arguments)]
+fn cosine_knn_stops(
+    what: &str,
+    x: Vec<f32>,
+    q: Option<Vec<f32>>,
+    d: usize,
+    k: usize,
+    stage: &'static str,
+    after: Duration,
+) {
     let e = engine();
     let before = small_join_seconds(&e, Backend::Cpu);
-    let d = 32;
-    let x = clustered_directions(200_000, d, 400, 0.05, 12);
     let control = Control::new();
     let o = KnnOptions {
         metric: simjoin::Metric::Cosine,
@@ -283,14 +289,32 @@ fn grouped_cosine_knn_stops_within_250_ms() {
         ..Default::default()
     };
     let e2 = e.clone();
-    let out = stop_in_stage(
-        &control,
-        "cosine kNN",
-        Duration::from_millis(100),
-        move || e2.knn(&Dataset::from_f32(&x, d)?, None, 100, &o),
-    );
-    assert_cancelled("grouped cosine knn", out);
+    let out = stop_in_stage(&control, stage, after, move || {
+        let data = Dataset::from_f32(&x, d)?;
+        let query = q.as_deref().map(|q| Dataset::from_f32(q, d)).transpose()?;
+        e2.knn(&data, query.as_ref(), k, &o)
+    });
+    assert_cancelled(what, out);
     assert_usual_speed(&e, Backend::Cpu, before);
+}
+
+/// The cosine kNN through the grouped leaders' index (clustered directions) stops in its
+/// search (stage "cosine kNN", which only that path enters).
+#[test]
+fn grouped_cosine_knn_stops_within_250_ms() {
+    let _one = serial();
+    let d = 32;
+    let x = clustered_directions(200_000, d, 400, 0.05, 12);
+    let stage = "cosine kNN";
+    cosine_knn_stops(
+        "grouped cosine knn",
+        x,
+        None,
+        d,
+        100,
+        stage,
+        Duration::from_millis(100),
+    );
 }
 
 /// The cosine kNN of a few queries (under `cosine::SMALL_QUERIES`), which meets every row,
@@ -298,30 +322,18 @@ fn grouped_cosine_knn_stops_within_250_ms() {
 #[test]
 fn few_queries_cosine_knn_stops_within_250_ms() {
     let _one = serial();
-    let e = engine();
-    let before = small_join_seconds(&e, Backend::Cpu);
     let d = 96;
-    let x = uniform(1_000_000, d, 14);
-    let q = uniform(255, d, 15);
-    let control = Control::new();
-    let o = KnnOptions {
-        metric: simjoin::Metric::Cosine,
-        backend: Backend::Cpu,
-        control: control.clone(),
-        ..Default::default()
-    };
-    let e2 = e.clone();
-    let out = stop_in_stage(
-        &control,
-        "cosine kNN: every query with every row",
+    let (x, q) = (uniform(1_000_000, d, 14), uniform(255, d, 15));
+    let stage = "cosine kNN: every query with every row";
+    cosine_knn_stops(
+        "few-queries cosine knn",
+        x,
+        Some(q),
+        d,
+        10,
+        stage,
         Duration::from_millis(100),
-        move || {
-            let (data, query) = (Dataset::from_f32(&x, d)?, Dataset::from_f32(&q, d)?);
-            e2.knn(&data, Some(&query), 10, &o)
-        },
     );
-    assert_cancelled("few-queries cosine knn", out);
-    assert_usual_speed(&e, Backend::Cpu, before);
 }
 
 /// A cosine kNN that meets every row on clustered directions at 384-D (2,000 queries, 5,000
@@ -331,30 +343,19 @@ fn few_queries_cosine_knn_stops_within_250_ms() {
 #[test]
 fn cosine_knn_bounds_stop_within_250_ms() {
     let _one = serial();
-    let e = engine();
-    let before = small_join_seconds(&e, Backend::Cpu);
     let d = 384;
     let x = clustered_directions(200_000, d, 5_000, 0.01, 16);
     let q = clustered_directions(2_000, d, 5_000, 0.01, 16);
-    let control = Control::new();
-    let o = KnnOptions {
-        metric: simjoin::Metric::Cosine,
-        backend: Backend::Cpu,
-        control: control.clone(),
-        ..Default::default()
-    };
-    let e2 = e.clone();
-    let out = stop_in_stage(
-        &control,
-        "cosine kNN: bounds from the rows nearest by the first coordinates",
+    let stage = "cosine kNN: bounds from the rows nearest by the first coordinates";
+    cosine_knn_stops(
+        "cosine knn's bounds",
+        x,
+        Some(q),
+        d,
+        10,
+        stage,
         Duration::from_millis(10),
-        move || {
-            let (data, query) = (Dataset::from_f32(&x, d)?, Dataset::from_f32(&q, d)?);
-            e2.knn(&data, Some(&query), 10, &o)
-        },
     );
-    assert_cancelled("cosine knn's bounds", out);
-    assert_usual_speed(&e, Backend::Cpu, before);
 }
 
 /// A cosine join at eps 0.1 on `backend` and the control that stops it.
