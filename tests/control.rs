@@ -269,7 +269,6 @@ fn clustered_directions(n: usize, d: usize, centres: usize, spread: f64, seed: u
 /// A cosine kNN (CPU) of `q` (None: `x` itself) against `x`, `d` wide, k neighbours,
 /// stopped `after` into `stage`: it stops within 250 ms and leaves the engine as fast as
 /// before.
-#[allow(clippy::too_many_arguments)]
 fn cosine_knn_stops(
     what: &str,
     x: Vec<f32>,
