@@ -249,11 +249,37 @@ where
         Some(cb) => Some(Dataset::from_rows(cb, dim)?),
         None => None,
     };
-    let mut confirm = Confirm::new(|p| rule.accepts(p), sink);
-    let mut report = match &db {
+    // (A reborrow: the sink is wanted again if the general join cannot run.)
+    let inner = sink.as_mut().map(|s| &mut **s as &mut dyn PairSink);
+    let mut confirm = Confirm::new(|p| rule.accepts(p), inner);
+    let ran = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),
-    }?;
+    };
+    let mut report = match ran {
+        // A software device refuses the general join of rows of thousands of dims (its
+        // loop budget), before any pair: the brute force in the grouped join's tiles runs.
+        Err(err)
+            if err.kind() == crate::error::ErrorKind::Unsupported
+                && auto
+                && opts.backend == crate::options::Backend::Gpu
+                && confirm.candidates == 0 =>
+        {
+            let eps32 = widened_eps::<f32>(e, dim);
+            let brute = grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, true, sink);
+            let Some(mut report) = brute? else {
+                return Err(err);
+            };
+            report.notes.push(format!(
+                "cosine: the general join could not run ({err}): every pair compared in tiles"
+            ));
+            report
+                .phases
+                .insert(0, ("cosine: norms and normalised copies".into(), prepared));
+            return Ok(report);
+        }
+        ran => ran?,
+    };
     report.pairs = confirm.accepted;
     report
         .phases

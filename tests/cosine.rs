@@ -493,6 +493,38 @@ fn gpu_matches_the_rule() {
     common::assert_no_validation_errors();
 }
 
+/// Rows of thousands of dims (3,072-D, as OpenAI's large embeddings; 4,100-D) under
+/// `auto` on the GPU: a software device's loop budget refuses the general join there, and
+/// the brute force in the grouped join's tiles runs instead (the join was refused before).
+/// Every output form, self-join and A ⋈ B, f32 and f64; copies and multiples give pairs
+/// at distance 0, the rest are far apart.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_auto_joins_thousands_of_dims() {
+    common::gpu_test_setup();
+    let mut rng = Rng(53);
+    for (dim, n) in [(3072usize, 120usize), (4100, 60)] {
+        let x = directions(&mut rng, n, dim, 40, 1.0);
+        let y = directions(&mut rng, n / 2, dim, 40, 1.0);
+        let (x32, y32) = (as_f32(&x), as_f32(&y));
+        let a = Dataset::from_f32(&x32, dim).unwrap();
+        let b = Dataset::from_f32(&y32, dim).unwrap();
+        check_all(&a, &b, 0.05, Backend::Gpu, Algorithm::Auto);
+        let got = engine()
+            .self_join(&a, &cosine(0.05, Backend::Gpu, Algorithm::Auto))
+            .unwrap();
+        assert!(got.report.pairs > 10, "{dim}-D: {} pairs", got.report.pairs);
+        if got.report.device.contains("llvmpipe") {
+            let notes = got.report.notes.join("; ");
+            assert!(notes.contains("every pair compared in tiles"), "{notes}");
+        }
+        let a = Dataset::from_f64(&x, dim).unwrap();
+        let b = Dataset::from_f64(&y, dim).unwrap();
+        check_all(&a, &b, 0.05, Backend::Gpu, Algorithm::Auto);
+    }
+    common::assert_no_validation_errors();
+}
+
 /// A brute force asked of the GPU runs in the grouped join's tiles (`Plan::brute`,
 /// lavapipe, validation on): the rule's set exactly, self-join and A ⋈ B, f32 and f64, in
 /// 2-130 dimensions; n = 0, 1, 2; the boundary rows of `boundaries_are_exact` (orthogonal

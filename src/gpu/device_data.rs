@@ -331,12 +331,20 @@ pub(super) fn prepare_grid<T: Coord>(
     opts.control.check()?;
     let mut data = data;
     let thr = threshold::<T>(opts.metric, eps);
+    // A software device's loop budget must cover a thread's least work with the filter's
+    // extra pass over the dims; where it does not (lavapipe past about 1,400 dims), the
+    // join runs without the filter rather than not at all.
+    let (_, budget) = super::join::workgroup_and_budget(ctx);
+    let log_cells = super::join::log_cells(r.len().max(q.len()));
+    let filter_fits =
+        budget == 0 || super::join::least_work(dim, k as u32, log_cells, true) <= budget;
     let dot = dot_filter::prepare(
         &mut uploads,
         &r,
         queries,
         opts.metric,
         thr,
+        filter_fits,
         &mut report.notes,
     )?;
     let dot_cutoff = dot.map(|f| {

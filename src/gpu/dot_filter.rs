@@ -187,13 +187,15 @@ fn box_centre<T: Coord>(sets: &[&[T]], dim: usize) -> Vec<f64> {
 
 /// Prepares the filter for the grid join of queries `q` with indexed points `r` (the same
 /// set in a self-join) under threshold `thr`, uploading its copies; None (with the reason
-/// in `notes`) where it is off, unsafe or useless.
+/// in `notes`) where it is off, unsafe or useless, or where it does not `fits` a software
+/// device's loop budget.
 pub(super) fn prepare<T: Coord>(
     uploads: &mut Uploads,
     r: &Dataset,
     q: Option<&Dataset>,
     metric: Metric,
     thr: T,
+    fits: bool,
     notes: &mut Vec<String>,
 ) -> Result<Option<DotFilter>> {
     let dim = r.dim();
@@ -205,6 +207,9 @@ pub(super) fn prepare<T: Coord>(
         notes.push(format!("GPU dot-product filter off: {why}"));
         Ok(None)
     };
+    if !fits {
+        return off("a thread's least work with it exceeds the software device's loop budget");
+    }
     let Some(bound) = FilterBound::new(thr, dim) else {
         return off("eps too small for its bound");
     };

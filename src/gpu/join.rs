@@ -192,6 +192,21 @@ pub(super) fn workgroup_and_budget(ctx: &Context) -> (u32, u32) {
     }
 }
 
+/// Bound on one binary search of a thread: over the cells, a mask, or the points of one
+/// cell (SORTIDU window), all at most `points` (the larger input).
+pub(super) fn log_cells(points: usize) -> u32 {
+    (usize::BITS - (points + 1).leading_zeros()) + 1
+}
+
+/// The least loop work a join thread must be allowed, to make progress: load its query,
+/// masks, one probe of `k` indexed dims, one candidate (its dot-product filter, `filter`,
+/// included). A software device's loop budget must cover it.
+pub(super) fn least_work(dim: usize, k: u32, log_cells: u32, filter: bool) -> u32 {
+    let (d, l) = (dim.min(u32::MAX as usize / 8) as u32, log_cells);
+    let filter = if filter { 2 * d } else { 0 };
+    d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter
+}
+
 /// The join kernel for `algorithm` and `T`, specialised for this job.
 #[allow(clippy::too_many_arguments)]
 fn join_kernel<T: Coord>(
@@ -319,19 +334,8 @@ where
     }
 
     let (workgroup, budget) = workgroup_and_budget(ctx);
-    // Bound on one binary search: over the cells, a mask, or the points of one cell
-    // (SORTIDU window): all at most the larger input.
-    let log_cells = (usize::BITS - (na.max(nb) + 1).leading_zeros()) + 1;
-    // The least a thread must do to make progress: load, masks, one probe, one candidate.
-    let least = {
-        let (d, k, l) = (dim as u32, prepared.k, log_cells);
-        let filter = if prepared.dot_cutoff.is_some() {
-            2 * d
-        } else {
-            0
-        };
-        d + k * (3 * l + 2) + 2 * (k + 2 * l + 2) + 2 * d + 1 + filter
-    };
+    let log_cells = log_cells(na.max(nb));
+    let least = least_work(dim, prepared.k, log_cells, prepared.dot_cutoff.is_some());
     if budget != 0 && least > budget {
         return Err(Error::unsupported(format!(
             "{} (a software device) cannot run this join: {dim} dimensions with {} indexed \
