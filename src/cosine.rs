@@ -104,6 +104,12 @@ fn as_f32<T: Coord>(x: &[T]) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
+/// `sink` lent for a shorter while (`as_deref_mut` cannot shorten the trait object's
+/// lifetime inside the Option).
+fn reborrow<'s>(sink: &'s mut Option<&mut dyn PairSink>) -> Option<&'s mut dyn PairSink> {
+    sink.as_mut().map(|s| &mut **s as &mut dyn PairSink)
+}
+
 /// Norms of `a` (and `b`), checked, and the normalised copies, on the engine's threads.
 type Prepared<T> = (Vec<f64>, Option<Vec<f64>>, Vec<T>, Option<Vec<T>>);
 fn prepare<T: Coord>(engine: &Engine, a: &[T], b: Option<&[T]>, dim: usize) -> Result<Prepared<T>> {
@@ -218,26 +224,24 @@ where
     // until a GPU measures them (AUTO_GROUPED_ON_GPU).
     let brute = opts.algorithm == crate::options::Algorithm::Brute
         && opts.backend == crate::options::Backend::Gpu;
-    if auto || brute {
-        // The grouped join compares f32 copies (of T's copies): its eps is f32's widening,
-        // which covers the second rounding (module doc).
-        let eps32 = widened_eps::<f32>(e, dim);
-        if let Some(mut report) = grouped(
-            engine,
-            &rule,
-            &ca,
-            cb.as_deref(),
-            eps32,
-            opts,
-            brute,
-            sink.as_deref_mut(),
-        )? {
+    // The grouped join (`brute`: every pair in its tiles), with the call's phases; None
+    // where its plan declines. It compares f32 copies (of T's copies): its eps is f32's
+    // widening, which covers the second rounding (module doc).
+    let eps32 = widened_eps::<f32>(e, dim);
+    let in_groups = |brute: bool, sink: Option<&mut dyn PairSink>| -> Result<Option<JoinReport>> {
+        let report = grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, brute, sink)?;
+        Ok(report.map(|mut report| {
             report
                 .phases
                 .insert(0, ("cosine: norms and normalised copies".into(), prepared));
             report
                 .phases
                 .push(("join".into(), t.elapsed().as_secs_f64()));
+            report
+        }))
+    };
+    if auto || brute {
+        if let Some(report) = in_groups(brute, reborrow(&mut sink))? {
             return Ok(report);
         }
     }
@@ -249,9 +253,8 @@ where
         Some(cb) => Some(Dataset::from_rows(cb, dim)?),
         None => None,
     };
-    // (A reborrow: the sink is wanted again if the general join cannot run.)
-    let inner = sink.as_mut().map(|s| &mut **s as &mut dyn PairSink);
-    let mut confirm = Confirm::new(|p| rule.accepts(p), inner);
+    // (Reborrowed: the sink is wanted again if the general join cannot run.)
+    let mut confirm = Confirm::new(|p| rule.accepts(p), reborrow(&mut sink));
     let ran = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),
@@ -265,17 +268,12 @@ where
                 && opts.backend == crate::options::Backend::Gpu
                 && confirm.candidates == 0 =>
         {
-            let eps32 = widened_eps::<f32>(e, dim);
-            let brute = grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, true, sink);
-            let Some(mut report) = brute? else {
+            let Some(mut report) = in_groups(true, sink)? else {
                 return Err(err);
             };
             report.notes.push(format!(
                 "cosine: the general join could not run ({err}): every pair compared in tiles"
             ));
-            report
-                .phases
-                .insert(0, ("cosine: norms and normalised copies".into(), prepared));
             return Ok(report);
         }
         ran => ran?,
