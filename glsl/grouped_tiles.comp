@@ -1,5 +1,5 @@
 #version 460
-// The grouped cosine join's blocks (src/gpu/grouped.rs, plan from src/cpu/partition.rs):
+// The grouped cosine join's blocks (src/gpu/grouped.rs, plan from src/cpu/partition/):
 // one workgroup per tile of up to 32 x 32 vectors (positions into the f32 rows of A's and
 // B's groups, listed in `list`), every f32 dot product of the tile, and each pair whose
 // product reaches `floor` appended to `pairs` as (A position, B position) by
@@ -7,7 +7,7 @@
 // parts). A tile flagged TRIANGLE (a self-join's group with itself, the same list block on
 // both sides) keeps only list positions x < y.
 // The dot products are f32 sums in any order (fused or not): the bound that `floor` comes
-// from (cpu/partition.rs `dot_slack`) holds for any order.
+// from (cpu/partition/products.rs `dot_slack`) holds for any order.
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #include "common.glsl"

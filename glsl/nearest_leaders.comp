@@ -7,7 +7,7 @@
 // first_leader > 0 (a dispatch takes many rows and a share of the leaders: enough
 // workgroups to fill a GPU, a bounded time for a stop). Only the choice of leaders rests
 // on it: the join's bounds are measured on whatever leader a row gets
-// (cpu/partition.rs `group`).
+// (cpu/partition/ `group`).
 #extension GL_EXT_buffer_reference : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
 #include "common.glsl"

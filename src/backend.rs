@@ -72,7 +72,7 @@ pub(crate) trait JoinBackend: Send + Sync {
         Ok(None)
     }
 
-    /// The comparisons of a grouped cosine join's plan (`cpu/partition.rs`), where this
+    /// The comparisons of a grouped cosine join's plan (`cpu/partition/`), where this
     /// backend makes them itself (a GPU, `gpu/grouped.rs`): every candidate pair to `emit`;
     /// returns the report's note and the device's name. `None`: it does not, and the
     /// caller compares on the CPU.
@@ -87,7 +87,7 @@ pub(crate) trait JoinBackend: Send + Sync {
     }
 
     /// Each row of `x` (f32 unit vectors, `dim` wide)'s nearest of `leaders` and that f32
-    /// dot product, for a grouped cosine join's plan (`cpu/partition.rs`), where this
+    /// dot product, for a grouped cosine join's plan (`cpu/partition/`), where this
     /// backend finds them itself (a GPU); `None`: it does not, and the CPU does.
     fn nearest_leaders(
         &self,

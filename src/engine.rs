@@ -187,7 +187,7 @@ impl Engine {
         }
         if opts.metric == crate::options::Metric::Cosine {
             // Through the grouped leaders' index on clustered rows, else the Euclidean kNN of
-            // the normalised vectors re-ranked by the rule (cosine.rs).
+            // the normalised vectors re-ranked by the rule (src/cosine/).
             return crate::cosine::knn(self, data, query, k, opts);
         }
         let start = Instant::now();
@@ -431,7 +431,7 @@ impl Engine {
             },
             _ => return Ok(None),
         };
-        // Cosine and haversine joins confirm streamed candidates (cosine.rs, geo.rs).
+        // Cosine and haversine joins confirm streamed candidates (src/cosine/, geo.rs).
         if matches!(
             opts.metric,
             crate::options::Metric::Cosine | crate::options::Metric::Haversine
@@ -509,7 +509,7 @@ impl Engine {
         f: impl FnOnce(&dyn JoinBackend) -> Result<Option<R>>,
     ) -> Result<Option<R>> {
         opts.validate()?;
-        // Cosine and haversine joins confirm streamed candidates (cosine.rs, geo.rs):
+        // Cosine and haversine joins confirm streamed candidates (src/cosine/, geo.rs):
         // nothing counted or linked on the device.
         if matches!(
             opts.metric,
@@ -520,7 +520,7 @@ impl Engine {
         self.on_device_any_metric(opts, f)
     }
 
-    /// [`Engine::on_device`] for any metric: cosine's grouped join (`cosine.rs`) compares
+    /// [`Engine::on_device`] for any metric: cosine's grouped join (`src/cosine/`) compares
     /// its plan on the device this way.
     pub(crate) fn on_device_any_metric<R>(
         &self,
@@ -627,7 +627,7 @@ impl Engine {
         let start = Instant::now();
         check_join(a, b, opts)?;
         if opts.metric == crate::options::Metric::Cosine {
-            // A Euclidean join of normalised copies, each candidate confirmed (cosine.rs).
+            // A Euclidean join of normalised copies, each candidate confirmed (src/cosine/).
             let mut report = crate::cosine::run(self, a, b, opts, sink)?;
             report.seconds = start.elapsed().as_secs_f64();
             return Ok(report);

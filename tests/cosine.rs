@@ -613,7 +613,7 @@ fn sure_of(notes: &str) -> (u64, u64) {
     (sure, all)
 }
 
-/// Enough clustered vectors for the CPU's grouped join (`cpu/partition.rs`, from 4096
+/// Enough clustered vectors for the CPU's grouped join (`cpu/partition/`, from 4096
 /// vectors and 16 dimensions): the rule's set exactly, self-join and A ⋈ B, f32 and f64,
 /// pairs, counts and streams; uniform directions fall back to the general join.
 #[test]
@@ -910,7 +910,7 @@ fn knn_matches_oracle(
     all
 }
 
-/// The kNN through the grouped leaders' index (`cpu/partition.rs`, clustered rows, enough
+/// The kNN through the grouped leaders' index (`cpu/partition/`, clustered rows, enough
 /// of them for grouping) equals the brute-force kNN under the rule exactly: self and
 /// A ⋈ B, f32 and f64, k = 1, 10 and k larger than a cluster; exact duplicates, scalar
 /// multiples (cosine 1 under the rule) and near-duplicates (a relative nudge of 1e-9, a

@@ -222,7 +222,7 @@ fn box_gap<T: Coord, M: MetricKind>(alo: &[T], ahi: &[T], blo: &[T], bhi: &[T]) 
             Metric::Euclidean => acc + g * g,
             Metric::Manhattan => acc + g,
             Metric::Chebyshev => acc.max(g),
-            Metric::Cosine => unreachable!("cosine joins run as Euclidean (src/cosine.rs)"),
+            Metric::Cosine => unreachable!("cosine joins run as Euclidean (src/cosine/)"),
             Metric::Haversine => unreachable!("haversine joins run as Euclidean (src/geo.rs)"),
         };
     }

@@ -147,7 +147,7 @@ fn csr_by_metric<T: knn::DistanceType + Default>(
     }
 }
 
-/// The engine runs cosine joins as Euclidean joins of normalised copies (`src/cosine.rs`):
+/// The engine runs cosine joins as Euclidean joins of normalised copies (`src/cosine/`):
 /// a cosine job reaching a backend is a bug.
 fn cosine_reached() -> Error {
     Error::new(

@@ -1,4 +1,4 @@
-//! The grouped cosine join on the GPU: the host plans (`cpu/partition.rs`: leaders, groups,
+//! The grouped cosine join on the GPU: the host plans (`cpu/partition/`: leaders, groups,
 //! the pairs of groups the bounds keep, each pair's members that can meet), with each
 //! vector's nearest leader found on the device ([`nearest_leaders`],
 //! glsl/nearest_leaders.comp: every rows x leaders dot product, the largest kept); the

@@ -16,7 +16,7 @@
 //! - `rows`: sorted pairs and the CSR as rows sorted on the device (a count pass, then
 //!   batches sorted by the bitonic network and placed at their final offsets).
 //! - `grouped`: the grouped cosine join's tiles of f32 dot products (its plan from
-//!   `cpu/partition.rs`), batches in two slots.
+//!   `cpu/partition/`), batches in two slots.
 //! - `lss`, `zorder`: LSS (sort and search over a set of Z-order lists): the eps-join,
 //!   and with `knn` the exact k-nearest-neighbour join (LSS or brute force).
 //! - `glsl/grid_join_*.comp`, `glsl/brute_join_*.comp`, `glsl/lss_*.comp` (f32/f64) with

@@ -122,7 +122,7 @@ pub fn radius_bound<T: Coord>(metric: Metric, thr: f64) -> f64 {
     let r = match metric {
         Metric::Euclidean => (thr + tiny).sqrt(),
         Metric::Manhattan | Metric::Chebyshev => thr,
-        Metric::Cosine => unreachable!("cosine joins run as Euclidean (src/cosine.rs)"),
+        Metric::Cosine => unreachable!("cosine joins run as Euclidean (src/cosine/)"),
         Metric::Haversine => unreachable!("haversine joins run as Euclidean (src/geo.rs)"),
     };
     r * (1.0 + RADIUS_WIDEN)

@@ -1,0 +1,330 @@
+//! The cosine kNN through the grouped index of `cpu/partition/` (leaders, groups, radii).
+
+use super::knn::*;
+use super::*;
+
+/// What one f32 dot product of the grouped kNN (a row loaded on its own, its bound, its
+/// place in the ranking, its share of the groups' ordering) costs in products of the
+/// blocked brute force (`cpu::knn`'s filtered search, six queries by sixteen points a tile,
+/// symmetric for a self-kNN). Where the two take equally long it was 4.2-10.8 at 64-1024-D
+/// (20,000-30,000 diffuse topic-shaped vectors, 2 cores; 13.8-21.7 where the brute force's
+/// k-d tree prunes at 64-128-D): 8 keeps a wrong choice within about 2x of the faster. It
+/// was 1 before (a 384-D search of 3,031 products a query took 8.6 s, its brute force 4.1 s).
+const GROUPED_DOT_COST: f64 = 8.0;
+
+/// A kNN's queries take their products with every leader in blocks (`partition::Blocked`)
+/// where the probe's queries measure more than 1 / BLOCKED_SHARE of the leaders one at a
+/// time: a blocked product cost about a third of a single one (15 G against 5 G
+/// multiply-adds a CPU second in a profile of dups-384d's search, AVX2; bench/EMBED_RESULTS.md).
+const BLOCKED_SHARE: f64 = 3.0;
+
+/// Each query's k nearest rows by the rule (ties by index) through the grouped index of
+/// `cpu/partition/` (leaders, groups, radii over f32 copies of the data's unit copies),
+/// exact by construction; None where the index declines (no clusters, too few rows).
+///
+/// L_g is group g's pivot, the mean of its members (`partition::recentre`). A query
+/// (A ⋈ B) measures every pivot (an f32 dot product: `pivot_floor` bounds its real
+/// distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a
+/// lower bound on its distance from every member (triangle inequality). In a group it
+/// skips the members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest
+/// by their f32 dot products and computes the rule's distance, in increasing bound, for
+/// those whose bound (`rule_floor`) does not exceed the current k-th distance. It stops at
+/// the first group whose bound exceeds it: every row not computed has a rule distance
+/// above the k-th (ties are visited), so the k kept are the rule's k nearest.
+///
+/// A self-kNN's query knows its own group g and its distance from L_g: it visits g first,
+/// then the other groups in increasing `|L_g - L_h| - |q - L_g| - r_h` (the leaders'
+/// distances bounded once), measuring a leader only for the groups that bound leaves in,
+/// and skipping those that the measured `|q - L_h| - r_h` rules out; the same stop.
+///
+/// A probe of 64 evenly spread queries declines the search (None) where their f32 dot
+/// products would cost more than the blocked brute force's: "clusters" that prune little.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn knn_grouped<T: Coord>(
+    engine: &Engine,
+    x: &[T],
+    rows_q: &[T],
+    self_knn: bool,
+    dim: usize,
+    k: usize,
+    (nx, nq): (&[f64], &[f64]),
+    cx: &[T],
+    cq: Option<&[T]>,
+    sampled: Option<Option<(Vec<f32>, f64)>>,
+    control: &crate::control::Control,
+) -> Result<Option<(Ranked, String, usize, f64)>> {
+    use crate::cpu::partition::{dot, dot4, dot_slack, knn_index_of, knn_leaders, pivot_floor};
+    use crate::cpu::partition::{Blocked, KnnLeaders};
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
+        let t = std::time::Instant::now();
+        let fx = as_f32(cx);
+        // The sample's leaders, where the caller has not taken them already.
+        let sampled = sampled.unwrap_or_else(|| match knn_leaders(&fx, dim, usize::MAX, control) {
+            KnnLeaders::Found(l) => l,
+            KnnLeaders::Over => None,
+        });
+        let Some(index) = sampled.and_then(|l| knn_index_of(&fx, dim, l, control)) else {
+            control.check()?;
+            return Ok(None);
+        };
+        drop(fx);
+        let built = t.elapsed().as_secs_f64();
+        let fq = cq.map(as_f32);
+        let g = &index.groups;
+        let groups = index.leaders.len() / dim;
+        let slack = dot_slack(dim);
+        let u32_ = f32::EPSILON as f64 / 2.0;
+        let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
+        let reach = |limit: f64| rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
+        let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
+        let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
+        let kth = |best: &Vec<(f64, u32)>| kth_of(best, k);
+        // Lower bounds on the leaders' distances from each other (f32, rounded down), for
+        // the self-kNN where they fit: a query's own leader and its distance from it then
+        // bound every other group's distance (`|L_g - L_h| - |q - L_g| - r_h`) before its
+        // leader is measured.
+        let between: Option<Vec<f32>> = (self_knn && fq.is_none() && groups <= 2048).then(|| {
+            (0..groups * groups)
+                .into_par_iter()
+                .with_min_len(256)
+                .map(|c| {
+                    let (a, b) = (c / groups, c % groups);
+                    // |C_a - C_b|^2 = |C_a|^2 + |C_b|^2 - 2 C_a.C_b (see `pivot_floor`).
+                    let d = dot(
+                        &index.leaders[a * dim..(a + 1) * dim],
+                        &index.leaders[b * dim..(b + 1) * dim],
+                    ) as f64;
+                    let l = (index.norm2[a] + index.norm2[b] - 2.0 * d - 2.0 * slack)
+                        .max(0.0)
+                        .sqrt();
+                    (l * (1.0 - 1e-6)) as f32
+                })
+                .collect()
+        });
+        // Query `r` (f32 copy `qv`; `me` its own row in a self-kNN) visits group h, whose
+        // leader is at least `to_leader` from it: the members not ruled out by
+        // `to_leader - |x - L_h|` are bounded by their f32 dot products and, in increasing
+        // bound, measured by the rule while the bound does not exceed the k-th distance.
+        // Returns the dot products taken and the rule distances computed.
+        let visit = |r: usize,
+                     qv: &[f32],
+                     me: Option<u32>,
+                     h: usize,
+                     to_leader: f64,
+                     best: &mut Vec<(f64, u32)>,
+                     near: &mut Vec<(f64, u32)>|
+         -> (u64, u64) {
+            let limit = kth(best);
+            // Members farther than `reach` (by the leader's bound) or with a product below
+            // `least` (at least `reach` apart by `dist_floor`, which the margin covers) have
+            // a floor above the limit: ruled out without one.
+            let reach = reach(limit);
+            let least = least_dot(reach, slack);
+            near.clear();
+            // The members left in, then their dot products four at a time (`dot4`).
+            near.extend(
+                (g.start[h]..g.start[h + 1])
+                    .filter(|&s| to_leader - g.to_leader[s] <= reach && me != Some(g.order[s]))
+                    .map(|s| (0.0, s as u32)),
+            );
+            let row = |s: u32| &g.rows[s as usize * dim..(s as usize + 1) * dim];
+            let mut four = near.chunks_exact_mut(4);
+            for c in &mut four {
+                let d = dot4(qv, [row(c[0].1), row(c[1].1), row(c[2].1), row(c[3].1)]);
+                for (e, d) in c.iter_mut().zip(d) {
+                    e.0 = d as f64;
+                }
+            }
+            for e in four.into_remainder() {
+                e.0 = dot(qv, row(e.1)) as f64;
+            }
+            let measured = near.len() as u64;
+            let n_exact = rank_by_floor(near, best, k, f64::INFINITY, least, slack, floor, |s| {
+                let j = g.order[s as usize];
+                (dist(r, j as usize), j)
+            });
+            (measured, n_exact)
+        };
+        let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
+        // Query `r` (f32 copy `qv`); `home`: in a self-kNN, its position in the groups'
+        // order; `pd`: its dot products with every leader where they were taken for it in
+        // blocks (else one at a time, as needed). Visits the groups in increasing lower
+        // bound, stopping where the rule's floor of it exceeds the k-th distance. Counts
+        // its f32 dot products, rule distances and leaders measured.
+        let search = |r: usize,
+                      qv: &[f32],
+                      me: Option<u32>,
+                      home: Option<usize>,
+                      pd: Option<&[f32]>|
+         -> (Vec<(f64, u32)>, u64, u64, u64) {
+            let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
+            let mut near: Vec<(f64, u32)> = Vec::new();
+            let (mut n_dots, mut n_exact) = (0u64, 0u64);
+            let mut n_leaders = 0u64;
+            let mut tally = |(d, e): (u64, u64)| {
+                n_dots += d;
+                n_exact += e;
+            };
+            let mut to_leader = |h: usize| {
+                n_leaders += 1;
+                let d = pd.map_or_else(|| dot(qv, leader(h)), |pd| pd[h]);
+                pivot_floor(d, index.norm2[h], slack)
+            };
+            // A self-kNN's query visits its own group first: the k-th distance it leaves
+            // rules most other groups out before any are sorted.
+            let own = home.map(|p| (g.start.partition_point(|&st| st <= p) - 1, g.to_leader[p]));
+            if let Some((own, _)) = own {
+                let l = to_leader(own);
+                tally((1, 0));
+                tally(visit(r, qv, me, own, l, &mut best, &mut near));
+            }
+            let others = (0..groups).filter(|&h| Some(h) != own.map(|o| o.0));
+            let others = others.filter(|&h| g.start[h + 1] > g.start[h]);
+            match (own, &between, pd) {
+                (Some((own, mine)), Some(between), None) => {
+                    // The others by the leaders' bound, a leader measured only where that
+                    // bound leaves its group in.
+                    let limit = kth(&best);
+                    let mut lb: Vec<(f64, u32)> = others
+                        .filter_map(|h| {
+                            let b = between[own * groups + h] as f64 - mine - g.radius[h];
+                            (floor(b) <= limit).then_some((b, h as u32))
+                        })
+                        .collect();
+                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                    for &(b, h) in &lb {
+                        let limit = kth(&best);
+                        if floor(b) > limit {
+                            break;
+                        }
+                        let h = h as usize;
+                        let l = to_leader(h).max(between[own * groups + h] as f64 - mine);
+                        tally((1, 0));
+                        if floor(l - g.radius[h]) > limit {
+                            continue;
+                        }
+                        tally(visit(r, qv, me, h, l, &mut best, &mut near));
+                    }
+                }
+                _ => {
+                    // Every leader measured, the groups by `|q - L_h| - r_h` (with the
+                    // leaders' bound where it is tighter), those the k-th distance so far
+                    // rules out left unsorted.
+                    let limit = kth(&best);
+                    let mut lb: Vec<(f64, f64, u32)> = others
+                        .filter_map(|h| {
+                            let mut l = to_leader(h);
+                            if let (Some((own, mine)), Some(between)) = (own, &between) {
+                                l = l.max(between[own * groups + h] as f64 - mine);
+                            }
+                            let b = l - g.radius[h];
+                            (floor(b) <= limit).then_some((b, l, h as u32))
+                        })
+                        .collect();
+                    tally((n_leaders - own.is_some() as u64, 0));
+                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+                    for &(group_lb, l, h) in &lb {
+                        if floor(group_lb) > kth(&best) {
+                            break;
+                        }
+                        tally(visit(r, qv, me, h as usize, l, &mut best, &mut near));
+                    }
+                }
+            }
+            (best, n_dots, n_exact, n_leaders)
+        };
+        // The p-th query: self-kNN's in group order (neighbouring queries visit the same
+        // groups), A ⋈ B's in input order: its row, f32 copy, own row and home.
+        let at = |p: usize| match &fq {
+            None => {
+                let r = g.order[p];
+                let qv = &g.rows[p * dim..(p + 1) * dim];
+                (r, qv, self_knn.then_some(r), Some(p))
+            }
+            Some(fq) => (p as u32, &fq[p * dim..(p + 1) * dim], None, None),
+        };
+        let query = |p: usize, pd: Option<&[f32]>| {
+            let (r, qv, me, home) = at(p);
+            (r, search(r as usize, qv, me, home, pd))
+        };
+        let rows = nq.len();
+        let n = nx.len();
+        // Clusters that prune little (spread-out data in a few dozen dimensions: the sample
+        // finds "groups" at radius 1 that are no real clusters) make the search a slower
+        // brute force: a probe of evenly spread queries declines it where their dot
+        // products, at GROUPED_DOT_COST each, cost more than the brute force's products
+        // per query (half the rows for a self-kNN's symmetric schedule).
+        let probe = rows.min(64);
+        let (probed, probed_leaders) = (0..probe)
+            .into_par_iter()
+            .map(|i| {
+                let (_, (_, d, _, l)) = query(i * rows / probe, None);
+                (d, l)
+            })
+            .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let brute = if self_knn { n as f64 / 2.0 } else { n as f64 };
+        if probed as f64 * GROUPED_DOT_COST > probe as f64 * brute {
+            control.check()?;
+            return Ok(None);
+        }
+        // Where queries measure more than a few of the leaders (loose clusters: most are
+        // in reach of the k-th distance), every query's products with all of them are taken
+        // in blocks, four queries at a time, at a fraction of the cost of single products.
+        let blocked = (probed_leaders as f64 > probe as f64 * groups as f64 / BLOCKED_SHARE)
+            .then(|| Blocked::new(&index.leaders, dim));
+        const CHUNK: usize = 64;
+        control.stage("cosine kNN", rows.div_ceil(CHUNK) as u64);
+        let found: Vec<Vec<(u32, Neighbours)>> = (0..rows.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
+                if control.is_cancelled() {
+                    return Vec::new();
+                }
+                let span = c * CHUNK..((c + 1) * CHUNK).min(rows);
+                let mut out = Vec::with_capacity(span.len());
+                let mut pd = vec![0.0f32; if blocked.is_some() { 4 * groups } else { 0 }];
+                for p in span.clone().step_by(4) {
+                    // The last query repeated where fewer than four are left.
+                    let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(span.end - 1));
+                    if let Some(b) = &blocked {
+                        b.dots(four.map(|p| at(p).1), &mut pd);
+                    }
+                    for (i, p) in four.into_iter().enumerate() {
+                        if i > 0 && p == four[i - 1] {
+                            break;
+                        }
+                        let pd = blocked.as_ref().map(|_| &pd[i * groups..][..groups]);
+                        let (r, (best, d, e, _)) = query(p, pd);
+                        dots.fetch_add(d, Relaxed);
+                        exact.fetch_add(e, Relaxed);
+                        out.push((r, best));
+                    }
+                }
+                control.advance(1, 0);
+                out
+            })
+            .collect();
+        control.check()?;
+        let mut ranked: Ranked = vec![Vec::new(); rows];
+        for (r, f) in found.into_iter().flatten() {
+            debug_assert_eq!(f.len(), k);
+            ranked[r as usize] = f;
+        }
+        let per = |v: &AtomicU64| v.load(Relaxed) as f64 / rows.max(1) as f64;
+        let note = format!(
+            "cosine kNN: grouped leaders index, {groups} groups (leaders' radius {:.3}) over {} \
+             rows; per query {:.0} f32 dot products (leaders included{}) and {:.1} rule \
+             distances on average",
+            index.radius,
+            n,
+            per(&dots),
+            match blocked {
+                Some(_) => ", every leader's in blocks",
+                None => "",
+            },
+            per(&exact)
+        );
+        Ok(Some((ranked, note, rayon::current_num_threads(), built)))
+    })?
+}
