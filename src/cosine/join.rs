@@ -36,7 +36,7 @@ where
     for<'x> Dataset<'x>: FromRows<'x, T>,
 {
     let t = std::time::Instant::now();
-    let (na, nb, ca, cb) = prepare(engine, a, b, dim)?;
+    let (na, nb, ca, cb) = prepare(engine, a, b, dim, true)?;
     opts.control.check()?;
     let prepared = t.elapsed().as_secs_f64();
     let e = threshold::<T>(Metric::Cosine, opts.eps).to_f64();

@@ -296,18 +296,22 @@ where
 {
     use crate::cpu::partition;
     let start = std::time::Instant::now();
-    let (nx, nq, cx, cq) = prepare(engine, x, q, dim)?;
-    opts.control.check()?;
-    let prepared = start.elapsed().as_secs_f64();
-    let rows_q: &[T] = q.unwrap_or(x);
-    let norms_q: &[f64] = nq.as_deref().unwrap_or(&nx);
-    let n = nx.len();
-    let rows = norms_q.len();
+    let n = x.len() / dim.max(1);
+    let rows = q.map_or(n, |q| q.len() / dim.max(1));
     let candidates = n - usize::from(q.is_none() && n > 0);
     let on_cpu = opts.backend == crate::options::Backend::Cpu
         || (opts.backend == crate::options::Backend::Auto && !engine.auto_gpu());
     let mut declined = None;
     let auto = opts.algorithm == crate::options::Algorithm::Auto && k >= 1 && k <= candidates;
+    // A few queries meet every row (below), which makes each row's f32 copy where it meets
+    // them: a copy of the whole collection first cost as long as their products (100
+    // queries x 99,900 384-D rows, 2 threads: 0.035 of 0.12 s).
+    let few = on_cpu && auto && rows < SMALL_QUERIES && q.is_some();
+    let (nx, nq, cx, cq) = prepare(engine, x, q, dim, !few)?;
+    opts.control.check()?;
+    let prepared = start.elapsed().as_secs_f64();
+    let rows_q: &[T] = q.unwrap_or(x);
+    let norms_q: &[f64] = nq.as_deref().unwrap_or(&nx);
     // Every query meets every row (`knn_brute`), for `why`, after `phases`.
     let brute = |why: String, phases: Vec<(String, f64)>| -> Result<crate::knn::KnnResult> {
         let t = std::time::Instant::now();
@@ -320,7 +324,7 @@ where
             k,
             &nx,
             norms_q,
-            &cx,
+            (!few).then_some(&cx[..]),
             cq.as_deref(),
             &opts.control,
         )?;
@@ -353,7 +357,7 @@ where
         };
         Ok(knn_result::<T>(run.ranked, k, report, start))
     };
-    if on_cpu && auto && rows < SMALL_QUERIES {
+    if few || (on_cpu && auto && rows < SMALL_QUERIES) {
         return brute(format!("< {SMALL_QUERIES}"), Vec::new());
     }
     // Vectors near a low-dimensional subspace: a Euclidean kNN of their projections finds

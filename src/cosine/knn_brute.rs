@@ -20,6 +20,54 @@ pub(super) fn least_below(limit: f64, dim: usize) -> (f64, f32) {
     (least, below)
 }
 
+/// The collection's f32 unit copies as the products read them: the copy the search made
+/// already, or each row's made where a task meets it (few queries: the whole collection's
+/// copy cost as long as their products). The same bits either way ([`unit_f32`]).
+struct Units<'a, T> {
+    made: Option<std::borrow::Cow<'a, [f32]>>,
+    x: &'a [T],
+    norms: &'a [f64],
+    dim: usize,
+}
+
+impl<'a, T: Coord> Units<'a, T> {
+    fn new(made: Option<&'a [T]>, x: &'a [T], norms: &'a [f64], dim: usize) -> Self {
+        Units {
+            made: made.map(as_f32),
+            x,
+            norms,
+            dim,
+        }
+    }
+    /// The copies of rows `span`, one after the other.
+    fn span(&self, span: std::ops::Range<usize>) -> std::borrow::Cow<'_, [f32]> {
+        let d = self.dim;
+        match &self.made {
+            Some(c) => c[span.start * d..span.end * d].into(),
+            None => self.heads(span, d).into(),
+        }
+    }
+    /// The first `s` coordinates of the copies of rows `span`, made (rows `s` wide).
+    fn heads(&self, span: std::ops::Range<usize>, s: usize) -> Vec<f32> {
+        let d = self.dim;
+        let mut out = vec![0.0f32; span.len() * s];
+        let rows = self.x[span.start * d..span.end * d].chunks_exact(d);
+        for ((o, r), &n) in out.chunks_exact_mut(s).zip(rows).zip(&self.norms[span]) {
+            divide_row(&r[..s], n, o, unit_f32);
+        }
+        out
+    }
+    /// [`Blocked::prefix`] of the copies of rows `span`: their first `s` coordinates.
+    fn prefix(&self, span: std::ops::Range<usize>, s: usize) -> crate::cpu::partition::Blocked {
+        use crate::cpu::partition::Blocked;
+        let d = self.dim;
+        match &self.made {
+            Some(c) => Blocked::prefix(&c[span.start * d..span.end * d], d, s),
+            None => Blocked::new(&self.heads(span, s), s),
+        }
+    }
+}
+
 /// Queries [`seeds_pay`] seeds, and rows it samples.
 const SEED_PROBE: (usize, usize) = (8, 2048);
 
@@ -29,8 +77,8 @@ const SEED_PROBE: (usize, usize) = (8, 2048);
 /// share of a sample of rows whose bound by `partition::Bounded`'s first coordinates and
 /// rest (`rest_q`: the queries' rest norms) reaches their floors, paying below a quarter.
 #[allow(clippy::too_many_arguments)]
-fn seeds_pay(
-    fx: &[f32],
+fn seeds_pay<T: Coord>(
+    fx: &Units<T>,
     fq: &[f32],
     rest_q: &[f32],
     dim: usize,
@@ -40,7 +88,7 @@ fn seeds_pay(
     control: &crate::control::Control,
 ) -> bool {
     use crate::cpu::partition::{dot, Bounded};
-    let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
+    let (n, m) = (fx.norms.len(), fq.len() / dim.max(1));
     let pre = Bounded::pre(dim);
     if seed_coords(dim).is_none() || m == 0 {
         return false;
@@ -51,8 +99,8 @@ fn seeds_pay(
     let below: Vec<f32> = caps.iter().map(|&c| least_below(c, dim).1).collect();
     let (mut met, mut left) = (0usize, 0usize);
     for j in (0..n).step_by(step) {
-        let row = &fx[j * dim..(j + 1) * dim];
-        let rest = Bounded::rest(row, pre);
+        let row = fx.span(j..j + 1);
+        let rest = Bounded::rest(&row, pre);
         for (r, &below) in below.iter().enumerate() {
             let q = &fq[r * dim..(r + 1) * dim];
             met += 1;
@@ -92,8 +140,8 @@ fn seed_rows(k: usize) -> usize {
 /// [`seed_coords`] coordinates, the k-th of them (infinite where fewer than k rows). Which
 /// rows is a guess (on clustered data, mostly the query's own cluster, for about a tenth
 /// of the products' work); the bound is exact, any k rows' distances being one.
-fn seed_caps(
-    fx: &[f32],
+fn seed_caps<T: Coord>(
+    fx: &Units<T>,
     fq: &[f32],
     dim: usize,
     k: usize,
@@ -101,10 +149,10 @@ fn seed_caps(
     dist: &(dyn Fn(usize, usize) -> f64 + Sync),
     control: &crate::control::Control,
 ) -> Vec<f64> {
-    use crate::cpu::partition::{cached_rows, max_of, Blocked};
+    use crate::cpu::partition::{cached_rows, max_of};
     use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
     use std::sync::Mutex;
-    let (n, m) = (fx.len() / dim.max(1), fq.len() / dim.max(1));
+    let (n, m) = (fx.norms.len(), fq.len() / dim.max(1));
     let want = seed_rows(k);
     if m == 0 || n < k + usize::from(self_knn) || k == 0 {
         return vec![f64::INFINITY; m];
@@ -133,7 +181,7 @@ fn seed_caps(
             }
             let span = t * rows..((t + 1) * rows).min(n);
             let w = span.len();
-            let heads = Blocked::prefix(&fx[span.start * dim..span.end * dim], dim, s);
+            let heads = fx.prefix(span.clone(), s);
             let mut pd = vec![0.0f32; 4 * w];
             for p in (0..m).step_by(4) {
                 let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(m - 1));
@@ -222,16 +270,19 @@ pub(super) fn knn_brute<T: Coord>(
     k: usize,
     nx: &[f64],
     nq: &[f64],
-    cx: &[T],
+    cx: Option<&[T]>,
     cq: Option<&[T]>,
     control: &crate::control::Control,
 ) -> Result<BruteRun> {
     use crate::cpu::partition::{cached_rows, dot_slack, Bounded};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<BruteRun> {
-        let fx = as_f32(cx);
-        let fq = cq.map(as_f32);
-        let fq: &[f32] = fq.as_deref().unwrap_or(&fx);
+        let fx = Units::new(cx, x, nx, dim);
+        let fq = match cq {
+            Some(cq) => as_f32(cq),
+            None => fx.span(0..nx.len()),
+        };
+        let fq: &[f32] = &fq;
         let (n, m) = (nx.len(), nq.len());
         let slack = dot_slack(dim);
         let u32_ = f32::EPSILON as f64 / 2.0;
@@ -278,7 +329,8 @@ pub(super) fn knn_brute<T: Coord>(
                 }
                 let span = t * rows..((t + 1) * rows).min(n);
                 let w = span.len();
-                let bounded = Bounded::new(&fx[span.start * dim..span.end * dim], dim);
+                let copies = fx.span(span.clone());
+                let bounded = Bounded::new(&copies, dim);
                 let mut pd = vec![0.0f32; 4 * w];
                 let (mut done, mut completed) = (Vec::new(), 0);
                 for p in (0..m).step_by(4) {
