@@ -742,6 +742,13 @@ fn grouped_join_of_unequal_sides_matches_the_rule() {
             let got = engine().join(x, y, &o).unwrap();
             let notes = got.report.notes.join("; ");
             assert!(notes.contains("blocked brute force"), "{what}: {notes}");
+            // A few queries on A's side meet B's rows copied a block at a time (no copy
+            // of the whole of B).
+            assert_eq!(
+                notes.contains("made a block at a time"),
+                x.len() < y.len(),
+                "{what}: {notes}"
+            );
             assert_eq!(got.report.algorithm, Algorithm::Brute, "{what}");
             let want = oracle::join(x, y, Metric::Cosine, eps);
             assert_eq!(got.pairs().unwrap(), &want[..], "{what}: {notes}");

@@ -36,7 +36,16 @@ where
     for<'x> Dataset<'x>: FromRows<'x, T>,
 {
     let t = std::time::Instant::now();
-    let (na, nb, ca, cb) = prepare(engine, a, b, dim, true)?;
+    let auto = opts.algorithm == crate::options::Algorithm::Auto;
+    // A few queries (A) against a large B: compared in blocks (`Plan::brute`), whatever the
+    // data, with B's f32 copies made a block at a time where they are met: a copy of the
+    // whole of B first cost as long as the queries' products. On the CPU only (a device
+    // uploads whole sides; `auto` keeps these plans on the CPU).
+    let (n_a, n_b) = (a.len() / dim.max(1), b.map(|b| b.len() / dim.max(1)));
+    let few = auto
+        && opts.backend != crate::options::Backend::Gpu
+        && n_b.is_some_and(|n_b| n_b > n_a && crate::cpu::partition::small_side(n_a, n_b, dim));
+    let (na, nb, ca, cb) = prepare(engine, a, b, dim, (true, !few))?;
     opts.control.check()?;
     let prepared = t.elapsed().as_secs_f64();
     let e = threshold::<T>(Metric::Cosine, opts.eps).to_f64();
@@ -52,11 +61,10 @@ where
         e,
     };
     let mut sink = sink;
-    let auto = opts.algorithm == crate::options::Algorithm::Auto;
     let t = std::time::Instant::now();
     // Vectors near a low-dimensional subspace: a Euclidean join of their projections,
     // first where the sample's leaders keep growing (else after the grouped index).
-    let fit = match auto {
+    let fit = match auto && !few {
         true => engine
             .install(|| crate::projection::Projection::fit(&ca, cb.as_deref(), dim, euclid.eps))?,
         false => None,
@@ -86,8 +94,22 @@ where
     // where its plan declines. It compares f32 copies (of T's copies): its eps is f32's
     // widening, which covers the second rounding (module doc).
     let eps32 = widened_eps::<f32>(e, dim);
+    let make_b = |span: std::ops::Range<usize>| unit_rows_f32(rule.b, rule.nb, dim, span, dim);
+    let made: Option<&crate::cpu::partition::MakeRows> = match few {
+        true => Some(&make_b),
+        false => None,
+    };
     let in_groups = |brute: bool, sink: Option<&mut dyn PairSink>| -> Result<Option<JoinReport>> {
-        let report = grouped(engine, &rule, &ca, cb.as_deref(), eps32, opts, brute, sink)?;
+        let report = grouped(
+            engine,
+            &rule,
+            (&ca, cb.as_deref()),
+            made,
+            eps32,
+            opts,
+            brute,
+            sink,
+        )?;
         Ok(report.map(|mut report| {
             report
                 .phases
@@ -102,6 +124,13 @@ where
         if let Some(report) = in_groups(brute, reborrow(&mut sink))? {
             return Ok(report);
         }
+    }
+    if few {
+        // Its plan never declines; the joins below would need B's copy.
+        return Err(crate::error::Error::new(
+            crate::error::ErrorKind::Internal,
+            "a few queries' blocked brute force declined",
+        ));
     }
     if let Some(p) = &fit {
         return via_projection(p, sink);
@@ -220,13 +249,17 @@ const AUTO_GROUPED_ON_GPU: bool = false;
 /// CPU; candidates from the f32 copies, confirmed by the rule on every engine thread (but
 /// for those past [`sure_dot`]) and passed to `sink`; None (nothing emitted) where the data
 /// show no clusters. With `brute`, the plan is a blocked brute force (`Plan::brute`: every
-/// pair of rows in the device's tiles), run only on a device (else None).
+/// pair of rows in the device's tiles), run only on a device (else None). With `made`,
+/// B's copy is not given (`cb` empty): the plan is [`Plan::brute_made`] of B's rows made
+/// a block at a time, on the CPU.
+///
+/// [`Plan::brute_made`]: crate::cpu::partition::Plan::brute_made
 #[allow(clippy::too_many_arguments)]
 fn grouped<'d, T: Coord>(
     engine: &Engine,
     rule: &Rule<T>,
-    ca: &[T],
-    cb: Option<&[T]>,
+    (ca, cb): (&[T], Option<&[T]>),
+    made: Option<&crate::cpu::partition::MakeRows>,
     eps: f64,
     opts: &JoinOptions,
     brute: bool,
@@ -319,9 +352,16 @@ fn grouped<'d, T: Coord>(
                 found
             };
             let t = std::time::Instant::now();
-            let planned = match brute {
-                true => Some(Ok(partition::Plan::brute(&fa, fb.as_deref(), dim, eps))),
-                false => {
+            let planned = match (made, brute) {
+                (Some(make_b), _) => Some(Ok(partition::Plan::brute_made(
+                    &fa,
+                    rule.nb.len(),
+                    make_b,
+                    dim,
+                    eps,
+                ))),
+                (None, true) => Some(Ok(partition::Plan::brute(&fa, fb.as_deref(), dim, eps))),
+                (None, false) => {
                     partition::plan(&fa, fb.as_deref(), dim, eps, &opts.control, Some(&assign))
                 }
             };
@@ -352,7 +392,9 @@ fn grouped<'d, T: Coord>(
             plan.sure = sure_dot(rule.e, dim, partition::dot_slack(dim));
             plan.sure_f16 = sure_dot(rule.e, dim, partition::dot_slack_f16(dim));
             let t = std::time::Instant::now();
-            let worth = opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU;
+            // (A plan whose B rows are made where met runs on the CPU.)
+            let worth = (opts.backend != crate::options::Backend::Auto || AUTO_GROUPED_ON_GPU)
+                && made.is_none();
             let on_device = match worth
                 .then(|| engine.on_device_any_metric(opts, |gpu| gpu.grouped(&plan, opts, &emit)))
             {

@@ -307,7 +307,7 @@ where
     // them: a copy of the whole collection first cost as long as their products (100
     // queries x 99,900 384-D rows, 2 threads: 0.035 of 0.12 s).
     let few = on_cpu && auto && rows < SMALL_QUERIES && q.is_some();
-    let (nx, nq, cx, cq) = prepare(engine, x, q, dim, !few)?;
+    let (nx, nq, cx, cq) = prepare(engine, x, q, dim, (!few, true))?;
     opts.control.check()?;
     let prepared = start.elapsed().as_secs_f64();
     let rows_q: &[T] = q.unwrap_or(x);

@@ -49,13 +49,7 @@ impl<'a, T: Coord> Units<'a, T> {
     }
     /// The first `s` coordinates of the copies of rows `span`, made (rows `s` wide).
     fn heads(&self, span: std::ops::Range<usize>, s: usize) -> Vec<f32> {
-        let d = self.dim;
-        let mut out = vec![0.0f32; span.len() * s];
-        let rows = self.x[span.start * d..span.end * d].chunks_exact(d);
-        for ((o, r), &n) in out.chunks_exact_mut(s).zip(rows).zip(&self.norms[span]) {
-            divide_row(&r[..s], n, o, unit_f32);
-        }
-        out
+        unit_rows_f32(self.x, self.norms, self.dim, span, s)
     }
     /// [`Blocked::prefix`] of the copies of rows `span`: their first `s` coordinates.
     fn prefix(&self, span: std::ops::Range<usize>, s: usize) -> crate::cpu::partition::Blocked {

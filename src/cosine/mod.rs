@@ -151,6 +151,24 @@ fn divide_row<T: Coord, O>(row: &[T], n: f64, out: &mut [O], f: impl Fn(T, f64) 
     each(row, n, out, f)
 }
 
+/// The f32 unit copies ([`unit_f32`]) of rows `span` of `x` (`dim` wide, norms `norms`),
+/// their first `width` coordinates each, one row after the other: a part of
+/// [`as_f32`] of [`normalised`] made without the rest.
+fn unit_rows_f32<T: Coord>(
+    x: &[T],
+    norms: &[f64],
+    dim: usize,
+    span: std::ops::Range<usize>,
+    width: usize,
+) -> Vec<f32> {
+    let mut out = vec![0.0f32; span.len() * width];
+    let rows = x[span.start * dim..span.end * dim].chunks_exact(dim);
+    for ((o, r), &n) in out.chunks_exact_mut(width).zip(rows).zip(&norms[span]) {
+        divide_row(&r[..width], n, o, unit_f32);
+    }
+    out
+}
+
 /// `x` in f32 for the grouped index and join: borrowed where `T` is f32 already (the
 /// normalised copies), converted otherwise.
 fn as_f32<T: Coord>(x: &[T]) -> std::borrow::Cow<'_, [f32]> {
@@ -171,23 +189,24 @@ fn reborrow<'s>(sink: &'s mut Option<&mut dyn PairSink>) -> Option<&'s mut dyn P
 }
 
 /// Norms of `a` (and `b`), checked, and the normalised copies, on the engine's threads
-/// (none of `a` without `copy_a`: empty).
+/// (`copies`: of `a`, of `b`; an empty one where not asked).
 type Prepared<T> = (Vec<f64>, Option<Vec<f64>>, Vec<T>, Option<Vec<T>>);
 fn prepare<T: Coord>(
     engine: &Engine,
     a: &[T],
     b: Option<&[T]>,
     dim: usize,
-    copy_a: bool,
+    copies: (bool, bool),
 ) -> Result<Prepared<T>> {
     engine.install(|| -> Result<_> {
         let na = norms(a, dim)?;
         let nb = b.map(|b| norms(b, dim)).transpose()?;
-        let ca = match copy_a {
-            true => normalised(a, dim, &na),
+        let copy = |x: &[T], n: &[f64], asked: bool| match asked {
+            true => normalised(x, dim, n),
             false => Vec::new(),
         };
-        let cb = b.zip(nb.as_ref()).map(|(b, nb)| normalised(b, dim, nb));
+        let ca = copy(a, &na, copies.0);
+        let cb = b.zip(nb.as_ref()).map(|(b, nb)| copy(b, nb, copies.1));
         Ok((na, nb, ca, cb))
     })?
 }

@@ -136,6 +136,13 @@ pub(super) fn run(
 ) -> Result<String> {
     let control = &opts.control;
     let dim = plan.dim;
+    if plan.makes_b() {
+        // Its B rows exist only a block at a time, on the CPU (`Plan::brute_made`).
+        return Err(Error::new(
+            crate::error::ErrorKind::Internal,
+            "a plan whose rows are made on demand runs on the CPU",
+        ));
+    }
     if dim > u32::MAX as usize / 4 {
         return Err(Error::invalid(format!(
             "{dim} dimensions: too many for the GPU"

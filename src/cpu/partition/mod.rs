@@ -699,7 +699,14 @@ pub(crate) struct Plan<'x> {
     pub(crate) sure_f16: f32,
     /// A blocked brute force ([`Plan::brute`]): every pair of blocks, every member kept.
     pub(crate) brute: bool,
+    /// B's rows made a block at a time where [`compare`] meets them ([`Plan::brute_made`]):
+    /// B's groups then hold no rows.
+    make_b: Option<&'x MakeRows<'x>>,
 }
+
+/// A side's f32 unit copies made on demand: rows `range`, one after the other, the same
+/// bits as the side's copy would hold.
+pub(crate) type MakeRows<'a> = dyn Fn(std::ops::Range<usize>) -> Vec<f32> + Sync + 'a;
 
 /// Rows a block of [`Plan::brute`].
 const BRUTE_BLOCK: usize = 1024;
@@ -707,6 +714,13 @@ const BRUTE_BLOCK: usize = 1024;
 /// Below this many vectors on one side of an A ⋈ B, [`plan`] compares every pair
 /// ([`Plan::brute`]).
 const SMALL_SIDE: usize = 256;
+
+/// Whether [`plan`] makes an A ⋈ B of `na` and `nb` vectors of `dim` dimensions a
+/// blocked brute force for its smaller side's size alone ([`SMALL_SIDE`]; the larger
+/// side would be grouped): known before any copy is made.
+pub(crate) fn small_side(na: usize, nb: usize, dim: usize) -> bool {
+    na.max(nb) >= MIN_POINTS && dim >= 16 && na.min(nb) < SMALL_SIDE
+}
 
 /// An A ⋈ B whose smaller side has fewer vectors than 1 / LEADERS_PER_QUERY of the
 /// leaders that the larger side's sample picks is a blocked brute force too: grouping the
@@ -727,8 +741,32 @@ impl<'x> Plan<'x> {
     /// every pair; for data where [`plan`] declines (no clusters), and [`plan`]'s own for
     /// an A ⋈ B with a side under [`SMALL_SIDE`] vectors. The rows are borrowed.
     pub(crate) fn brute(a: &'x [f32], b: Option<&'x [f32]>, dim: usize, eps: f64) -> Self {
-        let blocks = |x: &'x [f32]| {
-            let n = x.len() / dim;
+        Plan::blocks(a, b.map(|b| (b.len() / dim, b)), None, dim, eps)
+    }
+
+    /// [`Plan::brute`] of A ⋈ B whose `nb` rows of B `make_b` makes a block at a time
+    /// where [`compare`] meets them: no copy of B (a few queries against a large side, whose
+    /// copy cost as long as their products). On the CPU only: a device uploads whole sides.
+    pub(crate) fn brute_made(
+        a: &'x [f32],
+        nb: usize,
+        make_b: &'x MakeRows<'x>,
+        dim: usize,
+        eps: f64,
+    ) -> Self {
+        Plan::blocks(a, Some((nb, &[])), Some(make_b), dim, eps)
+    }
+
+    /// [`Plan::brute`]'s plan: B as its number of rows and its rows (none where `make_b`
+    /// makes them).
+    fn blocks(
+        a: &'x [f32],
+        b: Option<(usize, &'x [f32])>,
+        make_b: Option<&'x MakeRows<'x>>,
+        dim: usize,
+        eps: f64,
+    ) -> Self {
+        let blocks = |n: usize, x: &'x [f32]| {
             let k = n.div_ceil(BRUTE_BLOCK);
             Groups {
                 order: (0..n as u32).collect(),
@@ -738,8 +776,8 @@ impl<'x> Plan<'x> {
                 to_leader: vec![0.0; n],
             }
         };
-        let ga = blocks(a);
-        let gb = b.map(blocks);
+        let ga = blocks(a.len() / dim, a);
+        let gb = b.map(|(n, x)| blocks(n, x));
         let count = |g: &Groups<'_>| (g.start.len() - 1) as u32;
         let (ka, kb) = (count(&ga), count(gb.as_ref().unwrap_or(&ga)));
         let pairs = (0..ka)
@@ -760,6 +798,21 @@ impl<'x> Plan<'x> {
             sure: f32::INFINITY,
             sure_f16: f32::INFINITY,
             brute: true,
+            make_b,
+        }
+    }
+
+    /// Whether B's rows are made where they are met ([`Plan::brute_made`]).
+    pub(crate) fn makes_b(&self) -> bool {
+        self.make_b.is_some()
+    }
+
+    /// The f32 copies of B's rows at positions `range` (in the groups' order), one after
+    /// the other: borrowed, or made ([`Plan::brute_made`]).
+    fn rows_b(&self, range: std::ops::Range<usize>) -> std::borrow::Cow<'_, [f32]> {
+        match self.make_b {
+            Some(make) => make(range).into(),
+            None => self.gb().rows[range.start * self.dim..range.end * self.dim].into(),
         }
     }
 
@@ -831,8 +884,12 @@ impl<'x> Plan<'x> {
         if self.brute {
             return format!(
                 "cosine: blocked brute force, blocks of {BRUTE_BLOCK} rows; {} pairs of blocks, \
-                 {compared} vector pairs compared",
-                self.pairs.len()
+                 {compared} vector pairs compared{}",
+                self.pairs.len(),
+                match self.makes_b() {
+                    true => "; B's f32 copies made a block at a time where met",
+                    false => "",
+                }
             );
         }
         let k = self.lead.len() / self.dim;
@@ -873,7 +930,7 @@ pub(crate) fn plan<'x>(
     // (measured, 95,000 clustered 384-D vectors against 100-1,000 of the same clusters:
     // the grouped and general joins about 1 s each whatever the queries, most of it on the
     // large side, its leaders or its sort).
-    if other.is_some_and(|o| o.len() / dim < SMALL_SIDE) {
+    if other.is_some_and(|o| small_side(first.len() / dim, o.len() / dim, dim)) {
         return Some(Ok(Plan::brute(a, b, dim, eps)));
     }
     // Declined (None) or stopped (the stop).
@@ -952,6 +1009,7 @@ pub(crate) fn plan<'x>(
         sure: f32::INFINITY,
         sure_f16: f32::INFINITY,
         brute: false,
+        make_b: None,
     };
     Some(Ok(plan))
 }
@@ -1188,7 +1246,8 @@ pub(crate) fn compare(
             let rest: Vec<f32> = sa.iter().map(|&s| Bounded::rest(row_a(s), pre)).collect();
             let mut done = Vec::new();
             for sb in sb.chunks(cached_rows(dim)) {
-                let bounded = Bounded::new(&gb.rows[sb[0] * dim..(sb[0] + sb.len()) * dim], dim);
+                let rows_b = plan.rows_b(sb[0]..sb[0] + sb.len());
+                let bounded = Bounded::new(&rows_b, dim);
                 let n = sb.len();
                 let mut pd = vec![0.0f32; 4 * n];
                 for x in (0..sa.len()).step_by(4) {
@@ -1211,10 +1270,16 @@ pub(crate) fn compare(
                 }
             }
         } else {
+            // B's rows (made for the block where the plan makes them: a brute force's,
+            // in order, from `base`).
+            let (base, rows_b) = match plan.makes_b() && contiguous {
+                true => (sb[0], plan.rows_b(sb[0]..sb[0] + sb.len())),
+                false => (0, std::borrow::Cow::Borrowed(&gb.rows[..])),
+            };
             for (x, &s) in sa.iter().enumerate() {
                 let p = row_a(s);
                 let from = if same { x + 1 } else { 0 };
-                let row = |t: usize| &gb.rows[t * dim..(t + 1) * dim];
+                let row = |t: usize| &rows_b[(t - base) * dim..(t - base + 1) * dim];
                 let others = &sb[from.min(sb.len())..];
                 let quads = others.chunks_exact(4);
                 for &t in quads.remainder() {
