@@ -357,7 +357,8 @@ where
         };
         Ok(knn_result::<T>(run.ranked, k, report, start))
     };
-    if few || (on_cpu && auto && rows < SMALL_QUERIES) {
+    // (`few` among them: its collection was not copied.)
+    if on_cpu && auto && rows < SMALL_QUERIES {
         return brute(format!("< {SMALL_QUERIES}"), Vec::new());
     }
     // Vectors near a low-dimensional subspace: a Euclidean kNN of their projections finds

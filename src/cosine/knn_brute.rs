@@ -44,12 +44,8 @@ impl<'a, T: Coord> Units<'a, T> {
         let d = self.dim;
         match &self.made {
             Some(c) => c[span.start * d..span.end * d].into(),
-            None => self.heads(span, d).into(),
+            None => unit_rows_f32(self.x, self.norms, d, span, d).into(),
         }
-    }
-    /// The first `s` coordinates of the copies of rows `span`, made (rows `s` wide).
-    fn heads(&self, span: std::ops::Range<usize>, s: usize) -> Vec<f32> {
-        unit_rows_f32(self.x, self.norms, self.dim, span, s)
     }
     /// [`Blocked::prefix`] of the copies of rows `span`: their first `s` coordinates.
     fn prefix(&self, span: std::ops::Range<usize>, s: usize) -> crate::cpu::partition::Blocked {
@@ -57,7 +53,7 @@ impl<'a, T: Coord> Units<'a, T> {
         let d = self.dim;
         match &self.made {
             Some(c) => Blocked::prefix(&c[span.start * d..span.end * d], d, s),
-            None => Blocked::new(&self.heads(span, s), s),
+            None => Blocked::new(&unit_rows_f32(self.x, self.norms, d, span, s), s),
         }
     }
 }
