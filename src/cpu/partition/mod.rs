@@ -1087,26 +1087,27 @@ fn early_share(
         .filter(|&(_, (_, d))| d >= within)
         .map(|(i, (g, d))| (i, g, d))
         .collect();
-    let m = near.len();
-    if m < EARLY_ROWS.min(n) / 2 {
+    // (At least two: the pairs drawn below are of two rows.)
+    if near.len() < (m / 2).max(2) {
         return Some(0.0);
     }
+    let covered = near.len();
     let apart = |d: f32| (2.0 - 2.0 * d as f64).max(0.0).sqrt();
     let mut to_leader: Vec<f64> = near.iter().map(|&(_, _, d)| apart(d)).collect();
     to_leader.sort_unstable_by(f64::total_cmp);
-    let radius = to_leader[m * 9 / 10];
-    let reach = radius + eps;
+    let guessed = to_leader[covered * 9 / 10];
+    let reach = guessed + eps;
     let leader = |g: u32| &lead[g as usize * dim..(g as usize + 1) * dim];
     let row = |i: usize| &rows[i * dim..(i + 1) * dim];
     let kept = (0..SHARE_SAMPLE as u64)
         .into_par_iter()
         .filter(|&i| {
             let z = spread(i);
-            let s = (z % m as u64) as usize;
-            let t = (s + 1 + ((z >> 32) % (m as u64 - 1)) as usize) % m;
+            let s = (z % covered as u64) as usize;
+            let t = (s + 1 + ((z >> 32) % (covered as u64 - 1)) as usize) % covered;
             let ((s, g, _), (t, h, _)) = (near[s], near[t]);
             g == h
-                || (apart(dot(leader(g), leader(h))) <= radius + reach
+                || (apart(dot(leader(g), leader(h))) <= guessed + reach
                     && apart(dot(row(s), leader(h))) <= reach
                     && apart(dot(row(t), leader(g))) <= reach)
         })
@@ -1624,28 +1625,36 @@ mod tests {
         }
     }
 
-    /// More clusters than the leaders' sample meets (17,000 vectors around 4,096 centres,
-    /// drawn at random: the 4,096-vector sample misses about a third of them, as
-    /// clusters-384d-1m's 16,384 miss a fifth of its 10,000; the early estimate's rows, at
-    /// another step, meet missed ones): the estimate leaves the missed clusters' vectors
-    /// to [`group`], which gives them leaders, and the plan is grouped. (Counted with them, a tenth of the rows a cluster apart from every leader
-    /// made the guessed radius 1.4 and declined the plan: the 1M join then ran as a
-    /// general join, over 14 minutes against 20 s.)
-    #[test]
-    fn a_sample_that_misses_clusters_still_plans() {
-        let (n, dim, centres, eps) = (17000usize, 64usize, 4096usize, 0.2f64);
-        let c = vectors(11, centres, dim, 0, false);
-        let noise = vectors(12, n, dim, 0, false);
-        let x: Vec<f32> = (0..n)
+    /// `n` unit vectors, each one of `centres` random directions (drawn for it at random,
+    /// not in turn as [`vectors`] does: an even sample meets clusters by chance) plus a
+    /// random direction of length `noise`, normalised; `seed` and `seed + 1` draw them.
+    fn scattered(seed: u64, n: usize, dim: usize, centres: usize, noise: f64) -> Vec<f32> {
+        let c = vectors(seed, centres, dim, 0, false);
+        let off = vectors(seed + 1, n, dim, 0, false);
+        (0..n)
             .flat_map(|i| {
                 let g = (spread(i as u64) % centres as u64) as usize;
                 let v: Vec<f64> = (0..dim)
-                    .map(|d| c[g * dim + d] as f64 + 0.05 * noise[i * dim + d] as f64)
+                    .map(|d| c[g * dim + d] as f64 + noise * off[i * dim + d] as f64)
                     .collect();
                 let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
                 v.into_iter().map(move |x| (x / norm) as f32)
             })
-            .collect();
+            .collect()
+    }
+
+    /// More clusters than the leaders' sample meets (17,000 vectors around 4,096 centres,
+    /// drawn at random: the 4,096-vector sample misses about a third of them, as
+    /// clusters-384d-1m's 16,384 miss a fifth of its 10,000; the early estimate's rows, at
+    /// another step, meet missed ones): the estimate leaves the missed clusters' vectors
+    /// to [`group`], which gives them leaders, and the plan is grouped. (Counted with
+    /// them, a tenth of the rows a cluster apart from every leader made the guessed radius
+    /// 1.4 and declined the plan: the 1M join then ran as a general join, over 14 minutes
+    /// against 20 s.)
+    #[test]
+    fn a_sample_that_misses_clusters_still_plans() {
+        let (n, dim, centres, eps) = (17000usize, 64usize, 4096usize, 0.2f64);
+        let x = scattered(11, n, dim, centres, 0.05);
         let control = Control::new();
         let lead = leaders(&x, dim, eps, &control).expect("the sample leads");
         let sampled = lead.len() / dim;
@@ -1673,18 +1682,7 @@ mod tests {
     #[test]
     fn more_clusters_than_the_sample_meets_get_a_wider_sample() {
         let (n, dim, centres, radius) = (400_000usize, 16usize, 30_000usize, 0.3f64);
-        let c = vectors(21, centres, dim, 0, false);
-        let noise = vectors(22, n, dim, 0, false);
-        let x: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                let g = (spread(i as u64) % centres as u64) as usize;
-                let v: Vec<f64> = (0..dim)
-                    .map(|d| c[g * dim + d] as f64 + 0.02 * noise[i * dim + d] as f64)
-                    .collect();
-                let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
-                v.into_iter().map(move |x| (x / norm) as f32)
-            })
-            .collect();
+        let x = scattered(21, n, dim, centres, 0.02);
         let control = Control::new();
         let near = near_dot(radius);
         let picked: Vec<usize> = (0..n).step_by(n / SAMPLE_MAX).collect();
