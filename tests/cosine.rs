@@ -1358,6 +1358,57 @@ fn grouped_knn_on_loose_clusters_is_exact() {
     });
 }
 
+/// More clusters than the kNN's leaders could number before (16 sqrt(n): the index
+/// declined, and 1M vectors around 30,000 centres ran the brute force for over 20 min):
+/// here 40,000 48-D rows around 2,200 centres, and 300 rows in random directions of their
+/// own (`partition`'s `many_clusters_lead_a_knn` covers the cap).
+/// Over 2,048 groups, each group's list of nearest groups is cut short (`NearGroups`), so
+/// a query walks its list and measures the pivots past it only where the list's end does
+/// not rule them out (the scattered rows, whose own groups hold fewer than k others, and k
+/// beyond a cluster); the notes prove both ran. Self-kNN against the oracle exactly, f32
+/// and f64, k = 1, 10 and 40; duplicates and multiples among the rows.
+#[test]
+fn grouped_knn_with_more_clusters_than_its_lists_is_exact() {
+    let mut rng = Rng(83);
+    let (dim, kmax) = (48usize, 40usize);
+    let mut x = directions(&mut rng, 40_000, dim, 2_200, 0.05);
+    x.extend(directions(&mut rng, 300, dim, 300, 0.0));
+    let (x32, n) = (as_f32(&x), x.len() / dim);
+    let mut past = 0usize;
+    for data in [
+        Dataset::from_f64(&x, dim).unwrap(),
+        Dataset::from_f32(&x32, dim).unwrap(),
+    ] {
+        let notes = knn_matches_oracle(&data, None, kmax, &[1, 10, kmax], |k| k <= 10);
+        // (k = 40, past a cluster, reaches across the space: the probe may decline.)
+        for notes in notes.iter().filter(|n| n.contains("grouped leaders index")) {
+            let groups: usize = between(notes, "grouped leaders index, ", " groups");
+            assert!(groups > 2048 && groups < n / 2, "{notes}");
+            let each: usize = between(notes, "each group's nearest ", " groups");
+            assert!(each < groups - 1, "lists cut short: {notes}");
+            past += between::<usize>(notes, "first, ", " queries");
+        }
+    }
+    assert!(
+        past > 0,
+        "some queries measured the pivots past their lists"
+    );
+}
+
+/// The number in `s` between `before` and the next `after`.
+fn between<T: std::str::FromStr>(s: &str, before: &str, after: &str) -> T {
+    let rest = &s[s
+        .find(before)
+        .unwrap_or_else(|| panic!("{before:?} in {s}"))
+        + before.len()..];
+    let end = rest
+        .find(after)
+        .unwrap_or_else(|| panic!("{after:?} in {rest}"));
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("a number in {:?}", &rest[..end]))
+}
+
 /// `n` vectors shaped like sentence embeddings (`bench/embed_bench.py`'s `topics`): a
 /// common mean direction, a decaying spectrum (the variance of coordinate i about 1/i),
 /// `count` topics of `sub` subtopics each `spread` from its topic, and each vector's own

@@ -33,9 +33,11 @@ const BLOCKED_SHARE: f64 = 3.0;
 /// above the k-th (ties are visited), so the k kept are the rule's k nearest.
 ///
 /// A self-kNN's query knows its own group g and its distance from L_g: it visits g first,
-/// then the other groups in increasing `|L_g - L_h| - |q - L_g| - r_h` (the leaders'
-/// distances bounded once), measuring a leader only for the groups that bound leaves in,
-/// and skipping those that the measured `|q - L_h| - r_h` rules out; the same stop.
+/// then the other groups in increasing `|L_g - L_h| - |q - L_g| - r_h` (g's nearest groups
+/// by the pivots' distances, bounded once: [`NearGroups`]), measuring a leader only for
+/// the groups that bound leaves in, and skipping those that the measured `|q - L_h| - r_h`
+/// rules out; the same stop. Past the end of g's list, every pivot left off it is
+/// measured, where the list's end does not rule them out.
 ///
 /// A probe of 64 evenly spread queries declines the search (None) where their f32 dot
 /// products would cost more than the blocked brute force's: "clusters" that prune little.
@@ -78,30 +80,12 @@ pub(super) fn knn_grouped<T: Coord>(
         let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
         let reach = |limit: f64| rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
         let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
-        let (dots, exact) = (AtomicU64::new(0), AtomicU64::new(0));
+        let (dots, exact, past) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
         let kth = |best: &Vec<(f64, u32)>| kth_of(best, k);
-        // Lower bounds on the leaders' distances from each other (f32, rounded down), for
-        // the self-kNN where they fit: a query's own leader and its distance from it then
-        // bound every other group's distance (`|L_g - L_h| - |q - L_g| - r_h`) before its
-        // leader is measured.
-        let between: Option<Vec<f32>> = (self_knn && fq.is_none() && groups <= 2048).then(|| {
-            (0..groups * groups)
-                .into_par_iter()
-                .with_min_len(256)
-                .map(|c| {
-                    let (a, b) = (c / groups, c % groups);
-                    // |C_a - C_b|^2 = |C_a|^2 + |C_b|^2 - 2 C_a.C_b (see `pivot_floor`).
-                    let d = dot(
-                        &index.leaders[a * dim..(a + 1) * dim],
-                        &index.leaders[b * dim..(b + 1) * dim],
-                    ) as f64;
-                    let l = (index.norm2[a] + index.norm2[b] - 2.0 * d - 2.0 * slack)
-                        .max(0.0)
-                        .sqrt();
-                    (l * (1.0 - 1e-6)) as f32
-                })
-                .collect()
-        });
+        // A self-kNN's query knows its own group and its distance from that group's pivot:
+        // each group's nearest others by the pivots' bound then come before any other
+        // pivot is measured.
+        let near_groups = (self_knn && fq.is_none()).then(|| NearGroups::new(&index, slack));
         // Query `r` (f32 copy `qv`; `me` its own row in a self-kNN) visits group h, whose
         // leader is at least `to_leader` from it: the members not ruled out by
         // `to_leader - |x - L_h|` are bounded by their f32 dot products and, in increasing
@@ -157,7 +141,7 @@ pub(super) fn knn_grouped<T: Coord>(
                       me: Option<u32>,
                       home: Option<usize>,
                       pd: Option<&[f32]>|
-         -> (Vec<(f64, u32)>, u64, u64, u64) {
+         -> (Vec<(f64, u32)>, u64, u64, u64, bool) {
             let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
             let mut near: Vec<(f64, u32)> = Vec::new();
             let (mut n_dots, mut n_exact) = (0u64, 0u64);
@@ -181,58 +165,63 @@ pub(super) fn knn_grouped<T: Coord>(
             }
             let others = (0..groups).filter(|&h| Some(h) != own.map(|o| o.0));
             let others = others.filter(|&h| g.start[h + 1] > g.start[h]);
-            match (own, &between, pd) {
-                (Some((own, mine)), Some(between), None) => {
-                    // The others by the leaders' bound, a leader measured only where that
-                    // bound leaves its group in.
+            // The groups whose leaders are all measured (below): every other one, or those
+            // left off the own group's list (`walked`, sorted) where its end did not rule
+            // them out.
+            let mut walked: Option<Vec<u32>> = None;
+            if let (Some((own, mine)), Some(ng)) = (own, &near_groups) {
+                // The nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| - r_h`,
+                // in increasing bound, a leader measured only where that bound leaves its
+                // group in; the walk stops where it rules a group out.
+                let (list, beyond) = ng.of(own);
+                let mut ended = true;
+                for &(apart, h) in list {
                     let limit = kth(&best);
-                    let mut lb: Vec<(f64, u32)> = others
-                        .filter_map(|h| {
-                            let b = between[own * groups + h] as f64 - mine - g.radius[h];
-                            (floor(b) <= limit).then_some((b, h as u32))
-                        })
-                        .collect();
-                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-                    for &(b, h) in &lb {
-                        let limit = kth(&best);
-                        if floor(b) > limit {
-                            break;
-                        }
-                        let h = h as usize;
-                        let l = to_leader(h).max(between[own * groups + h] as f64 - mine);
-                        tally((1, 0));
-                        if floor(l - g.radius[h]) > limit {
-                            continue;
-                        }
-                        tally(visit(r, qv, me, h, l, &mut best, &mut near));
+                    let h = h as usize;
+                    if floor(NearGroups::key(apart, h, &g.radius) - mine) > limit {
+                        ended = false;
+                        break;
                     }
-                }
-                _ => {
-                    // Every leader measured, the groups by `|q - L_h| - r_h` (with the
-                    // leaders' bound where it is tighter), those the k-th distance so far
-                    // rules out left unsorted.
-                    let limit = kth(&best);
-                    let mut lb: Vec<(f64, f64, u32)> = others
-                        .filter_map(|h| {
-                            let mut l = to_leader(h);
-                            if let (Some((own, mine)), Some(between)) = (own, &between) {
-                                l = l.max(between[own * groups + h] as f64 - mine);
-                            }
-                            let b = l - g.radius[h];
-                            (floor(b) <= limit).then_some((b, l, h as u32))
-                        })
-                        .collect();
-                    tally((n_leaders - own.is_some() as u64, 0));
-                    lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-                    for &(group_lb, l, h) in &lb {
-                        if floor(group_lb) > kth(&best) {
-                            break;
-                        }
-                        tally(visit(r, qv, me, h as usize, l, &mut best, &mut near));
+                    let l = to_leader(h).max(apart as f64 - mine);
+                    tally((1, 0));
+                    if floor(l - g.radius[h]) > limit {
+                        continue;
                     }
+                    tally(visit(r, qv, me, h, l, &mut best, &mut near));
                 }
+                if !ended || floor(beyond - mine) > kth(&best) {
+                    return (best, n_dots, n_exact, n_leaders, false);
+                }
+                let mut listed: Vec<u32> = list.iter().map(|e| e.1).collect();
+                listed.sort_unstable();
+                walked = Some(listed);
             }
-            (best, n_dots, n_exact, n_leaders)
+            // Those leaders measured, their groups visited by `|q - L_h| - r_h`, those the
+            // k-th distance so far rules out left unsorted.
+            let limit = kth(&best);
+            let mut measured = 0u64;
+            let mut lb: Vec<(f64, f64, u32)> = others
+                .filter(|&h| {
+                    walked
+                        .as_ref()
+                        .is_none_or(|w| w.binary_search(&(h as u32)).is_err())
+                })
+                .filter_map(|h| {
+                    measured += 1;
+                    let l = to_leader(h);
+                    let b = l - g.radius[h];
+                    (floor(b) <= limit).then_some((b, l, h as u32))
+                })
+                .collect();
+            tally((measured, 0));
+            lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            for &(group_lb, l, h) in &lb {
+                if floor(group_lb) > kth(&best) {
+                    break;
+                }
+                tally(visit(r, qv, me, h as usize, l, &mut best, &mut near));
+            }
+            (best, n_dots, n_exact, n_leaders, walked.is_some())
         };
         // The p-th query: self-kNN's in group order (neighbouring queries visit the same
         // groups), A ⋈ B's in input order: its row, f32 copy, own row and home.
@@ -259,7 +248,7 @@ pub(super) fn knn_grouped<T: Coord>(
         let (probed, probed_leaders) = (0..probe)
             .into_par_iter()
             .map(|i| {
-                let (_, (_, d, _, l)) = query(i * rows / probe, None);
+                let (_, (_, d, _, l, _)) = query(i * rows / probe, None);
                 (d, l)
             })
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
@@ -295,8 +284,9 @@ pub(super) fn knn_grouped<T: Coord>(
                             break;
                         }
                         let pd = blocked.as_ref().map(|_| &pd[i * groups..][..groups]);
-                        let (r, (best, d, e, _)) = query(p, pd);
+                        let (r, (best, d, e, _, beyond)) = query(p, pd);
                         dots.fetch_add(d, Relaxed);
+                        past.fetch_add(beyond as u64, Relaxed);
                         exact.fetch_add(e, Relaxed);
                         out.push((r, best));
                     }
@@ -315,7 +305,7 @@ pub(super) fn knn_grouped<T: Coord>(
         let note = format!(
             "cosine kNN: grouped leaders index, {groups} groups (leaders' radius {:.3}) over {} \
              rows; per query {:.0} f32 dot products (leaders included{}) and {:.1} rule \
-             distances on average",
+             distances on average{}",
             index.radius,
             n,
             per(&dots),
@@ -323,8 +313,204 @@ pub(super) fn knn_grouped<T: Coord>(
                 Some(_) => ", every leader's in blocks",
                 None => "",
             },
-            per(&exact)
+            per(&exact),
+            match &near_groups {
+                Some(ng) => format!(
+                    "; each group's nearest {} groups by the pivots' bound first, {} queries \
+                     measured the pivots past them",
+                    ng.each,
+                    past.load(Relaxed)
+                ),
+                None => String::new(),
+            }
         );
         Ok(Some((ranked, note, rayon::current_num_threads(), built)))
     })?
+}
+
+/// Entries that [`NearGroups`] keeps in all: every pair of up to 2,048 groups (the bound
+/// then orders every other group before any is measured), fewer of each of more groups.
+const NEAR_ENTRIES: usize = 2048 * 2048;
+
+/// Each group's list entries are at least this many (where there are as many groups).
+const NEAR_LEAST: usize = 64;
+
+/// Each list's length where there are `groups` groups: [`NEAR_ENTRIES`] shared, at least
+/// [`NEAR_LEAST`] (the tests below set it to cut the lists short: any length gives the
+/// same answer).
+fn near_each(groups: usize) -> usize {
+    #[cfg(test)]
+    match tests::EACH.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => {}
+        each => return each,
+    }
+    (NEAR_ENTRIES / groups.max(1)).max(NEAR_LEAST)
+}
+
+/// For a self-kNN over the grouped index: each group g's nearest other (non-empty) groups
+/// h by `|L_g - L_h| - r_h` (a lower bound on the distance of a query at L_g from h's
+/// members), in increasing order of it, with a lower bound on `|L_g - L_h|` each; and the
+/// least of that bound among the groups left off g's list. A query in g at distance m from
+/// L_g is then at least `|L_g - L_h| - m - r_h` from h's members: it walks g's list until
+/// that exceeds its k-th distance, and measures the pivots left off only where `beyond - m`
+/// does not (1M vectors around 30,000 centres: 30,000 pivots measured by every query, or a
+/// few dozen).
+struct NearGroups {
+    /// Group g's list: `list[start[g]..start[g + 1]]`, (lower bound on |L_g - L_h|, h).
+    start: Vec<usize>,
+    list: Vec<(f32, u32)>,
+    /// The least key among the groups left off each list (infinite where none is).
+    beyond: Vec<f64>,
+    /// The most entries a list has.
+    each: usize,
+}
+
+impl NearGroups {
+    /// The lists of `index`'s groups, from every pair of pivots' f32 dot products (taken
+    /// four groups at a time against all, `partition::Blocked`; `slack`: `dot_slack`).
+    fn new(index: &crate::cpu::partition::Index, slack: f64) -> NearGroups {
+        use crate::cpu::partition::Blocked;
+        let g = &index.groups;
+        let dim = index.leaders.len() / index.norm2.len().max(1);
+        let groups = index.norm2.len();
+        let filled: Vec<usize> = (0..groups)
+            .filter(|&h| g.start[h + 1] > g.start[h])
+            .collect();
+        let each = near_each(groups);
+        let blocked = Blocked::new(&index.leaders, dim);
+        let lists: Vec<(Vec<(f32, u32)>, f64)> = (0..groups.div_ceil(4))
+            .into_par_iter()
+            .flat_map_iter(|c| {
+                let four = [4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3].map(|a| a.min(groups - 1));
+                let mut pd = vec![0.0f32; 4 * groups];
+                blocked.dots(
+                    four.map(|a| &index.leaders[a * dim..(a + 1) * dim]),
+                    &mut pd,
+                );
+                let m = (4 * c + 4).min(groups) - 4 * c;
+                (0..m)
+                    .map(|i| {
+                        let a = four[i];
+                        if g.start[a + 1] == g.start[a] {
+                            return (Vec::new(), f64::INFINITY);
+                        }
+                        let pd = &pd[i * groups..][..groups];
+                        let mut v: Vec<(f32, u32)> = filled
+                            .iter()
+                            .filter(|&&h| h != a)
+                            .map(|&h| {
+                                // |C_a - C_h|^2 = |C_a|^2 + |C_h|^2 - 2 C_a.C_h (see
+                                // `pivot_floor`), rounded down.
+                                let l = (index.norm2[a] + index.norm2[h]
+                                    - 2.0 * pd[h] as f64
+                                    - 2.0 * slack)
+                                    .max(0.0)
+                                    .sqrt();
+                                ((l * (1.0 - 1e-6)) as f32, h as u32)
+                            })
+                            .collect();
+                        let key = |e: &(f32, u32)| Self::key(e.0, e.1 as usize, &g.radius);
+                        let mut beyond = f64::INFINITY;
+                        if v.len() > each {
+                            v.select_nth_unstable_by(each, |x, y| key(x).total_cmp(&key(y)));
+                            beyond = key(&v[each]);
+                            v.truncate(each);
+                        }
+                        v.sort_unstable_by(|x, y| key(x).total_cmp(&key(y)));
+                        (v, beyond)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut start = Vec::with_capacity(groups + 1);
+        start.push(0);
+        let mut list = Vec::new();
+        let mut beyond = Vec::with_capacity(groups);
+        for (v, b) in lists {
+            list.extend(v);
+            start.push(list.len());
+            beyond.push(b);
+        }
+        NearGroups {
+            start,
+            list,
+            beyond,
+            each,
+        }
+    }
+    /// The lists' order: `|L_g - L_h| - r_h` (one expression, so that the walk's bounds
+    /// increase along a list).
+    fn key(apart: f32, h: usize, radius: &[f64]) -> f64 {
+        apart as f64 - radius[h]
+    }
+    /// Group g's list and the least key of the groups left off it.
+    fn of(&self, g: usize) -> (&[(f32, u32)], f64) {
+        (&self.list[self.start[g]..self.start[g + 1]], self.beyond[g])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{oracle, Backend, Dataset, Engine, KnnOptions, Metric};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    /// Where not 0, the length of every list (`near_each`).
+    pub(super) static EACH: AtomicUsize = AtomicUsize::new(0);
+
+    /// Lists cut to one group (`near_each`) of about 575: the queries whose list's end does
+    /// not rule the rest out (rows far from every cluster of 20, alone in their groups)
+    /// measure the pivots past it, and the kNN equals the oracle's exactly, f32 rows, k =
+    /// 1, 10 and 15. The notes show the lists cut and queries going past them. (Without the
+    /// pivots past the lists it loses neighbours in the second-nearest cluster.)
+    #[test]
+    fn knn_past_short_lists_is_exact() {
+        let (dim, centres, per, lone) = (48usize, 400usize, 20usize, 200usize);
+        let mut s = 5u64;
+        let mut rnd = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let c: Vec<f64> = (0..centres * dim).map(|_| rnd()).collect();
+        let mut x: Vec<f32> = Vec::new();
+        for i in 0..centres * per + lone {
+            let v: Vec<f64> = match i < centres * per {
+                true => (0..dim)
+                    .map(|d| c[(i % centres) * dim + d] + 0.03 * rnd())
+                    .collect(),
+                false => (0..dim).map(|_| rnd()).collect(),
+            };
+            let n = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+            x.extend(v.iter().map(|a| (a / n) as f32));
+        }
+        let data = Dataset::from_f32(&x, dim).unwrap();
+        let o = KnnOptions {
+            metric: Metric::Cosine,
+            backend: Backend::Cpu,
+            ..Default::default()
+        };
+        EACH.store(1, Relaxed);
+        let (idx, dist) = oracle::knn(&data, None, 30, Metric::Cosine);
+        let mut past = 0u64;
+        for k in [1usize, 10, 15] {
+            let got = Engine::new().knn(&data, None, k, &o).unwrap();
+            let notes = got.report.notes.join("; ");
+            assert!(
+                notes.contains("each group's nearest 1 groups"),
+                "k={k}: {notes}"
+            );
+            let tail = &notes[notes.find("first, ").unwrap() + 7..];
+            past += tail[..tail.find(' ').unwrap()].parse::<u64>().unwrap();
+            for r in 0..got.rows {
+                let want = &idx[r * 30..r * 30 + k];
+                assert_eq!(&got.indices[r * k..(r + 1) * k], want, "k={k} row {r}");
+                for (c, &d) in dist[r * 30..r * 30 + k].iter().enumerate() {
+                    assert_eq!(got.distance(r, c), d, "k={k} row {r}");
+                }
+            }
+        }
+        EACH.store(0, Relaxed);
+        assert!(past > 0, "no query went past its list");
+    }
 }

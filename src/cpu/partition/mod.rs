@@ -83,7 +83,8 @@ pub(crate) struct Index {
 /// 384-D set of diffuse topics stopped at 159 groups and took 3.9 s, at 754 1.7 s),
 /// keeping the last radius before the sample stops showing
 /// clusters (`leaders` declines, or more than 16 times the target would lead); declines
-/// where even radius 1 finds none.
+/// where even radius 1 finds none. At radius 1 more may lead (more clusters than the
+/// target), up to 1 / [`KNN_LEADERS_SHARE`] of the rows.
 #[cfg(test)]
 pub(crate) fn knn_index(x: &[f32], dim: usize, control: &Control) -> Option<Index> {
     match knn_leaders(x, dim, usize::MAX, control) {
@@ -192,8 +193,14 @@ fn recentre(groups: &mut Groups<'_>, leaders: &mut [f32], dim: usize) -> Vec<f64
 fn stepped_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> KnnLeaders {
     let n = x.len() / dim;
     let target = (n as f64).sqrt() as usize;
-    // Many more leaders than the target cost every vector's assignment and buy nothing.
+    // Stepping down past many more leaders than the target costs every vector's
+    // assignment and buys nothing.
     let most = (16 * target).max(1024);
+    // But where more clusters than that lead at radius 1, each needs its leader (1M
+    // vectors around 30,000 centres: capped at 16,000, the index declined and the brute
+    // force ran over 20 min). Up to KNN_LEADERS_SHARE of the rows: grouping then costs
+    // at most that share of the brute force's products (n^2 / 2) on the leaders' side.
+    let widest = (n / KNN_LEADERS_SHARE).max(most);
     let mut radius = 1.0f64;
     let mut best: Option<(Vec<f32>, f64)> = None;
     while radius > 0.05 {
@@ -201,9 +208,9 @@ fn stepped_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> Knn
             return KnnLeaders::Found(None);
         }
         let first = best.is_none();
-        let cap = if first { most.min(over) } else { most };
+        let cap = if first { widest.min(over) } else { most };
         match leaders_capped(x, dim, radius, cap, control) {
-            Err(Declined::Capped) if first && cap < most => return KnnLeaders::Over,
+            Err(Declined::Capped) if first && cap < widest => return KnnLeaders::Over,
             Err(_) => break,
             Ok(l) => {
                 let enough = l.len() / dim >= target;
@@ -217,6 +224,10 @@ fn stepped_leaders(x: &[f32], dim: usize, over: usize, control: &Control) -> Knn
     }
     KnnLeaders::Found(best)
 }
+
+/// The kNN's leaders at radius 1 may number up to 1 / KNN_LEADERS_SHARE of the rows
+/// ([`stepped_leaders`]).
+const KNN_LEADERS_SHARE: usize = 16;
 
 /// Leaders from an even sample of `x` (`n` rows of `dim`), or None where more than
 /// `MAX_LEADER_SHARE` of the sample would lead (no clusters at this radius).
@@ -1641,6 +1652,32 @@ mod tests {
                 v.into_iter().map(move |x| (x / norm) as f32)
             })
             .collect()
+    }
+
+    /// More clusters than 16 sqrt(n) (the kNN's leaders' cap before, below which its index
+    /// declined: 1M vectors around 30,000 centres then ran the brute force for over 20
+    /// min): 100,000 64-D vectors around 8,000 centres get a leader for most clusters.
+    #[test]
+    fn many_clusters_lead_a_knn() {
+        let (n, dim, centres) = (100_000usize, 64usize, 8000usize);
+        let x = scattered(5, n, dim, centres, 0.02);
+        let KnnLeaders::Found(Some((l, radius))) =
+            knn_leaders(&x, dim, usize::MAX, &Control::new())
+        else {
+            panic!("the kNN's leaders declined")
+        };
+        let led = l.len() / dim;
+        let old_cap = 16 * (n as f64).sqrt() as usize;
+        assert!(
+            led > old_cap && led <= n / KNN_LEADERS_SHARE,
+            "{led} leaders"
+        );
+        assert_eq!(radius, 1.0);
+        // Fewer queries than leaders: the brute force is the cheaper (`Over`).
+        assert!(matches!(
+            knn_leaders(&x, dim, led / 2, &Control::new()),
+            KnnLeaders::Over
+        ));
     }
 
     /// More clusters than the leaders' sample meets (17,000 vectors around 4,096 centres,
