@@ -373,32 +373,28 @@ impl NearGroups {
         let g = &index.groups;
         let dim = index.leaders.len() / index.norm2.len().max(1);
         let groups = index.norm2.len();
-        let filled: Vec<usize> = (0..groups)
-            .filter(|&h| g.start[h + 1] > g.start[h])
-            .collect();
+        let filled = (0..groups).filter(|&h| g.start[h + 1] > g.start[h]).count();
         let each = near_each(groups);
         let blocked = Blocked::new(&index.leaders, dim);
-        let lists: Vec<(Vec<(f32, u32)>, f64)> = (0..groups.div_ceil(4))
+        // A tile of groups at a time meets every pivot (`Blocked::dots_tile`).
+        const TILE: usize = 32;
+        let lists: Vec<(Vec<(f32, u32)>, f64)> = (0..groups.div_ceil(TILE))
             .into_par_iter()
             .flat_map_iter(|c| {
-                let four = [4 * c, 4 * c + 1, 4 * c + 2, 4 * c + 3].map(|a| a.min(groups - 1));
-                let mut pd = vec![0.0f32; 4 * groups];
-                blocked.dots(
-                    four.map(|a| &index.leaders[a * dim..(a + 1) * dim]),
-                    &mut pd,
-                );
-                let m = (4 * c + 4).min(groups) - 4 * c;
-                (0..m)
-                    .map(|i| {
-                        let a = four[i];
+                let tile = c * TILE..((c + 1) * TILE).min(groups);
+                let mut pd = vec![0.0f32; tile.len() * groups];
+                blocked.dots_tile(&index.leaders[tile.start * dim..tile.end * dim], &mut pd);
+                tile.clone()
+                    .map(|a| {
                         if g.start[a + 1] == g.start[a] {
                             return (Vec::new(), f64::INFINITY);
                         }
-                        let pd = &pd[i * groups..][..groups];
-                        let mut v: Vec<(f32, u32)> = filled
-                            .iter()
-                            .filter(|&&h| h != a)
-                            .map(|&h| {
+                        let pd = &pd[(a - tile.start) * groups..][..groups];
+                        // Each pivot's bound and key (infinite for g itself and the
+                        // empty groups), then the `each` least keys: those below the
+                        // (each + 1)-th, which is then the least left off.
+                        let apart: Vec<f32> = (0..groups)
+                            .map(|h| {
                                 // |C_a - C_h|^2 = |C_a|^2 + |C_h|^2 - 2 C_a.C_h (see
                                 // `pivot_floor`), rounded down.
                                 let l = (index.norm2[a] + index.norm2[h]
@@ -406,16 +402,26 @@ impl NearGroups {
                                     - 2.0 * slack)
                                     .max(0.0)
                                     .sqrt();
-                                ((l * (1.0 - 1e-6)) as f32, h as u32)
+                                (l * (1.0 - 1e-6)) as f32
                             })
                             .collect();
-                        let key = |e: &(f32, u32)| Self::key(e.0, e.1 as usize, &g.radius);
+                        let keys: Vec<f64> = (0..groups)
+                            .map(|h| match h != a && g.start[h + 1] > g.start[h] {
+                                true => Self::key(apart[h], h, &g.radius),
+                                false => f64::INFINITY,
+                            })
+                            .collect();
                         let mut beyond = f64::INFINITY;
-                        if v.len() > each {
-                            v.select_nth_unstable_by(each, |x, y| key(x).total_cmp(&key(y)));
-                            beyond = key(&v[each]);
-                            v.truncate(each);
+                        if filled - 1 > each {
+                            let mut least = keys.clone();
+                            least.select_nth_unstable_by(each, f64::total_cmp);
+                            beyond = least[each];
                         }
+                        let mut v: Vec<(f32, u32)> = (0..groups)
+                            .filter(|&h| keys[h] < beyond)
+                            .map(|h| (apart[h], h as u32))
+                            .collect();
+                        let key = |e: &(f32, u32)| keys[e.1 as usize];
                         v.sort_unstable_by(|x, y| key(x).total_cmp(&key(y)));
                         (v, beyond)
                     })

@@ -377,6 +377,30 @@ impl Blocked {
     }
 }
 
+impl Blocked {
+    /// [`Blocked::dots`] of every row of `tile` (`dim` wide, at most a few dozen), into
+    /// `out` (row i's at `out[i * rows..]`), each block of the stored rows met by all of
+    /// the tile's before the next: the block stays in the L1 cache, the tile in L2. Four
+    /// rows at a time against all the stored ones read them from memory once per four
+    /// (30,000 384-D pivots: 46 MB a time, and every pair of them took 26 s, not 7).
+    pub(crate) fn dots_tile(&self, tile: &[f32], out: &mut [f32]) {
+        let (n, m) = (self.rows, tile.len() / self.dim);
+        assert_eq!(out.len(), m * n, "a row of products for each of the tile's");
+        let row = |w: usize| &tile[w.min(m - 1) * self.dim..][..self.dim];
+        let mut four = [0.0f32; 4 * BLOCK];
+        for (b, blk) in self.blocks.chunks_exact(BLOCK * self.dim).enumerate() {
+            let width = BLOCK.min(n - b * BLOCK);
+            for v in (0..m).step_by(4) {
+                heads_block4([row(v), row(v + 1), row(v + 2), row(v + 3)], blk, &mut four);
+                for i in 0..4.min(m - v) {
+                    out[(v + i) * n + b * BLOCK..][..width]
+                        .copy_from_slice(&four[i * BLOCK..][..width]);
+                }
+            }
+        }
+    }
+}
+
 /// Rows (f32 copies of unit vectors) whose products with other such rows are completed
 /// only where they can reach a floor: first over the first [`Bounded::pre`] coordinates (in
 /// [`Blocked`]'s layout, four queries by a block of [`BLOCK`] rows), then over the rest only
