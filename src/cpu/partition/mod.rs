@@ -599,7 +599,9 @@ fn nearest_leaders(
 /// `floor` (a choice of speed: any split gives the same leaders).
 fn sought(x: &[f32], dim: usize, leaders: &[f32], floor: f32) -> f32 {
     let n = x.len() / dim;
-    if n == 0 || leaders.is_empty() {
+    // Where the floor leaves the split at its least (a join's leaders at eps), nothing to
+    // gain.
+    if n == 0 || leaders.is_empty() || Split::new(dim, floor).pre == Split::new(dim, 1.0).pre {
         return floor;
     }
     let rows = n.min(SOUGHT_ROWS);
