@@ -23,16 +23,18 @@ const BLOCKED_SHARE: f64 = 3.0;
 /// exact by construction; None where the index declines (no clusters, too few rows).
 ///
 /// L_g is group g's pivot, the mean of its members (`partition::recentre`). A query
-/// (A ⋈ B) measures every pivot (an f32 dot product: `pivot_floor` bounds its real
-/// distance from below) and visits the groups in increasing `|q - L_g| - r_g`, a
-/// lower bound on its distance from every member (triangle inequality). In a group it
+/// measures a pivot by an f32 dot product (`pivot_floor` bounds its real distance from
+/// below) and visits groups in increasing `|q - L_g| - r_g`, a lower bound on its
+/// distance from every member (triangle inequality). In a group it
 /// skips the members whose `|q - L_g| - |x - L_g|` already rules them out, bounds the rest
 /// by their f32 dot products and computes the rule's distance, in increasing bound, for
 /// those whose bound (`rule_floor`) does not exceed the current k-th distance. It stops at
 /// the first group whose bound exceeds it: every row not computed has a rule distance
 /// above the k-th (ties are visited), so the k kept are the rule's k nearest.
 ///
-/// A self-kNN's query knows its own group g and its distance from L_g: it visits g first,
+/// Each query has a home group g and an upper bound on its distance from L_g (a
+/// self-kNN's, its own group; an A ⋈ B's, the pivot of its largest dot product,
+/// `partition::homes`): it visits g first,
 /// then the other groups in increasing `|L_g - L_h| - |q - L_g| - r_h` (g's nearest groups
 /// by the pivots' distances, bounded once: [`NearGroups`]), measuring a leader only for
 /// the groups that bound leaves in, and skipping those that the measured `|q - L_h| - r_h`
@@ -55,7 +57,8 @@ pub(super) fn knn_grouped<T: Coord>(
     sampled: Option<Option<(Vec<f32>, f64)>>,
     control: &crate::control::Control,
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
-    use crate::cpu::partition::{dot, dot4, dot_slack, knn_index_of, knn_leaders, pivot_floor};
+    use crate::cpu::partition::pivot_floor;
+    use crate::cpu::partition::{dot, dot4, dot_slack, homes, knn_index_of, knn_leaders};
     use crate::cpu::partition::{Blocked, KnnLeaders};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
@@ -85,7 +88,28 @@ pub(super) fn knn_grouped<T: Coord>(
         // A self-kNN's query knows its own group and its distance from that group's pivot:
         // each group's nearest others by the pivots' bound then come before any other
         // pivot is measured.
-        let near_groups = (self_knn && fq.is_none()).then(|| NearGroups::new(&index, slack));
+        let near_groups = NearGroups::new(&index, slack);
+        // An A ⋈ B kNN's queries: each one's home group and distance from its pivot (the
+        // lists serve it as they serve the home's members), and the queries in order of
+        // their homes (neighbouring queries then visit the same groups).
+        let homes = match &fq {
+            Some(fq) => match homes(fq, dim, &index, control) {
+                Some(h) => Some(h),
+                None => {
+                    control.check()?;
+                    return Ok(None);
+                }
+            },
+            None => None,
+        };
+        let by_home: Vec<u32> = match &homes {
+            Some(h) => {
+                let mut o: Vec<u32> = (0..h.len() as u32).collect();
+                o.sort_by_key(|&i| h[i as usize].0);
+                o
+            }
+            None => Vec::new(),
+        };
         // Query `r` (f32 copy `qv`; `me` its own row in a self-kNN) visits group h, whose
         // leader is at least `to_leader` from it: the members not ruled out by
         // `to_leader - |x - L_h|` are bounded by their f32 dot products and, in increasing
@@ -131,15 +155,15 @@ pub(super) fn knn_grouped<T: Coord>(
             (measured, n_exact)
         };
         let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
-        // Query `r` (f32 copy `qv`); `home`: in a self-kNN, its position in the groups'
-        // order; `pd`: its dot products with every leader where they were taken for it in
+        // Query `r` (f32 copy `qv`); `own`: its home group and an upper bound on its
+        // distance from that group's pivot; `pd`: its dot products with every leader where they were taken for it in
         // blocks (else one at a time, as needed). Visits the groups in increasing lower
         // bound, stopping where the rule's floor of it exceeds the k-th distance. Counts
         // its f32 dot products, rule distances and leaders measured.
         let search = |r: usize,
                       qv: &[f32],
                       me: Option<u32>,
-                      home: Option<usize>,
+                      own: Option<(usize, f64)>,
                       pd: Option<&[f32]>|
          -> (Vec<(f64, u32)>, u64, u64, u64, bool) {
             let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
@@ -157,7 +181,6 @@ pub(super) fn knn_grouped<T: Coord>(
             };
             // A self-kNN's query visits its own group first: the k-th distance it leaves
             // rules most other groups out before any are sorted.
-            let own = home.map(|p| (g.start.partition_point(|&st| st <= p) - 1, g.to_leader[p]));
             if let Some((own, _)) = own {
                 let l = to_leader(own);
                 tally((1, 0));
@@ -169,7 +192,8 @@ pub(super) fn knn_grouped<T: Coord>(
             // left off the own group's list (`walked`, sorted) where its end did not rule
             // them out.
             let mut walked: Option<Vec<u32>> = None;
-            if let (Some((own, mine)), Some(ng)) = (own, &near_groups) {
+            if let Some((own, mine)) = own {
+                let ng = &near_groups;
                 // The nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| - r_h`,
                 // in increasing bound, a leader measured only where that bound leaves its
                 // group in; the walk stops where it rules a group out.
@@ -223,19 +247,25 @@ pub(super) fn knn_grouped<T: Coord>(
             }
             (best, n_dots, n_exact, n_leaders, walked.is_some())
         };
-        // The p-th query: self-kNN's in group order (neighbouring queries visit the same
-        // groups), A ⋈ B's in input order: its row, f32 copy, own row and home.
-        let at = |p: usize| match &fq {
-            None => {
+        // The p-th query, in order of home groups (neighbouring queries visit the same
+        // groups): its row, f32 copy, own row (a self-kNN's) and home.
+        let at = |p: usize| match (&fq, &homes) {
+            (Some(fq), Some(homes)) => {
+                let r = by_home[p];
+                let (h, mine) = homes[r as usize];
+                let qv = &fq[r as usize * dim..(r as usize + 1) * dim];
+                (r, qv, None, Some((h as usize, mine)))
+            }
+            _ => {
                 let r = g.order[p];
                 let qv = &g.rows[p * dim..(p + 1) * dim];
-                (r, qv, self_knn.then_some(r), Some(p))
+                let home = g.start.partition_point(|&st| st <= p) - 1;
+                (r, qv, self_knn.then_some(r), Some((home, g.to_leader[p])))
             }
-            Some(fq) => (p as u32, &fq[p * dim..(p + 1) * dim], None, None),
         };
         let query = |p: usize, pd: Option<&[f32]>| {
-            let (r, qv, me, home) = at(p);
-            (r, search(r as usize, qv, me, home, pd))
+            let (r, qv, me, own) = at(p);
+            (r, search(r as usize, qv, me, own, pd))
         };
         let rows = nq.len();
         let n = nx.len();
@@ -305,7 +335,8 @@ pub(super) fn knn_grouped<T: Coord>(
         let note = format!(
             "cosine kNN: grouped leaders index, {groups} groups (leaders' radius {:.3}) over {} \
              rows; per query {:.0} f32 dot products (leaders included{}) and {:.1} rule \
-             distances on average{}",
+             distances on average; each group's nearest {} groups by the pivots' bound first, \
+             {} queries measured the pivots past them",
             index.radius,
             n,
             per(&dots),
@@ -314,15 +345,8 @@ pub(super) fn knn_grouped<T: Coord>(
                 None => "",
             },
             per(&exact),
-            match &near_groups {
-                Some(ng) => format!(
-                    "; each group's nearest {} groups by the pivots' bound first, {} queries \
-                     measured the pivots past them",
-                    ng.each,
-                    past.load(Relaxed)
-                ),
-                None => String::new(),
-            }
+            near_groups.each,
+            past.load(Relaxed)
         );
         Ok(Some((ranked, note, rayon::current_num_threads(), built)))
     })?
@@ -347,7 +371,7 @@ fn near_each(groups: usize) -> usize {
     (NEAR_ENTRIES / groups.max(1)).max(NEAR_LEAST)
 }
 
-/// For a self-kNN over the grouped index: each group g's nearest other (non-empty) groups
+/// For the kNN over the grouped index: each group g's nearest other (non-empty) groups
 /// h by `|L_g - L_h| - r_h` (a lower bound on the distance of a query at L_g from h's
 /// members), in increasing order of it, with a lower bound on `|L_g - L_h|` each; and the
 /// least of that bound among the groups left off g's list. A query in g at distance m from
@@ -386,9 +410,6 @@ impl NearGroups {
                 blocked.dots_tile(&index.leaders[tile.start * dim..tile.end * dim], &mut pd);
                 tile.clone()
                     .map(|a| {
-                        if g.start[a + 1] == g.start[a] {
-                            return (Vec::new(), f64::INFINITY);
-                        }
                         let pd = &pd[(a - tile.start) * groups..][..groups];
                         // Each pivot's bound and key (infinite for g itself and the
                         // empty groups), then the `each` least keys: those below the
@@ -412,7 +433,8 @@ impl NearGroups {
                             })
                             .collect();
                         let mut beyond = f64::INFINITY;
-                        if filled - 1 > each {
+                        let others = filled - usize::from(g.start[a + 1] > g.start[a]);
+                        if others > each {
                             let mut least = keys.clone();
                             least.select_nth_unstable_by(each, f64::total_cmp);
                             beyond = least[each];
@@ -466,7 +488,8 @@ mod tests {
     /// Lists cut to one group (`near_each`) of about 575: the queries whose list's end does
     /// not rule the rest out (rows far from every cluster of 20, alone in their groups)
     /// measure the pivots past it, and the kNN equals the oracle's exactly, f32 rows, k =
-    /// 1, 10 and 15. The notes show the lists cut and queries going past them. (Without the
+    /// 1, 10 and 15, self and A ⋈ B (1,500 queries from their home groups, some halfway
+    /// between two clusters). The notes show the lists cut and queries going past them. (Without the
     /// pivots past the lists it loses neighbours in the second-nearest cluster.)
     #[test]
     fn knn_past_short_lists_is_exact() {
@@ -479,44 +502,71 @@ mod tests {
             (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
         };
         let c: Vec<f64> = (0..centres * dim).map(|_| rnd()).collect();
-        let mut x: Vec<f32> = Vec::new();
-        for i in 0..centres * per + lone {
-            let v: Vec<f64> = match i < centres * per {
-                true => (0..dim)
-                    .map(|d| c[(i % centres) * dim + d] + 0.03 * rnd())
-                    .collect(),
-                false => (0..dim).map(|_| rnd()).collect(),
-            };
-            let n = v.iter().map(|a| a * a).sum::<f64>().sqrt();
-            x.extend(v.iter().map(|a| (a / n) as f32));
-        }
-        let data = Dataset::from_f32(&x, dim).unwrap();
+        let norm = |v: &[f64]| v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        // `members` rows around the centres in turn, then `mid` halfway between two
+        // centres (their neighbours in both clusters), then `lone` in random directions.
+        let mut draw = |members: usize, mid: usize, lone: usize| -> Vec<f32> {
+            let mut x: Vec<f32> = Vec::new();
+            for i in 0..members + mid + lone {
+                let centre = |j: usize| &c[(j % centres) * dim..(j % centres + 1) * dim];
+                let v: Vec<f64> = if i < members {
+                    centre(i).iter().map(|a| a + 0.03 * rnd()).collect()
+                } else if i < members + mid {
+                    let (a, b, f) = (7 * i, 7 * i + 3, 1.0 + 0.01 * rnd());
+                    let (na, nb) = (norm(centre(a)), norm(centre(b)));
+                    (0..dim)
+                        .map(|d| centre(a)[d] / na + f * centre(b)[d] / nb)
+                        .collect()
+                } else {
+                    (0..dim).map(|_| rnd()).collect()
+                };
+                let n = norm(&v);
+                x.extend(v.iter().map(|a| (a / n) as f32));
+            }
+            x
+        };
+        let x = draw(centres * per, 0, lone);
+        // Queries for A ⋈ B: more than twice the groups (fewer meet every row instead).
+        let q = draw(1100, 200, lone);
+        let (data, query) = (
+            Dataset::from_f32(&x, dim).unwrap(),
+            Dataset::from_f32(&q, dim).unwrap(),
+        );
         let o = KnnOptions {
             metric: Metric::Cosine,
             backend: Backend::Cpu,
             ..Default::default()
         };
         EACH.store(1, Relaxed);
-        let (idx, dist) = oracle::knn(&data, None, 30, Metric::Cosine);
-        let mut past = 0u64;
-        for k in [1usize, 10, 15] {
-            let got = Engine::new().knn(&data, None, k, &o).unwrap();
-            let notes = got.report.notes.join("; ");
-            assert!(
-                notes.contains("each group's nearest 1 groups"),
-                "k={k}: {notes}"
-            );
-            let tail = &notes[notes.find("first, ").unwrap() + 7..];
-            past += tail[..tail.find(' ').unwrap()].parse::<u64>().unwrap();
-            for r in 0..got.rows {
-                let want = &idx[r * 30..r * 30 + k];
-                assert_eq!(&got.indices[r * k..(r + 1) * k], want, "k={k} row {r}");
-                for (c, &d) in dist[r * 30..r * 30 + k].iter().enumerate() {
-                    assert_eq!(got.distance(r, c), d, "k={k} row {r}");
+        let mut past = [0u64; 2];
+        for (ab, query) in [None, Some(&query)].into_iter().enumerate() {
+            let (idx, dist) = oracle::knn(&data, query, 30, Metric::Cosine);
+            for k in [1usize, 10, 15] {
+                let got = Engine::new().knn(&data, query, k, &o).unwrap();
+                let notes = got.report.notes.join("; ");
+                assert!(
+                    notes.contains("each group's nearest 1 groups"),
+                    "ab={ab} k={k}: {notes}"
+                );
+                let tail = &notes[notes.find("first, ").unwrap() + 7..];
+                past[ab] += tail[..tail.find(' ').unwrap()].parse::<u64>().unwrap();
+                for r in 0..got.rows {
+                    let want = &idx[r * 30..r * 30 + k];
+                    assert_eq!(
+                        &got.indices[r * k..(r + 1) * k],
+                        want,
+                        "ab={ab} k={k} row {r}"
+                    );
+                    for (c, &d) in dist[r * 30..r * 30 + k].iter().enumerate() {
+                        assert_eq!(got.distance(r, c), d, "ab={ab} k={k} row {r}");
+                    }
                 }
             }
         }
         EACH.store(0, Relaxed);
-        assert!(past > 0, "no query went past its list");
+        assert!(
+            past[0] > 0 && past[1] > 0,
+            "queries past their lists: {past:?}"
+        );
     }
 }

@@ -129,6 +129,30 @@ pub(crate) fn knn_index_of(
     })
 }
 
+/// Each row of `q` (f32 copies of unit vectors, `dim` wide): its home among `index`'s
+/// groups, the pivot of largest f32 dot product, and its distance from that pivot rounded
+/// up (as [`Groups::to_leader`]); None where `control` stopped. A query of an A ⋈ B kNN
+/// then bounds the other groups as a member of its home does.
+pub(crate) fn homes(
+    q: &[f32],
+    dim: usize,
+    index: &Index,
+    control: &Control,
+) -> Option<Vec<(u32, f64)>> {
+    let near = near_dot(index.radius);
+    let found = nearest_leaders(q, dim, &index.leaders, near, control, false)?;
+    Some(
+        found
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, (h, _))| {
+                let l = &index.leaders[h as usize * dim..(h as usize + 1) * dim];
+                (h, dist64(l, &q[i * dim..(i + 1) * dim]) * (1.0 + 1e-9))
+            })
+            .collect(),
+    )
+}
+
 /// Moves each non-empty group's pivot from its leader to the mean of its members (f64 sums,
 /// rounded to f32) and measures `to_leader` and `radius` from it (rounded up as in
 /// [`group`]); returns the pivots' squared norms (f64 sums of the f32 values' squares).
