@@ -140,7 +140,7 @@ pub(crate) fn homes(
     control: &Control,
 ) -> Option<Vec<(u32, f64)>> {
     let near = near_dot(index.radius);
-    let found = nearest_leaders(q, dim, &index.leaders, near, control, false)?;
+    let found = nearest_leaders(q, dim, &index.leaders, near, None, control, false)?;
     Some(
         found
             .into_par_iter()
@@ -316,8 +316,9 @@ fn near_dot(radius: f64) -> f32 {
 /// leads, where a quarter of the way through the rate of new leaders already shows that
 /// more than `share` of `picked` would lead ([`share_floor`]), or where `control` stops
 /// (read between chunks). The same leaders as
-/// a serial pass, found in chunks: a chunk's rows meet the leaders so far in parallel,
-/// then the unmatched ones meet each other in order.
+/// a serial pass, found in chunks: a chunk's rows meet the leaders so far in parallel
+/// (wide rows screened first, [`Prefixed::covered`]), then the unmatched ones meet each
+/// other in order.
 fn lead(
     x: &[f32],
     picked: &[usize],
@@ -333,11 +334,31 @@ fn lead(
         if control.is_cancelled() {
             return false;
         }
-        let open: Vec<usize> = chunk
-            .par_iter()
-            .copied()
-            .filter(|&i| !out.any_at_least(&x[i * dim..(i + 1) * dim], near, 0))
-            .collect();
+        let open: Vec<usize> = match out.blocked {
+            // Screened, in tiles of rows gathered (1M 384-D vectors around 30,000
+            // centres: the pass over 125,000 of them took 72 s one product at a time).
+            Some(_) => chunk
+                .par_chunks(LEAD_TILE)
+                .flat_map_iter(|t| {
+                    let rows: Vec<f32> = t
+                        .iter()
+                        .flat_map(|&i| &x[i * dim..][..dim])
+                        .copied()
+                        .collect();
+                    let covered = out.covered(&rows, near);
+                    t.iter()
+                        .zip(covered)
+                        .filter(|p| !p.1)
+                        .map(|p| *p.0)
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+            None => chunk
+                .par_iter()
+                .copied()
+                .filter(|&i| !out.any_at_least(&x[i * dim..(i + 1) * dim], near, 0))
+                .collect(),
+        };
         let old = out.len();
         for i in open {
             let p = &x[i * dim..(i + 1) * dim];
@@ -373,6 +394,9 @@ fn lead(
 
 /// Rows the leader rule takes at a time.
 const LEAD_CHUNK: usize = 512;
+
+/// Rows of a chunk that one task of the leader rule screens ([`Prefixed::covered`]).
+const LEAD_TILE: usize = 64;
 
 /// A lower bound on the share of a sample that leads, from the rate `m` at which rows
 /// became new leaders at fraction `x0` of it. Where rows come from clusters in random
@@ -434,6 +458,14 @@ impl Split {
         cuts.pop();
         Split { dim, pre, cuts }
     }
+    /// No split: every product whole in [`heads_block`]'s blocks.
+    fn whole(dim: usize) -> Split {
+        Split {
+            dim,
+            pre: dim,
+            cuts: Vec::new(),
+        }
+    }
     /// The norms of `p`'s coordinates after each cut.
     fn rest_norms(&self, p: &[f32]) -> Vec<f32> {
         self.cuts
@@ -465,17 +497,22 @@ impl Split {
     }
 }
 
-/// Rows (leaders) kept with their remaining norms for [`Split`]'s early stop.
+/// Rows (leaders) kept with their remaining norms for [`Split`]'s early stop, and in
+/// [`in_blocks`]' layout (all coordinates) where rows are wide enough for [`screen`].
 struct Prefixed {
     split: Split,
     rows: Vec<f32>,
     /// Each row's [`Split::rest_norms`], `split.cuts.len()` apiece.
     rest: Vec<f32>,
+    /// The rows in blocks of [`BLOCK`], coordinate by coordinate (the last block padded
+    /// with zeros), where `dim` >= 2 [`SCREEN`].
+    blocked: Option<Vec<f32>>,
 }
 
 impl Prefixed {
     fn new(split: Split) -> Prefixed {
         Prefixed {
+            blocked: (split.dim >= 2 * SCREEN).then(Vec::new),
             split,
             rows: Vec::new(),
             rest: Vec::new(),
@@ -485,8 +522,52 @@ impl Prefixed {
         self.rows.len() / self.split.dim
     }
     fn push(&mut self, p: &[f32]) {
+        let (dim, j) = (self.split.dim, self.len());
+        if let Some(b) = &mut self.blocked {
+            if j % BLOCK == 0 {
+                b.resize(b.len() + BLOCK * dim, 0.0);
+            }
+            let blk = &mut b[(j / BLOCK) * BLOCK * dim..][..BLOCK * dim];
+            for (c, &v) in p.iter().enumerate() {
+                blk[c * BLOCK + j % BLOCK] = v;
+            }
+        }
         self.rest.extend(self.split.rest_norms(p));
         self.rows.extend_from_slice(p);
+    }
+    /// For each row of `x`, whether some row so far has an f32 dot product of at least
+    /// `near` with it: first by [`screen`] (clustered rows find such a row among their few
+    /// largest head products), then, for the rows it leaves, by whole products in blocks
+    /// (four rows at a time, stopping once all four have one). Needs `blocked`.
+    fn covered(&self, x: &[f32], near: f32) -> Vec<bool> {
+        let (dim, k) = (self.split.dim, self.len());
+        let blocked = self.blocked.as_deref().expect("wide rows");
+        let m = x.len() / dim;
+        if k == 0 {
+            return vec![false; m];
+        }
+        let found = screen(x, dim, &self.rows, blocked, dim);
+        let mut covered: Vec<bool> = found.iter().map(|&(_, d)| d >= near).collect();
+        let open: Vec<usize> = (0..m).filter(|&i| !covered[i]).collect();
+        let mut four = [0.0f32; 4 * BLOCK];
+        for w in open.chunks(4) {
+            let rows = [0, 1, 2, 3].map(|i| &x[w[i.min(w.len() - 1)] * dim..][..dim]);
+            let mut hit = [false; 4];
+            for (b, blk) in blocked.chunks_exact(BLOCK * dim).enumerate() {
+                heads_block4(rows, blk, &mut four);
+                let lanes = BLOCK.min(k - b * BLOCK);
+                for (i, h) in hit.iter_mut().enumerate() {
+                    *h |= four[i * BLOCK..][..lanes].iter().any(|&d| d >= near);
+                }
+                if hit.iter().all(|&h| h) {
+                    break;
+                }
+            }
+            for (&i, &h) in w.iter().zip(&hit) {
+                covered[i] = h;
+            }
+        }
+        covered
     }
     /// Whether some row from `from` on has a dot product with `p` of at least `near`.
     fn any_at_least(&self, p: &[f32], near: f32, from: usize) -> bool {
@@ -511,9 +592,20 @@ fn argmax(row: &[f32]) -> usize {
 }
 
 /// Each vector's nearest leader (largest f32 dot product) and that dot product, or None
-/// once `control` stops; with `progress`, each vector counts as a unit of the stage. Where no leader reaches `floor`, a vector gets the leader whose
-/// head product is largest (its search stops there: no leader is near it anyway).
-/// The dot products of each vector with every leader's first coordinates come first, 32
+/// once `control` stops; with `progress`, each vector counts as a unit of the stage. Where
+/// no leader reaches `floor`, a vector gets the leader whose head product is largest (its
+/// search stops there: no leader is near it anyway).
+///
+/// `apart`: where the caller knows that no two leaders have an f32 dot product of it or
+/// more (the leader rule's `near`), a vector within a quarter of that separation of a
+/// leader needs no other: by the triangle inequality every other leader is farther. Where
+/// a probe of evenly spread vectors finds most of them so close to a leader, every vector
+/// is first [`screen`]ed (its products with every leader over the first [`SCREEN`]
+/// coordinates, the few largest completed), and only those the screen leaves unproven
+/// take the search below. (1M 384-D vectors around 30,000 centres: 53,623 leaders, each
+/// vector's head products with all of them took 90 s of its join's 93 s.)
+///
+/// The search: the dot products of each vector with every leader's first coordinates, 32
 /// leaders at a time ([`heads_block`]); then a vector completes its best leader's dot
 /// product, and another leader's only where [`Split`]'s bound says it could still win (on
 /// clustered data, seldom).
@@ -522,97 +614,267 @@ fn nearest_leaders(
     dim: usize,
     leaders: &[f32],
     floor: f32,
+    apart: Option<f32>,
     control: &Control,
     progress: bool,
 ) -> Option<Vec<(u32, f32)>> {
-    let k = leaders.len() / dim;
+    let n = x.len() / dim;
     let split = Split::new(dim, sought(x, dim, leaders, floor));
-    let (pre, cuts) = (split.pre, split.cuts.len());
-    let blocks = k.div_ceil(BLOCK);
-    let heads = in_blocks(leaders, dim, pre);
-    // Each leader's norms after each cut, cut by cut (`rest[t * k + j]`; zeros without
-    // cuts).
-    let mut rest = vec![0.0f32; cuts.max(1) * k];
-    for (j, l) in leaders.chunks_exact(dim).enumerate() {
-        for (t, r) in split.rest_norms(l).into_iter().enumerate() {
-            rest[t * k + j] = r;
+    // The screen where it reads at most half of the search's coordinates and proves most
+    // vectors' leaders (the probe's share).
+    let proven = match apart.map(screen_proves) {
+        Some(proven) if split.pre >= 2 * SCREEN && n > 0 && !leaders.is_empty() => {
+            let heads = in_blocks(leaders, dim, SCREEN);
+            let rows = n.min(SOUGHT_ROWS);
+            let probe: Vec<f32> = (0..rows)
+                .flat_map(|i| &x[i * n / rows * dim..][..dim])
+                .copied()
+                .collect();
+            let hits = screen(&probe, dim, leaders, &heads, SCREEN)
+                .iter()
+                .filter(|&&(_, d)| d >= proven)
+                .count();
+            (2 * hits >= rows).then_some((proven, heads))
         }
-    }
-    let rest = &rest[..];
-    let leader = |j: usize| &leaders[j * dim..(j + 1) * dim];
-    // A tile's vectors meet each block of leaders in turn (the block stays in the L1 cache
-    // for the tile, the tile's vectors in L2), four vectors at a time (the last ones
-    // repeated where fewer are left); each vector's head products fill its row of `rows`.
-    const TILE: usize = 64;
-    let nearest: Vec<(u32, f32)> = x
-        .par_chunks(TILE * dim)
+        _ => None,
+    };
+    let Some((proven, heads)) = proven else {
+        let search = Search::new(leaders, dim, floor, split);
+        let all = x
+            .par_chunks(NEAREST_TILE * dim)
+            .flat_map_iter(|tile| search.tile(tile, control, progress))
+            .collect();
+        control.check().ok()?;
+        return Some(all);
+    };
+    let mut found: Vec<(u32, f32)> = x
+        .par_chunks(SCREEN_TILE * dim)
         .flat_map_iter(|tile| {
             let m = tile.len() / dim;
-            // Stopped: every leader skipped (the caller discards the answer).
+            // Stopped: unproven (the caller discards the answer).
             if control.is_cancelled() {
-                return vec![(0u32, 0.0f32); m].into_iter();
+                return vec![(0u32, f32::NEG_INFINITY); m].into_iter();
             }
-            let width = blocks * BLOCK;
-            let mut rows = vec![0.0f32; m * width];
-            let mut four = [0.0f32; 4 * BLOCK];
-            for (b, blk) in heads.chunks_exact(BLOCK * pre).enumerate() {
-                for v in (0..m).step_by(4) {
-                    let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
-                    heads_block4(w.map(|w| &tile[w * dim..][..pre]), blk, &mut four);
-                    for (i, w) in w.into_iter().enumerate() {
-                        let out = &four[i * BLOCK..][..BLOCK];
-                        rows[w * width + b * BLOCK..][..BLOCK].copy_from_slice(out);
-                    }
-                }
-            }
+            let got = screen(tile, dim, leaders, &heads, SCREEN);
             if progress {
-                control.advance(m as u64, 0);
+                let sure = got.iter().filter(|&&(_, d)| d >= proven).count();
+                control.advance(sure as u64, 0);
             }
-            let mut out = Vec::with_capacity(m);
-            for (v, p) in tile.chunks_exact(dim).enumerate() {
-                let row = &rows[v * width..][..k];
-                let rp = split.rest_norms(p);
-                let complete = |j: usize, at_least: f32| {
-                    split.complete(p, leader(j), row[j], &rp, |t| rest[t * k + j], at_least)
-                };
-                let first = argmax(row);
-                let mut best = (
-                    complete(first, f32::NEG_INFINITY).unwrap_or(f32::NEG_INFINITY),
-                    first,
-                );
-                // The first cut's bound (without cuts, the whole product), tested for every
-                // leader before any work, a chunk of leaders at a time (vectorised), then
-                // leader by leader in a chunk where some may pass.
-                let r0 = rp.first().copied().unwrap_or(0.0);
-                const CHUNK: usize = 64;
-                for (c, (hs, rs)) in row.chunks(CHUNK).zip(rest[..k].chunks(CHUNK)).enumerate() {
-                    let at = best.0.max(floor) - SPLIT_MARGIN;
-                    let pass = hs
-                        .iter()
-                        .zip(rs)
-                        .fold(0u32, |n, (&h, &r)| n + (h + r0 * r >= at) as u32);
-                    if pass == 0 {
-                        continue;
-                    }
-                    for j in c * CHUNK..c * CHUNK + hs.len() {
-                        let at = best.0.max(floor);
-                        if j == first || row[j] + r0 * rest[j] + SPLIT_MARGIN < at {
-                            continue;
-                        }
-                        if let Some(d) = complete(j, at) {
-                            if d > best.0 || (d == best.0 && j < best.1) {
-                                best = (d, j);
-                            }
-                        }
-                    }
-                }
-                out.push((best.1 as u32, best.0));
-            }
-            out.into_iter()
+            got.into_iter()
+        })
+        .collect();
+    #[cfg(test)]
+    tests::SCREENED.set(found.iter().filter(|&&(_, d)| d >= proven).count());
+    // The rest searched, gathered a tile at a time, with whole products in blocks: most
+    // are far from every leader (clusters the sample missed), where the split's bounds
+    // rule few out and every leader's product was completed one at a time (1M 384-D
+    // vectors around 30,000 centres: 13,712 left took 23 s that way, 3 s in blocks).
+    let search = Search::new(leaders, dim, floor, Split::whole(dim));
+    let open: Vec<u32> = (0..n as u32)
+        .filter(|&i| found[i as usize].1 < proven)
+        .collect();
+    let again: Vec<(u32, f32)> = open
+        .par_chunks(NEAREST_TILE)
+        .flat_map_iter(|ids| {
+            let tile: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| &x[i as usize * dim..][..dim])
+                .copied()
+                .collect();
+            search.tile(&tile, control, progress)
         })
         .collect();
     control.check().ok()?;
-    Some(nearest)
+    for (&i, g) in open.iter().zip(again) {
+        found[i as usize] = g;
+    }
+    Some(found)
+}
+
+/// Coordinates [`screen`] reads of each vector and leader.
+const SCREEN: usize = 48;
+
+/// Leaders whose products over the first [`SCREEN`] coordinates are largest, completed by
+/// [`screen`]: of 53,623 leaders around random centres in 384-D, a vector's nearest
+/// (a product of 0.9) has a head product about 6 standard deviations above the others'.
+const SCREEN_BEST: usize = 4;
+
+/// Vectors a task of [`screen`] takes: each chunk of [`SCREEN_CHUNK`] blocks of leaders'
+/// heads (1,024 leaders, 192 KB) is read from memory once for them.
+const SCREEN_TILE: usize = 256;
+
+/// Blocks of leaders [`screen`] meets at a time.
+const SCREEN_CHUNK: usize = 32;
+
+/// Vectors a task of [`nearest_leaders`]' search takes.
+const NEAREST_TILE: usize = 64;
+
+/// The f32 dot product with a leader at which a vector has no nearer leader, where no two
+/// leaders have a product of `apart` or more ([`nearest_leaders`]): leaders at least `sep`
+/// apart and a vector within `sep / 2` of one. With margins for f32 rounding (products of
+/// unit vectors within about 3e-5 of the real ones, norms within 1e-6 of 1).
+fn screen_proves(apart: f32) -> f32 {
+    let sep2 = (2.0 - 2.0 * (apart as f64 + 1e-4)).max(0.0);
+    (1.0 - sep2 / 8.0 + 1e-4) as f32
+}
+
+/// For each row of `x` (`dim` wide), the best of the [`SCREEN_BEST`] leaders whose products
+/// over the first [`SCREEN`] coordinates (`heads`: the leaders' first `pre` >= SCREEN
+/// coordinates [`in_blocks`]) are largest:
+/// its index and whole f32 dot product (the larger product, then the lower index). Leaders
+/// in chunks of [`SCREEN_CHUNK`] blocks, each met by all the rows, four at a time.
+fn screen(x: &[f32], dim: usize, leaders: &[f32], heads: &[f32], pre: usize) -> Vec<(u32, f32)> {
+    let (k, m) = (leaders.len() / dim, x.len() / dim);
+    // Each row's largest head products so far, in decreasing order.
+    let mut top = vec![[(f32::NEG_INFINITY, 0u32); SCREEN_BEST]; m];
+    let mut four = [0.0f32; 4 * BLOCK];
+    for (c, chunk) in heads.chunks(SCREEN_CHUNK * BLOCK * pre).enumerate() {
+        for v in (0..m).step_by(4) {
+            let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
+            for (b, blk) in chunk.chunks_exact(BLOCK * pre).enumerate() {
+                let blk = &blk[..BLOCK * SCREEN];
+                heads_block4(w.map(|w| &x[w * dim..][..SCREEN]), blk, &mut four);
+                let first = (c * SCREEN_CHUNK + b) * BLOCK;
+                // The last row repeated where fewer than four are left: once.
+                for (i, &w) in w.iter().enumerate().take(m - v) {
+                    let t = &mut top[w];
+                    let out = &four[i * BLOCK..][..BLOCK.min(k - first)];
+                    let low = t[SCREEN_BEST - 1].0;
+                    if out.iter().fold(0u32, |a, &h| a + (h > low) as u32) == 0 {
+                        continue;
+                    }
+                    for (l, &h) in out.iter().enumerate() {
+                        if h > t[SCREEN_BEST - 1].0 {
+                            let at = t.iter().position(|e| h > e.0).unwrap_or(SCREEN_BEST - 1);
+                            t.copy_within(at..SCREEN_BEST - 1, at + 1);
+                            t[at] = (h, (first + l) as u32);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    x.chunks_exact(dim)
+        .zip(&top)
+        .map(|(p, t)| {
+            t.iter()
+                .filter(|e| e.0 > f32::NEG_INFINITY)
+                .map(|&(_, j)| (j, dot(p, &leaders[j as usize * dim..][..dim])))
+                .fold((0u32, f32::NEG_INFINITY), |best, (j, d)| {
+                    match d > best.1 || (d == best.1 && j < best.0) {
+                        true => (j, d),
+                        false => best,
+                    }
+                })
+        })
+        .collect()
+}
+
+/// [`nearest_leaders`]' search: every leader's first `split.pre` coordinates in blocks
+/// ([`in_blocks`]) and its norms after each cut.
+struct Search<'a> {
+    leaders: &'a [f32],
+    dim: usize,
+    floor: f32,
+    split: Split,
+    heads: Vec<f32>,
+    /// Each leader's norms after each cut, cut by cut (`rest[t * k + j]`; zeros without
+    /// cuts).
+    rest: Vec<f32>,
+}
+
+impl<'a> Search<'a> {
+    fn new(leaders: &'a [f32], dim: usize, floor: f32, split: Split) -> Search<'a> {
+        let k = leaders.len() / dim;
+        let heads = in_blocks(leaders, dim, split.pre);
+        let mut rest = vec![0.0f32; split.cuts.len().max(1) * k];
+        for (j, l) in leaders.chunks_exact(dim).enumerate() {
+            for (t, r) in split.rest_norms(l).into_iter().enumerate() {
+                rest[t * k + j] = r;
+            }
+        }
+        Search {
+            leaders,
+            dim,
+            floor,
+            split,
+            heads,
+            rest,
+        }
+    }
+
+    /// The rows of `tile` (at most [`NEAREST_TILE`]): their head products with each block
+    /// of leaders in turn (the block stays in the L1 cache for the tile, the tile's rows in
+    /// L2), four rows at a time (the last ones repeated where fewer are left), each row's
+    /// filling its row of `rows`; then each row's bounds.
+    fn tile(&self, tile: &[f32], control: &Control, progress: bool) -> Vec<(u32, f32)> {
+        let (dim, split, rest) = (self.dim, &self.split, &self.rest[..]);
+        let k = self.leaders.len() / dim;
+        let m = tile.len() / dim;
+        // Stopped: every leader skipped (the caller discards the answer).
+        if control.is_cancelled() {
+            return vec![(0u32, 0.0f32); m];
+        }
+        let pre = split.pre;
+        let leader = |j: usize| &self.leaders[j * dim..(j + 1) * dim];
+        let width = k.div_ceil(BLOCK) * BLOCK;
+        let mut rows = vec![0.0f32; m * width];
+        let mut four = [0.0f32; 4 * BLOCK];
+        for (b, blk) in self.heads.chunks_exact(BLOCK * pre).enumerate() {
+            for v in (0..m).step_by(4) {
+                let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
+                heads_block4(w.map(|w| &tile[w * dim..][..pre]), blk, &mut four);
+                for (i, w) in w.into_iter().enumerate() {
+                    let out = &four[i * BLOCK..][..BLOCK];
+                    rows[w * width + b * BLOCK..][..BLOCK].copy_from_slice(out);
+                }
+            }
+        }
+        if progress {
+            control.advance(m as u64, 0);
+        }
+        let mut out = Vec::with_capacity(m);
+        for (v, p) in tile.chunks_exact(dim).enumerate() {
+            let row = &rows[v * width..][..k];
+            let rp = split.rest_norms(p);
+            let complete = |j: usize, at_least: f32| {
+                split.complete(p, leader(j), row[j], &rp, |t| rest[t * k + j], at_least)
+            };
+            let first = argmax(row);
+            let mut best = (
+                complete(first, f32::NEG_INFINITY).unwrap_or(f32::NEG_INFINITY),
+                first,
+            );
+            // The first cut's bound (without cuts, the whole product), tested for every
+            // leader before any work, a chunk of leaders at a time (vectorised), then
+            // leader by leader in a chunk where some may pass.
+            let r0 = rp.first().copied().unwrap_or(0.0);
+            const CHUNK: usize = 64;
+            for (c, (hs, rs)) in row.chunks(CHUNK).zip(rest[..k].chunks(CHUNK)).enumerate() {
+                let at = best.0.max(self.floor) - SPLIT_MARGIN;
+                let pass = hs
+                    .iter()
+                    .zip(rs)
+                    .fold(0u32, |n, (&h, &r)| n + (h + r0 * r >= at) as u32);
+                if pass == 0 {
+                    continue;
+                }
+                for j in c * CHUNK..c * CHUNK + hs.len() {
+                    let at = best.0.max(self.floor);
+                    if j == first || row[j] + r0 * rest[j] + SPLIT_MARGIN < at {
+                        continue;
+                    }
+                    if let Some(d) = complete(j, at) {
+                        if d > best.0 || (d == best.0 && j < best.1) {
+                            best = (d, j);
+                        }
+                    }
+                }
+            }
+            out.push((best.1 as u32, best.0));
+        }
+        out
+    }
 }
 
 /// The product [`nearest_leaders`] splits its products for ([`Split::new`]): the rows' best
@@ -674,7 +936,7 @@ fn group(
     control.stage("cosine: grouping", n as u64);
     let mut nearest = match assign.and_then(|f| f(x, leaders)) {
         Some(found) => found,
-        None => nearest_leaders(x, dim, leaders, near, control, true)?,
+        None => nearest_leaders(x, dim, leaders, near, Some(near), control, true)?,
     };
     for _ in 0..COVER_ROUNDS {
         let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
@@ -702,7 +964,7 @@ fn group(
         // On the device too where it assigned the first leaders.
         let again = match assign.and_then(|f| f(&rows, &more.rows)) {
             Some(found) => found,
-            None => nearest_leaders(&rows, dim, &more.rows, near, control, false)?,
+            None => nearest_leaders(&rows, dim, &more.rows, near, Some(near), control, false)?,
         };
         let old = (leaders.len() / dim) as u32;
         for (&i, (g, d)) in far.iter().zip(again) {
@@ -1147,12 +1409,13 @@ fn early_share(
         })
         .collect();
     let within = near_dot(radius);
-    let near: Vec<(usize, u32, f32)> = nearest_leaders(&rows, dim, lead, within, control, false)?
-        .into_iter()
-        .enumerate()
-        .filter(|&(_, (_, d))| d >= within)
-        .map(|(i, (g, d))| (i, g, d))
-        .collect();
+    let near: Vec<(usize, u32, f32)> =
+        nearest_leaders(&rows, dim, lead, within, Some(within), control, false)?
+            .into_iter()
+            .enumerate()
+            .filter(|&(_, (_, d))| d >= within)
+            .map(|(i, (g, d))| (i, g, d))
+            .collect();
     // (At least two: the pairs drawn below are of two rows.)
     if near.len() < (m / 2).max(2) {
         return Some(0.0);
@@ -1428,6 +1691,55 @@ pub(crate) fn compare(
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// The vectors whose leaders the last [`nearest_leaders`] of this thread proved by
+        /// its screen.
+        pub(super) static SCREENED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Where the leaders' separation is known (`apart`), [`nearest_leaders`]' screen proves
+    /// most vectors' leaders, and every vector still gets a leader of largest f32 dot
+    /// product up to the split's margin: 384-D and 1000-D, tight clusters and a tenth of the
+    /// vectors uniform (none of which the screen proves: they take the search), leaders of
+    /// the leader rule at radius 1 and 0.6. (Taking the screen's best for every vector gives
+    /// some uniform vectors a leader short of their largest product.)
+    #[test]
+    fn screened_nearest_leaders_are_the_nearest() {
+        let control = Control::new();
+        for (dim, seed) in [(384usize, 3u64), (1000, 4)] {
+            let mut x = vectors(seed, 3000, dim, 40, false);
+            // The leaders of the clusters; then every tenth vector uniform (far from all).
+            let lead = [1.0, 0.6].map(|r| (r, leaders(&x, dim, r, &control).expect("clusters")));
+            let lone = vectors(seed + 100, 300, dim, 0, false);
+            for (i, v) in lone.chunks_exact(dim).enumerate() {
+                x[(10 * i + 5) * dim..(10 * i + 6) * dim].copy_from_slice(v);
+            }
+            for (radius, leaders) in lead {
+                let k = leaders.len() / dim;
+                let near = near_dot(radius);
+                SCREENED.set(0);
+                // No floor: the search finds every vector's largest product.
+                let floor = f32::NEG_INFINITY;
+                let got =
+                    nearest_leaders(&x, dim, &leaders, floor, Some(near), &control, false).unwrap();
+                let screened = SCREENED.get();
+                assert!(
+                    (2000..=2700).contains(&screened),
+                    "dim {dim} radius {radius}: {screened} of 3000 screened ({k} leaders)"
+                );
+                for (i, p) in x.chunks_exact(dim).enumerate() {
+                    let g = got[i].0 as usize;
+                    let mine = dot(&leaders[g * dim..(g + 1) * dim], p);
+                    let best = best_dot(p, &leaders, dim);
+                    assert!(
+                        mine >= best - 2.0 * SPLIT_MARGIN,
+                        "dim {dim} radius {radius} vector {i}: {mine} < {best} ({k} leaders)"
+                    );
+                }
+            }
+        }
+    }
+
     /// Unit vectors (f32): `centres` directions plus noise, or uniform (`centres` 0); with
     /// `tail_only`, every coordinate before the last eighth is zero (the split's first
     /// coordinates then say nothing).
@@ -1493,8 +1805,9 @@ mod tests {
                 let x = vectors(dim as u64 * 31 + centres as u64, 301, dim, centres, tail);
                 for &k in &[1usize, 5, 33, 70] {
                     let leaders = &x[..k * dim];
-                    let got = nearest_leaders(&x, dim, leaders, f32::NEG_INFINITY, &control, false)
-                        .unwrap();
+                    let got =
+                        nearest_leaders(&x, dim, leaders, f32::NEG_INFINITY, None, &control, false)
+                            .unwrap();
                     let got: Vec<u32> = got.into_iter().map(|(g, _)| g).collect();
                     for (i, p) in x.chunks_exact(dim).enumerate() {
                         let g = got[i] as usize;
@@ -1795,6 +2108,45 @@ mod tests {
         let found = leaders(&x, dim, radius, &control).expect("the wider sample leads");
         let k = found.len() / dim;
         assert!(k > centres * 3 / 4 && k <= centres, "{k} leaders");
+    }
+
+    /// Wide rows' leader rule (screened: [`Prefixed::covered`]) picks the leaders of a
+    /// serial pass of plain f32 dot products: 384-D, clusters with every fifth row uniform
+    /// (nearly all of those lead), more rows than a chunk, radius 1 and 0.6; and rows that
+    /// are zero before their last eighth (the screen's coordinates say nothing: the whole
+    /// products decide).
+    #[test]
+    fn screened_leader_rule_is_the_serial_one() {
+        let (n, dim) = (3000usize, 384usize);
+        for (tail, radius) in [(false, 1.0), (false, 0.6), (true, 1.0)] {
+            let mut x = vectors(7, n, dim, 60, tail);
+            let lone = vectors(8, n / 5, dim, 0, tail);
+            for (i, v) in lone.chunks_exact(dim).enumerate() {
+                x[(5 * i + 2) * dim..(5 * i + 3) * dim].copy_from_slice(v);
+            }
+            let picked: Vec<usize> = (0..n).collect();
+            let near = near_dot(radius);
+            let mut out = Prefixed::new(Split::new(dim, near));
+            assert!(out.blocked.is_some());
+            assert!(lead(&x, &picked, near, (n, 1.0), &mut out, &Control::new()));
+            let mut want: Vec<f32> = Vec::new();
+            for p in x.chunks_exact(dim) {
+                if !want.chunks_exact(dim).any(|l| dot(l, p) >= near) {
+                    want.extend_from_slice(p);
+                }
+            }
+            assert!(
+                want.len() / dim > n / 5,
+                "radius {radius}: {}",
+                want.len() / dim
+            );
+            assert!(
+                out.rows == want,
+                "radius {radius}: {} leaders, {} serially",
+                out.len(),
+                want.len() / dim
+            );
+        }
     }
 
     /// A pass whose rows nearly all lead stops after its second chunk; one whose rate is
