@@ -675,6 +675,61 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
     }
 }
 
+/// 384-D clusters wider than half the leaders' radius, so that the screen proves no
+/// vector's nearest leader (members 0.34-0.44 apart, leaders at radius 0.45): the join's
+/// groups take any leader within the radius that the screen finds (`Within::Radius`; the
+/// note says how many), the self-join and A ⋈ B (B's side grouped the same way, a few of
+/// its clusters A lacks) give the rule's set exactly, f32 and f64.
+#[test]
+fn grouped_join_screened_within_the_radius_matches_the_rule() {
+    let mut rng = Rng(71);
+    let (dim, eps) = (384usize, 0.1);
+    // Clusters whose members are all within eps of each other, and wider ones whose
+    // members straddle it (about 0.44 apart).
+    let mut both = |n: usize, centres: usize| {
+        let mut v = directions(&mut rng, n * 3 / 5, dim, centres * 3 / 5, 0.24);
+        v.extend(directions(&mut rng, n * 2 / 5, dim, centres * 2 / 5, 0.31));
+        v
+    };
+    let x = both(5000, 200);
+    let y = both(4500, 220);
+    let (x32, y32) = (as_f32(&x), as_f32(&y));
+    for (a, b) in [
+        (
+            Dataset::from_f64(&x, dim).unwrap(),
+            Dataset::from_f64(&y, dim).unwrap(),
+        ),
+        (
+            Dataset::from_f32(&x32, dim).unwrap(),
+            Dataset::from_f32(&y32, dim).unwrap(),
+        ),
+    ] {
+        let what = format!("{:?}", a.precision());
+        let o = cosine(eps, Backend::Cpu, Algorithm::Auto);
+        let want = oracle::self_join(&a, Metric::Cosine, eps);
+        let got = engine().self_join(&a, &o).unwrap();
+        let notes = got.report.notes.join("; ");
+        assert!(notes.contains("groups around leaders"), "{what}: {notes}");
+        let placed = |notes: &str| -> usize {
+            let head = notes
+                .split(" of ")
+                .zip(notes.split(" of ").skip(1))
+                .find(|(_, rest)| rest.contains("vectors placed by their first 48 coordinates"))
+                .map(|(h, _)| h.rsplit(' ').next().unwrap().to_string())
+                .unwrap_or_else(|| panic!("no screen: {notes}"));
+            head.parse().unwrap()
+        };
+        assert!(placed(&notes) >= 4500, "{what}: {notes}");
+        assert!(want.len() > 20_000, "{what}: {} pairs", want.len());
+        assert_eq!(got.pairs().unwrap(), &want[..], "{what}");
+        let want_ab = oracle::join(&a, &b, Metric::Cosine, eps);
+        let got_ab = engine().join(&a, &b, &o).unwrap();
+        let notes = got_ab.report.notes.join("; ");
+        assert!(placed(&notes) >= 8000, "{what} A⋈B: {notes}");
+        assert_eq!(got_ab.pairs().unwrap(), &want_ab[..], "{what} A⋈B");
+    }
+}
+
 /// The leaders' count in a grouped join's notes ("N groups around leaders"), None where
 /// the general join ran.
 fn groups_in(notes: &str) -> Option<usize> {

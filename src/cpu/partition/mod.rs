@@ -62,6 +62,8 @@ pub(crate) struct Groups<'x> {
     pub(crate) radius: Vec<f64>,
     /// Each vector's distance from its leader (in `order`'s order), rounded up.
     pub(crate) to_leader: Vec<f64>,
+    /// Vectors given their leader by [`screen`] ([`nearest_leaders`]).
+    pub(crate) screened: usize,
 }
 
 /// A grouped index of unit vectors for the kNN: each group's pivot (`dim` wide, row-major:
@@ -119,7 +121,7 @@ pub(crate) fn knn_index_of(
     (mut leaders, radius): (Vec<f32>, f64),
     control: &Control,
 ) -> Option<Index> {
-    let mut groups = group(x, dim, &mut leaders, radius, control, None)?;
+    let mut groups = group(x, dim, &mut leaders, radius, Within::Nearest, control, None)?;
     let norm2 = recentre(&mut groups, &mut leaders, dim);
     Some(Index {
         leaders,
@@ -140,7 +142,7 @@ pub(crate) fn homes(
     control: &Control,
 ) -> Option<Vec<(u32, f64)>> {
     let near = near_dot(index.radius);
-    let found = nearest_leaders(q, dim, &index.leaders, near, None, control, false)?;
+    let (found, _) = nearest_leaders(q, dim, &index.leaders, near, None, control, false)?;
     Some(
         found
             .into_par_iter()
@@ -600,15 +602,17 @@ fn argmax(row: &[f32]) -> usize {
 /// no leader reaches `floor`, a vector gets the leader whose head product is largest (its
 /// search stops there: no leader is near it anyway).
 ///
-/// `apart`: where the caller knows that no two leaders have an f32 dot product of it or
-/// more (the leader rule's `near`), a vector within a quarter of that separation of a
-/// leader needs no other: by the triangle inequality every other leader is farther. Where
-/// a probe of evenly spread vectors finds most of them so close to a leader, every vector
-/// is first [`screen`]ed (its products with every leader over the first [`SCREEN`]
-/// coordinates, the few largest completed), and only those the screen leaves unproven
-/// take the search below. (The kNN's grouping of 1M 384-D vectors around 30,000 centres,
-/// 29,531 leaders: about 54 s with the search alone, 20 s screened. A join's leaders at
-/// eps 0.1 sit about as far from their vectors as the proof allows, and are not screened.)
+/// `screened`: where the caller needs the nearest leader ([`Within::Nearest`]) and knows
+/// that no two leaders have a dot product of `near` or more (the leader rule's), a vector
+/// within half that separation of a leader needs no other: by the triangle inequality
+/// every other leader is farther ([`screen_proves`]). Where any leader within the radius
+/// of `near` will do ([`Within::Radius`]), one found within it needs no other either.
+/// Where a probe of evenly spread vectors finds most of them settled so, every vector is
+/// first [`screen`]ed (its products with every leader over the first [`SCREEN`]
+/// coordinates, the few largest completed), and only those the screen leaves open take the
+/// search below, for the nearest (with [`Within::Radius`], none: they keep the screen's
+/// best). (The kNN's grouping of 1M 384-D vectors around 30,000 centres, 29,531 leaders:
+/// about 54 s with the search alone, 20 s screened.)
 ///
 /// The search: the dot products of each vector with every leader's first coordinates, 32
 /// leaders at a time ([`heads_block`]); then a vector completes its best leader's dot
@@ -619,47 +623,51 @@ fn nearest_leaders(
     dim: usize,
     leaders: &[f32],
     floor: f32,
-    apart: Option<f32>,
+    screened: Option<(Within, f32)>,
     control: &Control,
     progress: bool,
-) -> Option<Vec<(u32, f32)>> {
+) -> Option<(Vec<(u32, f32)>, usize)> {
     let n = x.len() / dim;
     let split = Split::new(dim, sought(x, dim, leaders, floor));
-    // The screen where it reads at most half of the search's coordinates and proves most
-    // vectors' leaders (the probe's share).
-    let proven = match apart.map(screen_proves) {
-        Some(proven) if split.pre >= 2 * SCREEN && n > 0 && !leaders.is_empty() => {
+    // The screen where it reads at most half of the search's coordinates and settles most
+    // vectors (the probe's share).
+    let taken = match screened {
+        Some((how, near)) if split.pre >= 2 * SCREEN && n > 0 && !leaders.is_empty() => {
+            let taken = match how {
+                Within::Nearest => screen_proves(near),
+                Within::Radius => near,
+            };
             let heads = in_blocks(leaders, dim, SCREEN);
             let rows = n.min(SOUGHT_ROWS);
             let probe = rows_at(x, dim, (0..rows).map(|i| i * n / rows));
             let hits = screen(&probe, dim, leaders, &heads, SCREEN)
                 .iter()
-                .filter(|&&(_, d)| d >= proven)
+                .filter(|&&(_, d)| d >= taken)
                 .count();
-            (2 * hits >= rows).then_some((proven, heads))
+            (2 * hits >= rows).then_some((how, taken, heads))
         }
         _ => None,
     };
-    let Some((proven, heads)) = proven else {
+    let Some((how, taken, heads)) = taken else {
         let search = Search::new(leaders, dim, floor, split);
         let all = x
             .par_chunks(NEAREST_TILE * dim)
             .flat_map_iter(|tile| search.tile(tile, control, progress))
             .collect();
         control.check().ok()?;
-        return Some(all);
+        return Some((all, 0));
     };
     let mut found: Vec<(u32, f32)> = x
         .par_chunks(SCREEN_TILE * dim)
         .flat_map_iter(|tile| {
             let m = tile.len() / dim;
-            // Stopped: unproven (the caller discards the answer).
+            // Stopped: left open (the caller discards the answer).
             if control.is_cancelled() {
                 return vec![(0u32, f32::NEG_INFINITY); m].into_iter();
             }
             let got = screen(tile, dim, leaders, &heads, SCREEN);
             if progress {
-                let sure = got.iter().filter(|&&(_, d)| d >= proven).count();
+                let sure = got.iter().filter(|&&(_, d)| d >= taken).count();
                 control.advance(sure as u64, 0);
             }
             got.into_iter()
@@ -667,15 +675,21 @@ fn nearest_leaders(
         .collect();
     // Stopped: no rows gathered for the search.
     control.check().ok()?;
-    #[cfg(test)]
-    tests::SCREENED.set(found.iter().filter(|&&(_, d)| d >= proven).count());
+    let screened = found.iter().filter(|&&(_, d)| d >= taken).count();
+    // Any leader within the radius will do, and the screen found none for the rest: most
+    // are far from every leader (clusters the sample missed), and get leaders of their
+    // own in [`group`]'s next rounds (1M 384-D vectors around 30,000 centres: 48,206 left
+    // by the screen, 15 s to search).
+    if how == Within::Radius {
+        return Some((found, screened));
+    }
     // The rest searched, gathered a tile at a time, with whole products in blocks: most
     // are far from every leader (clusters the sample missed), where the split's bounds
     // rule few out and every leader's product was completed one at a time (1M 384-D
     // vectors around 30,000 centres: 13,712 left took 23 s that way, 1.8 s in blocks).
     let search = Search::new(leaders, dim, floor, Split::whole(dim));
     let open: Vec<u32> = (0..n as u32)
-        .filter(|&i| found[i as usize].1 < proven)
+        .filter(|&i| found[i as usize].1 < taken)
         .collect();
     let again: Vec<(u32, f32)> = open
         .par_chunks(NEAREST_TILE)
@@ -688,7 +702,7 @@ fn nearest_leaders(
     for (&i, g) in open.iter().zip(again) {
         found[i as usize] = g;
     }
-    Some(found)
+    Some((found, screened))
 }
 
 /// Coordinates [`screen`] reads of each vector and leader.
@@ -699,12 +713,9 @@ const SCREEN: usize = 48;
 /// (a product of 0.9) has a head product about 6 standard deviations above the others'.
 const SCREEN_BEST: usize = 4;
 
-/// Vectors a task of [`screen`] takes: each chunk of [`SCREEN_CHUNK`] blocks of leaders'
-/// heads (1,024 leaders, 192 KB) is read from memory once for them.
+/// Vectors a task of [`screen`] takes: their first [`SCREEN`] coordinates (48 KB) meet
+/// each block of leaders' in turn.
 const SCREEN_TILE: usize = 256;
-
-/// Blocks of leaders [`screen`] meets at a time.
-const SCREEN_CHUNK: usize = 32;
 
 /// Vectors a task of [`nearest_leaders`]' search takes.
 const NEAREST_TILE: usize = 64;
@@ -721,34 +732,34 @@ fn screen_proves(apart: f32) -> f32 {
 /// For each row of `x` (`dim` wide), the best of the [`SCREEN_BEST`] leaders whose products
 /// over the first [`SCREEN`] coordinates (`heads`: the leaders' first `pre` >= SCREEN
 /// coordinates [`in_blocks`]) are largest:
-/// its index and whole f32 dot product (the larger product, then the lower index). Leaders
-/// in chunks of [`SCREEN_CHUNK`] blocks, each met by all the rows, four at a time.
+/// its index and whole f32 dot product (the larger product, then the lower index). Each
+/// block of leaders (6 KB: it stays in the L1 cache) is met by all the rows, four at a
+/// time (1M 384-D vectors against 33,875 leaders: 27 s, 36 s with the rows meeting 1,024
+/// leaders at a time from the L2 cache).
 fn screen(x: &[f32], dim: usize, leaders: &[f32], heads: &[f32], pre: usize) -> Vec<(u32, f32)> {
     let (k, m) = (leaders.len() / dim, x.len() / dim);
     // Each row's largest head products so far, in decreasing order.
     let mut top = vec![[(f32::NEG_INFINITY, 0u32); SCREEN_BEST]; m];
     let mut four = [0.0f32; 4 * BLOCK];
-    for (c, chunk) in heads.chunks(SCREEN_CHUNK * BLOCK * pre).enumerate() {
+    for (b, blk) in heads.chunks_exact(BLOCK * pre).enumerate() {
+        let blk = &blk[..BLOCK * SCREEN];
+        let first = b * BLOCK;
         for v in (0..m).step_by(4) {
             let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
-            for (b, blk) in chunk.chunks_exact(BLOCK * pre).enumerate() {
-                let blk = &blk[..BLOCK * SCREEN];
-                heads_block4(w.map(|w| &x[w * dim..][..SCREEN]), blk, &mut four);
-                let first = (c * SCREEN_CHUNK + b) * BLOCK;
-                // The last row repeated where fewer than four are left: once.
-                for (i, &w) in w.iter().enumerate().take(m - v) {
-                    let t = &mut top[w];
-                    let out = &four[i * BLOCK..][..BLOCK.min(k - first)];
-                    let low = t[SCREEN_BEST - 1].0;
-                    if out.iter().fold(0u32, |a, &h| a + (h > low) as u32) == 0 {
-                        continue;
-                    }
-                    for (l, &h) in out.iter().enumerate() {
-                        if h > t[SCREEN_BEST - 1].0 {
-                            let at = t.iter().position(|e| h > e.0).unwrap_or(SCREEN_BEST - 1);
-                            t.copy_within(at..SCREEN_BEST - 1, at + 1);
-                            t[at] = (h, (first + l) as u32);
-                        }
+            heads_block4(w.map(|w| &x[w * dim..][..SCREEN]), blk, &mut four);
+            // The last row repeated where fewer than four are left: once.
+            for (i, &w) in w.iter().enumerate().take(m - v) {
+                let t = &mut top[w];
+                let out = &four[i * BLOCK..][..BLOCK.min(k - first)];
+                let low = t[SCREEN_BEST - 1].0;
+                if out.iter().fold(0u32, |a, &h| a + (h > low) as u32) == 0 {
+                    continue;
+                }
+                for (l, &h) in out.iter().enumerate() {
+                    if h > t[SCREEN_BEST - 1].0 {
+                        let at = t.iter().position(|e| h > e.0).unwrap_or(SCREEN_BEST - 1);
+                        t.copy_within(at..SCREEN_BEST - 1, at + 1);
+                        t[at] = (h, (first + l) as u32);
                     }
                 }
             }
@@ -913,30 +924,44 @@ const SOUGHT_ROWS: usize = 256;
 /// finds them.
 pub(crate) type Assign<'a> = dyn Fn(&[f32], &[f32]) -> Option<Vec<(u32, f32)>> + Sync + 'a;
 
+/// Which leader [`group`] and [`nearest_leaders`] give a vector.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Within {
+    /// The nearest (a kNN's groups, whose pivots then move to their members' means).
+    Nearest,
+    /// One within the radius, the nearest unless [`screen`] found another first; where
+    /// the screen finds none, the best it found (a join's groups: its bounds hold around
+    /// any leader, and each group's radius is measured).
+    Radius,
+}
+
 /// Rounds of [`group`]'s search for clusters the leaders' sample missed.
 const COVER_ROUNDS: usize = 4;
 
-/// Groups `x` around its nearest `leaders` (within `radius`, the nearest; beyond it from
-/// all of them, one of them). Vectors farther than `radius` from every leader (clusters
-/// the sample missed, the edges of wide ones) get leaders of their own, appended to
-/// `leaders` (the groups of vectors grouped before are then empty): in each of a few
-/// rounds, the leader rule runs on an even sample of them, and they move to a new leader where it is nearer. A round stops the
-/// search where its sample shows no clusters (more than `COVER_SHARE` of it would lead):
-/// those vectors stay with a leader they already have.
+/// Groups `x` around its `leaders` (within `radius` of some, the nearest or one within it
+/// as `within` says; beyond it from all of them, one of them). Vectors farther than
+/// `radius` from every leader (clusters the sample missed, the edges of wide ones) get
+/// leaders of their own, appended to `leaders` (the groups of vectors grouped before are
+/// then empty): in each of a few rounds, the leader rule runs on an even sample of them,
+/// and they move to a new leader where it is nearer. A round stops the search where its
+/// sample shows no clusters (more than `COVER_SHARE` of it would lead): those vectors stay
+/// with a leader they already have.
 fn group(
     x: &[f32],
     dim: usize,
     leaders: &mut Vec<f32>,
     radius: f64,
+    within: Within,
     control: &Control,
     assign: Option<&Assign>,
 ) -> Option<Groups<'static>> {
     let n = x.len() / dim;
     let near = near_dot(radius);
+    let screened = Some((within, near));
     control.stage("cosine: grouping", n as u64);
-    let mut nearest = match assign.and_then(|f| f(x, leaders)) {
-        Some(found) => found,
-        None => nearest_leaders(x, dim, leaders, near, Some(near), control, true)?,
+    let (mut nearest, mut by_screen) = match assign.and_then(|f| f(x, leaders)) {
+        Some(found) => (found, 0),
+        None => nearest_leaders(x, dim, leaders, near, screened, control, true)?,
     };
     for _ in 0..COVER_ROUNDS {
         let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
@@ -960,7 +985,12 @@ fn group(
         // On the device too where it assigned the first leaders.
         let again = match assign.and_then(|f| f(&rows, &more.rows)) {
             Some(found) => found,
-            None => nearest_leaders(&rows, dim, &more.rows, near, Some(near), control, false)?,
+            None => {
+                let (found, s) =
+                    nearest_leaders(&rows, dim, &more.rows, near, screened, control, false)?;
+                by_screen += s;
+                found
+            }
         };
         let old = (leaders.len() / dim) as u32;
         for (&i, (g, d)) in far.iter().zip(again) {
@@ -1015,6 +1045,7 @@ fn group(
         rows: rows.into(),
         radius,
         to_leader,
+        screened: by_screen,
     })
 }
 
@@ -1121,6 +1152,7 @@ impl<'x> Plan<'x> {
                 rows: x.into(),
                 radius: vec![f64::INFINITY; k],
                 to_leader: vec![0.0; n],
+                screened: 0,
             }
         };
         let ga = blocks(a.len() / dim, a);
@@ -1240,11 +1272,18 @@ impl<'x> Plan<'x> {
             );
         }
         let k = self.lead.len() / self.dim;
+        let gb = self.gb.as_ref();
+        let n = self.ga.order.len() + gb.map_or(0, |g| g.order.len());
+        let screened = self.ga.screened + gb.map_or(0, |g| g.screened);
         format!(
-            "cosine: {k} groups around leaders (radius {:.4}); {} of {} pairs of groups compared, {compared} vector pairs",
+            "cosine: {k} groups around leaders (radius {:.4}); {} of {} pairs of groups compared, {compared} vector pairs{}",
             self.radius,
             self.pairs.len(),
             if self.self_join { k * (k + 1) / 2 } else { k * k },
+            match screened {
+                0 => String::new(),
+                s => format!("; {s} of {n} vectors placed by their first {SCREEN} coordinates"),
+            }
         )
     }
 }
@@ -1307,13 +1346,21 @@ pub(crate) fn plan<'x>(
         Some(share) if share > 2.0 * WIDE_PAIRS_SHARE => return None,
         Some(_) => {}
     }
-    let Some(mut g1) = group(first, dim, &mut lead, radius, control, assign) else {
+    let Some(mut g1) = group(
+        first,
+        dim,
+        &mut lead,
+        radius,
+        Within::Radius,
+        control,
+        assign,
+    ) else {
         return stopped();
     };
     // The other side's vectors far from every leader may lead new groups too; the first
     // side's groups of them are empty.
     let g2 = match other {
-        Some(o) => match group(o, dim, &mut lead, radius, control, assign) {
+        Some(o) => match group(o, dim, &mut lead, radius, Within::Radius, control, assign) {
             Some(g) => Some(g),
             None => return stopped(),
         },
@@ -1399,13 +1446,14 @@ fn early_share(
     }
     let rows = rows_at(x, dim, (0..m).map(|i| i * (n / m)));
     let within = near_dot(radius);
-    let near: Vec<(usize, u32, f32)> =
-        nearest_leaders(&rows, dim, lead, within, Some(within), control, false)?
-            .into_iter()
-            .enumerate()
-            .filter(|&(_, (_, d))| d >= within)
-            .map(|(i, (g, d))| (i, g, d))
-            .collect();
+    let screened = Some((Within::Nearest, within));
+    let (found, _) = nearest_leaders(&rows, dim, lead, within, screened, control, false)?;
+    let near: Vec<(usize, u32, f32)> = found
+        .into_iter()
+        .enumerate()
+        .filter(|&(_, (_, d))| d >= within)
+        .map(|(i, (g, d))| (i, g, d))
+        .collect();
     // (At least two: the pairs drawn below are of two rows.)
     if near.len() < (m / 2).max(2) {
         return Some(0.0);
@@ -1681,12 +1729,6 @@ pub(crate) fn compare(
 mod tests {
     use super::*;
 
-    thread_local! {
-        /// The vectors whose leaders the last [`nearest_leaders`] of this thread proved by
-        /// its screen.
-        pub(super) static SCREENED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-    }
-
     /// Where the leaders' separation is known (`apart`), [`nearest_leaders`]' screen proves
     /// most vectors' leaders, and every vector still gets a leader of largest f32 dot
     /// product up to the split's margin: 384-D and 1000-D, tight clusters and a tenth of the
@@ -1707,12 +1749,11 @@ mod tests {
             for (radius, leaders) in lead {
                 let k = leaders.len() / dim;
                 let near = near_dot(radius);
-                SCREENED.set(0);
                 // No floor: the search finds every vector's largest product.
                 let floor = f32::NEG_INFINITY;
-                let got =
-                    nearest_leaders(&x, dim, &leaders, floor, Some(near), &control, false).unwrap();
-                let screened = SCREENED.get();
+                let nearest = Some((Within::Nearest, near));
+                let got = nearest_leaders(&x, dim, &leaders, floor, nearest, &control, false);
+                let (got, screened) = got.unwrap();
                 assert!(
                     (2000..=2700).contains(&screened),
                     "dim {dim} radius {radius}: {screened} of 3000 screened ({k} leaders)"
@@ -1727,6 +1768,50 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A join's groups take any leader within their radius ([`Within::Radius`]): where
+    /// vectors sit farther from their leaders than half the leaders' separation (none
+    /// proven nearest: clusters about 0.14 wide, leaders 0.2 apart), the screen still
+    /// settles most of them, and every vector with a leader within the radius gets one
+    /// (every tenth is uniform, near none).
+    #[test]
+    fn a_joins_screen_takes_any_leader_within_the_radius() {
+        let control = Control::new();
+        let (dim, radius) = (384usize, 0.2f64);
+        let mut x = vectors(7, 3000, dim, 40, false);
+        let leaders = leaders(&x, dim, radius, &control).expect("clusters");
+        let lone = vectors(107, 300, dim, 0, false);
+        for (i, v) in lone.chunks_exact(dim).enumerate() {
+            x[(10 * i + 5) * dim..(10 * i + 6) * dim].copy_from_slice(v);
+        }
+        let near = near_dot(radius);
+        let floor = f32::NEG_INFINITY;
+        // Nearest only: the probe finds too few proven, nothing is screened.
+        let nearest = Some((Within::Nearest, near));
+        let got = nearest_leaders(&x, dim, &leaders, floor, nearest, &control, false);
+        assert_eq!(got.unwrap().1, 0);
+        let within = Some((Within::Radius, near));
+        let got = nearest_leaders(&x, dim, &leaders, floor, within, &control, false);
+        let (got, screened) = got.unwrap();
+        assert!(
+            (2000..=2700).contains(&screened),
+            "{screened} of 3000 screened"
+        );
+        for (i, p) in x.chunks_exact(dim).enumerate() {
+            let g = got[i].0 as usize;
+            let mine = dot(&leaders[g * dim..(g + 1) * dim], p);
+            assert!(
+                (mine - got[i].1).abs() <= 1e-5,
+                "vector {i}: {mine} {}",
+                got[i].1
+            );
+            let best = best_dot(p, &leaders, dim);
+            assert!(
+                mine >= near || best < near,
+                "vector {i}: {mine} < {near} <= {best}"
+            );
         }
     }
 
@@ -1798,7 +1883,7 @@ mod tests {
                     let got =
                         nearest_leaders(&x, dim, leaders, f32::NEG_INFINITY, None, &control, false)
                             .unwrap();
-                    let got: Vec<u32> = got.into_iter().map(|(g, _)| g).collect();
+                    let got: Vec<u32> = got.0.into_iter().map(|(g, _)| g).collect();
                     for (i, p) in x.chunks_exact(dim).enumerate() {
                         let g = got[i] as usize;
                         assert!(g < k);
@@ -1890,7 +1975,7 @@ mod tests {
             .collect();
         let mut l = leaders(&x, dim, radius, &control).unwrap();
         let before = l.len() / dim;
-        let g = group(&x, dim, &mut l, radius, &control, None).unwrap();
+        let g = group(&x, dim, &mut l, radius, Within::Radius, &control, None).unwrap();
         assert!(l.len() / dim > before, "no leaders added");
         assert_eq!(g.start.len(), l.len() / dim + 1);
         let worst = g.to_leader.iter().copied().fold(0.0f64, f64::max);
@@ -1981,7 +2066,7 @@ mod tests {
             let x = vectors(5, n, dim, centres, false);
             let mut lead = leaders(&x, dim, eps, &control).expect("the sample leads");
             let early = early_share(&x, dim, &lead, eps, eps, &control).unwrap();
-            let g = group(&x, dim, &mut lead, eps, &control, None).unwrap();
+            let g = group(&x, dim, &mut lead, eps, Within::Radius, &control, None).unwrap();
             let kept = kept_share(&lead, dim, &g, &g, true, eps, dot_slack(dim));
             let what = format!("{centres} centres: early {early}, kept {kept}");
             assert_eq!(early > 2.0 * WIDE_PAIRS_SHARE, wide, "{what}");
