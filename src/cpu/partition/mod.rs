@@ -678,8 +678,8 @@ fn nearest_leaders(
     let screened = found.iter().filter(|&&(_, d)| d >= taken).count();
     // Any leader within the radius will do, and the screen found none for the rest: most
     // are far from every leader (clusters the sample missed), and get leaders of their
-    // own in [`group`]'s next rounds, which search those still far (1M 384-D vectors
-    // around 30,000 centres: 48,206 left by the screen, 15 s to search).
+    // own in [`group`]'s next rounds (1M 384-D vectors around 30,000 centres: 48,206 left
+    // by the screen, 15 s to search; searching them too changed no plan measured).
     if how == Within::Radius {
         return Some((found, screened));
     }
@@ -687,33 +687,17 @@ fn nearest_leaders(
     // are far from every leader (clusters the sample missed), where the split's bounds
     // rule few out and every leader's product was completed one at a time (1M 384-D
     // vectors around 30,000 centres: 13,712 left took 23 s that way, 1.8 s in blocks).
-    let open: Vec<usize> = (0..n).filter(|&i| found[i].1 < taken).collect();
-    let again = searched(x, dim, &open, leaders, floor, control, progress)?;
-    for (&i, g) in open.iter().zip(again) {
-        found[i] = g;
-    }
-    Some((found, screened))
-}
-
-/// The rows `ids` of `x`: each one's nearest leader by whole f32 products in blocks (or,
-/// where none reaches `floor`, the largest), gathered a tile at a time; None where
-/// `control` stopped.
-fn searched(
-    x: &[f32],
-    dim: usize,
-    ids: &[usize],
-    leaders: &[f32],
-    floor: f32,
-    control: &Control,
-    progress: bool,
-) -> Option<Vec<(u32, f32)>> {
     let search = Search::new(leaders, dim, floor, Split::whole(dim));
-    let found = ids
+    let open: Vec<usize> = (0..n).filter(|&i| found[i].1 < taken).collect();
+    let again: Vec<(u32, f32)> = open
         .par_chunks(NEAREST_TILE)
         .flat_map_iter(|ids| search.tile(&rows_at(x, dim, ids.iter().copied()), control, progress))
         .collect();
     control.check().ok()?;
-    Some(found)
+    for (&i, g) in open.iter().zip(again) {
+        found[i] = g;
+    }
+    Some((found, screened))
 }
 
 /// Coordinates [`screen`] reads of each vector and leader.
@@ -1010,19 +994,6 @@ fn group(
             }
         }
         leaders.extend_from_slice(&more.rows);
-    }
-    // Vectors still far from every leader whose leader the screen chose: their nearest, as
-    // a group's radius is its farthest member's distance (clusters-384d: 74 of the 813
-    // the screen left were 0.14 of a product short of their nearest leader, and the plan
-    // compared 40% more pairs of groups).
-    if within == Within::Radius && assign.is_none() {
-        let far: Vec<usize> = (0..n).filter(|&i| nearest[i].1 < near).collect();
-        let again = searched(x, dim, &far, leaders, near, control, false)?;
-        for (&i, g) in far.iter().zip(again) {
-            if g.1 > nearest[i].1 {
-                nearest[i] = g;
-            }
-        }
     }
     control.check().ok()?;
     let k = leaders.len() / dim;
@@ -1766,10 +1737,7 @@ mod tests {
             let mut x = vectors(seed, 3000, dim, 40, false);
             // The leaders of the clusters; then every tenth vector uniform (far from all).
             let lead = [1.0, 0.6].map(|r| (r, leaders(&x, dim, r, &control).expect("clusters")));
-            let lone = vectors(seed + 100, 300, dim, 0, false);
-            for (i, v) in lone.chunks_exact(dim).enumerate() {
-                x[(10 * i + 5) * dim..(10 * i + 6) * dim].copy_from_slice(v);
-            }
+            every_tenth_uniform(&mut x, dim, seed + 100);
             for (radius, leaders) in lead {
                 let k = leaders.len() / dim;
                 let near = near_dot(radius);
@@ -1806,10 +1774,7 @@ mod tests {
         let (dim, radius) = (384usize, 0.2f64);
         let mut x = vectors(7, 3000, dim, 40, false);
         let leaders = leaders(&x, dim, radius, &control).expect("clusters");
-        let lone = vectors(107, 300, dim, 0, false);
-        for (i, v) in lone.chunks_exact(dim).enumerate() {
-            x[(10 * i + 5) * dim..(10 * i + 6) * dim].copy_from_slice(v);
-        }
+        every_tenth_uniform(&mut x, dim, 107);
         let near = near_dot(radius);
         let floor = f32::NEG_INFINITY;
         // Nearest only: the probe finds too few proven, nothing is screened.
@@ -1836,6 +1801,16 @@ mod tests {
                 mine >= near || best < near,
                 "vector {i}: {mine} < {near} <= {best}"
             );
+        }
+    }
+
+    /// Every tenth vector of `x` (the 5th, 15th, ...) replaced by a uniform one (far from
+    /// every cluster).
+    fn every_tenth_uniform(x: &mut [f32], dim: usize, seed: u64) {
+        let n = x.len() / dim;
+        let lone = vectors(seed, n / 10, dim, 0, false);
+        for (i, v) in lone.chunks_exact(dim).enumerate() {
+            x[(10 * i + 5) * dim..(10 * i + 6) * dim].copy_from_slice(v);
         }
     }
 
