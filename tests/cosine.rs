@@ -58,6 +58,21 @@ fn as_f32(x: &[f64]) -> Vec<f32> {
     x.iter().map(|&v| v as f32).collect()
 }
 
+/// `x` and `y` (`dim` wide) as datasets in f64, then their f32 copies `x32`, `y32`.
+fn in_both_precisions<'a>(
+    x: &'a [f64],
+    y: &'a [f64],
+    x32: &'a [f32],
+    y32: &'a [f32],
+    dim: usize,
+) -> [(Dataset<'a>, Dataset<'a>); 2] {
+    let (f64s, f32s) = (|v| Dataset::from_f64(v, dim), |v| Dataset::from_f32(v, dim));
+    [
+        (f64s(x).unwrap(), f64s(y).unwrap()),
+        (f32s(x32).unwrap(), f32s(y32).unwrap()),
+    ]
+}
+
 fn cosine(eps: f64, backend: Backend, algorithm: Algorithm) -> JoinOptions {
     let mut o = JoinOptions::new(eps);
     o.metric = Metric::Cosine;
@@ -146,16 +161,7 @@ fn cpu_matches_the_rule_on_clustered_directions() {
         let x = directions(&mut rng, n, dim, 6, spread);
         let y = directions(&mut rng, n / 2, dim, 6, spread);
         let (x32, y32) = (as_f32(&x), as_f32(&y));
-        for (a, b) in [
-            (
-                Dataset::from_f64(&x, dim).unwrap(),
-                Dataset::from_f64(&y, dim).unwrap(),
-            ),
-            (
-                Dataset::from_f32(&x32, dim).unwrap(),
-                Dataset::from_f32(&y32, dim).unwrap(),
-            ),
-        ] {
+        for (a, b) in in_both_precisions(&x, &y, &x32, &y32, dim) {
             assert!(!oracle::self_join(&a, Metric::Cosine, eps).is_empty());
             for algorithm in [
                 Algorithm::Auto,
@@ -629,16 +635,7 @@ fn grouped_join_on_clustered_vectors_matches_the_rule() {
         let x = directions(&mut rng, 5000, dim, 40, spread);
         let y = directions(&mut rng, 1500, dim, 40, spread);
         let (x32, y32) = (as_f32(&x), as_f32(&y));
-        for (a, b) in [
-            (
-                Dataset::from_f64(&x, dim).unwrap(),
-                Dataset::from_f64(&y, dim).unwrap(),
-            ),
-            (
-                Dataset::from_f32(&x32, dim).unwrap(),
-                Dataset::from_f32(&y32, dim).unwrap(),
-            ),
-        ] {
+        for (a, b) in in_both_precisions(&x, &y, &x32, &y32, dim) {
             let what = format!("{dim}-D {:?} eps {eps}", a.precision());
             let want = oracle::self_join(&a, Metric::Cosine, eps);
             assert!(want.len() > 100 || !grouped, "{what}: {} pairs", want.len());
@@ -694,30 +691,18 @@ fn grouped_join_screened_within_the_radius_matches_the_rule() {
     let x = both(5000, 200);
     let y = both(4500, 220);
     let (x32, y32) = (as_f32(&x), as_f32(&y));
-    for (a, b) in [
-        (
-            Dataset::from_f64(&x, dim).unwrap(),
-            Dataset::from_f64(&y, dim).unwrap(),
-        ),
-        (
-            Dataset::from_f32(&x32, dim).unwrap(),
-            Dataset::from_f32(&y32, dim).unwrap(),
-        ),
-    ] {
+    for (a, b) in in_both_precisions(&x, &y, &x32, &y32, dim) {
         let what = format!("{:?}", a.precision());
         let o = cosine(eps, Backend::Cpu, Algorithm::Auto);
         let want = oracle::self_join(&a, Metric::Cosine, eps);
         let got = engine().self_join(&a, &o).unwrap();
         let notes = got.report.notes.join("; ");
         assert!(notes.contains("groups around leaders"), "{what}: {notes}");
+        // "...; P of N vectors placed by their first 48 coordinates".
         let placed = |notes: &str| -> usize {
-            let head = notes
-                .split(" of ")
-                .zip(notes.split(" of ").skip(1))
-                .find(|(_, rest)| rest.contains("vectors placed by their first 48 coordinates"))
-                .map(|(h, _)| h.rsplit(' ').next().unwrap().to_string())
-                .unwrap_or_else(|| panic!("no screen: {notes}"));
-            head.parse().unwrap()
+            let part = notes.split("; ").find(|s| s.contains("vectors placed by"));
+            let part = part.unwrap_or_else(|| panic!("no screen: {notes}"));
+            part.split(' ').next().unwrap().parse().unwrap()
         };
         assert!(placed(&notes) >= 4500, "{what}: {notes}");
         assert!(want.len() > 20_000, "{what}: {} pairs", want.len());
@@ -847,16 +832,7 @@ fn gpu_grouped_join_matches_the_rule() {
         let x = directions(&mut rng, 5000, dim, 40, spread);
         let y = directions(&mut rng, 1500, dim, 40, spread);
         let (x32, y32) = (as_f32(&x), as_f32(&y));
-        for (a, b) in [
-            (
-                Dataset::from_f64(&x, dim).unwrap(),
-                Dataset::from_f64(&y, dim).unwrap(),
-            ),
-            (
-                Dataset::from_f32(&x32, dim).unwrap(),
-                Dataset::from_f32(&y32, dim).unwrap(),
-            ),
-        ] {
+        for (a, b) in in_both_precisions(&x, &y, &x32, &y32, dim) {
             let what = format!("{dim}-D {:?} eps {eps}", a.precision());
             let want = oracle::self_join(&a, Metric::Cosine, eps);
             assert!(want.len() > 1000, "{what}: {} pairs", want.len());
