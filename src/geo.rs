@@ -100,7 +100,8 @@ pub(crate) fn run(
     let vb_or_a = vb.as_deref().unwrap_or(&va);
     let accepts =
         |[i, j]: Pair| geo_chord2(row(&va, i as usize), row(vb_or_a, j as usize)) <= c_thr;
-    let mut confirm = Confirm::new(accepts, sink);
+    let keep = |c: &[Pair]| c.iter().copied().filter(|&p| accepts(p)).collect();
+    let mut confirm = Confirm::new(keep, sink);
     let mut report = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),

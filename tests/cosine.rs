@@ -334,7 +334,7 @@ fn knn_near_ties_follow_the_rule() {
 /// Heavy near-duplicates: 150 scalar multiples of one direction (each factor once, so no
 /// two rows are equal) among 400 rows, so a row's k' Euclidean candidates are all at
 /// distance ~0 and its rank rests on the rule's ties by index: the uncertain rows' path
-/// (a cosine join at c_k).
+/// (each meets every row from its c_k).
 #[test]
 fn knn_with_many_duplicates_is_exact() {
     let mut rng = Rng(43);
@@ -370,10 +370,45 @@ fn knn_with_many_duplicates_is_exact() {
         got.report
             .notes
             .iter()
-            .any(|n| n.contains("rows joined at eps")),
+            .any(|n| n.contains("rows met every row from their k-th distance")),
         "the duplicates went through the uncertain rows' path: {:?}",
         got.report.notes
     );
+}
+
+/// Thousands of scalar multiples of one direction (2,400 of 3,000 rows, a third of them
+/// negative; no two equal): any two on one side are at a rule distance of about 0 that
+/// rounding decides, so each of them is uncertain after the Euclidean pass and meets
+/// every row from its k-th distance (`cosine::knn`'s `Uncertain`; its unit test
+/// `uncertain_rows_by_a_join_with_lists_cut_are_exact` takes the join on the same data).
+#[test]
+fn knn_of_thousands_of_collinear_rows_is_exact() {
+    let mut rng = Rng(47);
+    let dim = 6;
+    let base: Vec<f64> = (0..dim).map(|_| rng.normal()).collect();
+    let mut x = Vec::new();
+    for i in 0..3000 {
+        if i % 5 == 0 {
+            x.extend((0..dim).map(|_| rng.normal()));
+        } else {
+            let f = (0.25 + i as f64 / 1000.0) * if i % 3 == 0 { -1.0 } else { 1.0 };
+            x.extend(base.iter().map(|v| v * f));
+        }
+    }
+    let x32 = as_f32(&x);
+    let sets = [
+        Dataset::from_f64(&x, dim).unwrap(),
+        Dataset::from_f32(&x32, dim).unwrap(),
+    ];
+    for data in &sets {
+        for k in [1usize, 10] {
+            let notes = check_knn(data, None, k, Backend::Cpu);
+            let at = notes.find(" rows met every row").expect(&notes);
+            let joined: usize = notes[..at].rsplit(' ').next().unwrap().parse().unwrap();
+            assert!(joined >= 2000, "{notes}");
+        }
+        check_knn(data, Some(data), 10, Backend::Cpu);
+    }
 }
 
 /// 600 rows and 80 queries of `knn_of_many_exact_copies_is_exact`'s data.

@@ -141,7 +141,7 @@ where
         None => None,
     };
     // (Reborrowed: the sink is wanted again if the general join cannot run.)
-    let mut confirm = Confirm::new(|p| rule.accepts(p), reborrow(&mut sink));
+    let mut confirm = Confirm::new(|c: &[Pair]| rule.keep(c), reborrow(&mut sink));
     let ran = match &db {
         None => engine.self_join_stream(&da, &euclid, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &euclid, &mut confirm),
@@ -204,7 +204,7 @@ fn projected<T: Coord>(
         .as_deref()
         .map(|z| Dataset::from_f32(z, p.m + 1))
         .transpose()?;
-    let mut confirm = Confirm::new(|q| rule.accepts(q), sink);
+    let mut confirm = Confirm::new(|c: &[Pair]| rule.keep(c), sink);
     let mut report = match &db {
         None => engine.self_join_stream(&da, &low, &mut confirm),
         Some(db) => engine.join_stream(&da, db, &low, &mut confirm),
@@ -290,7 +290,7 @@ fn grouped<'d, T: Coord>(
                 certain.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 chunk.into()
             } else {
-                chunk.iter().copied().filter(|&p| rule.accepts(p)).collect()
+                rule.keep(chunk).into()
             };
             candidates.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
             accepted.fetch_add(kept.len() as u64, std::sync::atomic::Ordering::Relaxed);

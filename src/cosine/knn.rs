@@ -2,7 +2,7 @@
 //! the rule's distance, the bounds of copies' products on it ([`rule_floor`]), and a
 //! query's k nearest kept in order.
 
-use super::knn_brute::knn_brute;
+use super::knn_brute::{knn_brute, Own};
 use super::knn_grouped::knn_grouped;
 use super::*;
 
@@ -15,9 +15,11 @@ use super::*;
 /// any other row can reach: every non-candidate's copies are at least the k'-th
 /// candidate's Euclidean distance apart, so (rounding bounded as in the module's proof) its
 /// real cosine distance is at least L^2 / 2 and its computed one at least L^2 / 2 - delta.
-/// The rows that are not certain (near-duplicates and ties at the k'-th place) are answered
-/// by a cosine join of those queries at eps c_k (widened for rounding) with the data: it
-/// holds every row within c_k, so their k nearest among its candidates are exact.
+/// The rows that are not certain (near-duplicates and ties at the k'-th place) meet every
+/// row (`knn_brute`, c_k an upper bound on their k-th distance from the start) where they
+/// are few enough ([`Uncertain`]), else a cosine join of those queries at eps c_k (widened
+/// for rounding) with the data finds every row within c_k, each query's list cut to its k
+/// nearest as it grows; either way their k nearest are exact.
 ///
 /// On the CPU (algorithm `Auto`) clustered rows go through the grouped leaders' index
 /// instead (`knn_grouped`), the same answer with far fewer distances; where it declines,
@@ -61,6 +63,48 @@ pub(super) fn rule_distance<T: Coord>(
         x.1[j],
     )
 }
+
+/// [`rule_distance`] from query row `r` to each entry's row (`.1`), written to its `.0`:
+/// the same bits, [`COSINE_LANES`] rows side by side ([`crate::metric::cosine_dots`]).
+pub(super) fn measure<T: Coord>(
+    q: (&[T], &[f64]),
+    x: (&[T], &[f64]),
+    dim: usize,
+    r: usize,
+    entries: &mut [(f64, u32)],
+) {
+    let qr = &q.0[r * dim..(r + 1) * dim];
+    for lanes in entries.chunks_mut(COSINE_LANES) {
+        // A short last group repeats its last row.
+        let last = lanes.len() - 1;
+        let dots = crate::metric::cosine_dots::<T, COSINE_LANES>(std::array::from_fn(|l| {
+            let j = lanes[l.min(last)].1 as usize;
+            (qr, &x.0[j * dim..(j + 1) * dim])
+        }));
+        for (e, dot) in lanes.iter_mut().zip(dots) {
+            e.0 = crate::metric::cosine_distance_of(dot, q.1[r], x.1[e.1 as usize]);
+        }
+    }
+}
+
+/// How the rows the Euclidean pass leaves uncertain are answered ([`knn_search`]).
+pub(super) struct Uncertain {
+    /// Where their count times the rows' times the dimensions is at most this, each of them
+    /// meets every row (`knn_brute`, from its k-th distance); else one cosine join finds
+    /// their candidates.
+    pub(super) brute_work: f64,
+    /// Candidate pairs the join's lists hold, about (16 bytes a pair), before a query's
+    /// list is cut to its k nearest.
+    pub(super) held_pairs: usize,
+}
+
+/// [`Uncertain`] as the kNN runs it: at most about 2.7e11 products meeting every row
+/// (1.5e11 for 20,000 collinear rows of 384-D; 100 uncertain rows of a million take 3.8e10
+/// and the join took as long), 16 MiB of candidates.
+pub(super) const UNCERTAIN: Uncertain = Uncertain {
+    brute_work: (1u64 << 38) as f64,
+    held_pairs: 1 << 20,
+};
 
 /// Extra candidates the Euclidean pass asks for beyond k.
 pub(super) fn knn_extra(k: usize) -> usize {
@@ -147,12 +191,12 @@ pub(super) fn least_dot(reach: f64, slack: f64) -> f64 {
 
 /// Offers to `best` (a query's k nearest so far) the candidates of `near` (each an f32 dot
 /// product of the query's f32 copy with a row's, as `partition::dot` takes them, and a
-/// key that `exact` turns into the rule's distance and the row), as both searches rank
-/// them: those whose product is below `least` or whose `floor` (of `dist_floor`) exceeds
-/// the k-th distance are ruled out (`cap`: a known upper bound on it), the rest measured by
-/// the rule in increasing floor while the floor does not exceed the k-th distance. Every
-/// candidate left out has a rule distance above the k-th (ties are measured). Returns the
-/// rule distances computed.
+/// key that `row_of` turns into the row), as both searches rank them: those whose product
+/// is below `least` or whose `floor` (of `dist_floor`) exceeds the k-th distance are ruled
+/// out (`cap`: a known upper bound on it), the rest measured by the rule (`measure_rows`:
+/// [`measure`] of the query) in increasing floor, [`COSINE_LANES`] at a time, while the
+/// floor does not exceed the k-th distance. Every candidate left out has a rule distance
+/// above the k-th (ties are measured). Returns the rule distances computed.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn rank_by_floor(
     near: &mut Vec<(f64, u32)>,
@@ -162,7 +206,8 @@ pub(super) fn rank_by_floor(
     least: f64,
     slack: f64,
     floor: impl Fn(f64) -> f64,
-    mut exact: impl FnMut(u32) -> (f64, u32),
+    row_of: impl Fn(u32) -> u32,
+    mut measure_rows: impl FnMut(&mut [(f64, u32)]),
 ) -> u64 {
     let limit = kth_of(best, k).min(cap);
     near.retain_mut(|e| {
@@ -173,15 +218,26 @@ pub(super) fn rank_by_floor(
         floor(e.0) <= limit
     });
     near.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-    let mut n_exact = 0;
-    for &(a, key) in near.iter() {
-        if floor(a) > kth_of(best, k).min(cap) {
+    let mut at = 0;
+    while at < near.len() {
+        // The next candidates whose floor can still place them (by the k-th distance now).
+        let limit = kth_of(best, k).min(cap);
+        let mut lanes = [(0.0, 0u32); COSINE_LANES];
+        let mut m = 0;
+        while m < COSINE_LANES && at + m < near.len() && floor(near[at + m].0) <= limit {
+            lanes[m] = (0.0, row_of(near[at + m].1));
+            m += 1;
+        }
+        if m == 0 {
             break;
         }
-        n_exact += 1;
-        offer(best, k, exact(key));
+        measure_rows(&mut lanes[..m]);
+        for &c in &lanes[..m] {
+            offer(best, k, c);
+        }
+        at += m;
     }
-    n_exact
+    at as u64
 }
 
 /// A query's nearest (rule distance, row), nearest first.
@@ -223,7 +279,7 @@ where
             return Ok(found);
         }
     }
-    knn_search(engine, x, q, dim, k, opts)
+    knn_search(engine, x, q, dim, k, opts, &UNCERTAIN)
 }
 
 /// The cosine kNN where the data hold a large class of exact copies
@@ -259,7 +315,7 @@ where
     })??;
     let prepared = start.elapsed().as_secs_f64();
     let found = copies.knn(x, dim, k, self_knn, |ux, ku| {
-        knn_search(engine, ux, q, dim, ku, opts)
+        knn_search(engine, ux, q, dim, ku, opts, &UNCERTAIN)
     })?;
     let (rows_q, norms_q) = (q.unwrap_or(x), nq.as_deref().unwrap_or(&nx));
     let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
@@ -283,13 +339,14 @@ where
 }
 
 /// The cosine kNN of `x`'s rows (`knn_typed` without the duplicates' shortcut).
-fn knn_search<T: Coord>(
+pub(super) fn knn_search<T: Coord>(
     engine: &Engine,
     x: &[T],
     q: Option<&[T]>,
     dim: usize,
     k: usize,
     opts: &crate::knn::KnnOptions,
+    uncertain: &Uncertain,
 ) -> Result<crate::knn::KnnResult>
 where
     for<'x> Dataset<'x>: FromRows<'x, T>,
@@ -319,13 +376,14 @@ where
             engine,
             x,
             rows_q,
-            q.is_none(),
+            if q.is_none() { Own::All } else { Own::Apart },
             dim,
             k,
             &nx,
             norms_q,
             (!few).then_some(&cx[..]),
             cq.as_deref(),
+            None,
             &opts.control,
         )?;
         let mut phases = phases;
@@ -480,7 +538,6 @@ where
             (engine.knn(&dx, dq.as_ref(), wide, &euclid)?, None)
         }
     };
-    let dist = |r: usize, j: usize| rule_distance((rows_q, norms_q), (x, &nx), dim, r, j);
     // Bounds of the module's proof, for a row whose k'-th candidate is `far` (Euclidean,
     // as reported: sqrt of the accumulator in T) apart; of the projections' bound, through
     // `Projection::apart`.
@@ -519,9 +576,7 @@ where
                     let reach = kth + slack;
                     c.retain(|e| e.0 - slack <= reach);
                 }
-                for e in &mut c {
-                    e.0 = dist(r, e.1 as usize);
-                }
+                measure((rows_q, norms_q), (x, &nx), dim, r, &mut c);
                 c.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                 c.truncate(k);
                 let certain = all_candidates
@@ -544,7 +599,7 @@ where
         None => "of the normalised vectors".into(),
     };
     let mut notes = vec![format!(
-        "cosine kNN: a Euclidean kNN {of} at k' = {wide} ranked by the cosine rule; {} of {rows} rows certain, the rest by a cosine join at their k-th distance",
+        "cosine kNN: a Euclidean kNN {of} at k' = {wide} ranked by the cosine rule; {} of {rows} rows certain, the rest searched from their k-th distance",
         rows - unsure.len()
     )];
     if let Some(s) = declined {
@@ -555,7 +610,46 @@ where
             ),
         );
     }
-    if !unsure.is_empty() {
+    let bound: Vec<f64> = unsure.iter().map(|&r| kth_of(&ranked[r], k)).collect();
+    let work = unsure.len() as f64 * n as f64 * dim as f64;
+    if !unsure.is_empty() && on_cpu && work <= uncertain.brute_work {
+        // Each uncertain query meets every row, its k-th distance from the first pass an
+        // upper bound on its real one from the start.
+        let copies_q: &[T] = cq.as_deref().unwrap_or(&cx);
+        let pick = |v: &[T]| -> Vec<T> {
+            unsure
+                .iter()
+                .flat_map(|&r| v[r * dim..(r + 1) * dim].iter().copied())
+                .collect()
+        };
+        let nq_sub: Vec<f64> = unsure.iter().map(|&r| norms_q[r]).collect();
+        let own = match q {
+            None => Own::Rows(&unsure),
+            Some(_) => Own::Apart,
+        };
+        let run = knn_brute(
+            engine,
+            x,
+            &pick(rows_q),
+            own,
+            dim,
+            k,
+            &nx,
+            &nq_sub,
+            Some(&cx),
+            Some(&pick(copies_q)),
+            Some(&bound),
+            &opts.control,
+        )?;
+        for (r, f) in unsure.iter().zip(run.ranked) {
+            debug_assert_eq!(f.len(), k);
+            ranked[*r] = f;
+        }
+        notes.push(format!(
+            "cosine kNN: {} rows met every row from their k-th distance",
+            unsure.len()
+        ));
+    } else if !unsure.is_empty() {
         // One cosine join of the uncertain queries at the largest of their k-th distances.
         let worst = unsure
             .iter()
@@ -567,7 +661,33 @@ where
             .iter()
             .flat_map(|&r| rows_q[r * dim..(r + 1) * dim].iter().copied())
             .collect();
+        // Each query's candidates (rule distance, row; NaN until measured), cut to its k
+        // nearest whenever the join has added uncertain.held_pairs since: memory k a query and that,
+        // whatever the join finds (every pair of a set of collinear rows lies at their k-th
+        // distance, and the join's eps is the largest of the queries' own).
         let mut found: Vec<Vec<(f64, u32)>> = vec![Vec::new(); unsure.len()];
+        let cut_one = |f: &mut Vec<(f64, u32)>, r: usize, b: f64| {
+            // Unmeasured rows surely beyond the query's k-th distance (its first pass's
+            // k-th, or the k-th measured here) are dropped.
+            let limit = match k.checked_sub(1).and_then(|at| f.get(at)) {
+                Some(c) if !c.0.is_nan() => b.min(c.0),
+                _ => b,
+            };
+            f.retain(|c| !c.0.is_nan() || fast(r, c.1 as usize) - slack <= limit);
+            let from = f.partition_point(|c| !c.0.is_nan());
+            measure((rows_q, norms_q), (x, &nx), dim, r, &mut f[from..]);
+            f.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            f.truncate(k);
+        };
+        let cut = |found: &mut [Vec<(f64, u32)>]| {
+            engine.install(|| {
+                found
+                    .par_iter_mut()
+                    .zip(unsure.par_iter().zip(&bound))
+                    .filter(|(f, _)| f.len() > k || f.last().is_some_and(|c| c.0.is_nan()))
+                    .for_each(|(f, (&r, &b))| cut_one(f, r, b))
+            })
+        };
         if e < 2.0 {
             let ds = Dataset::from_rows(&sub, dim)?;
             let dx = Dataset::from_rows(x, dim)?;
@@ -575,37 +695,43 @@ where
             jo.metric = Metric::Cosine;
             jo.backend = opts.backend;
             jo.control = opts.control.clone();
+            // A query's list is cut where it reaches `held` (on the thread in the sink:
+            // a parallel cut there could take up a join task that waits for the sink).
+            let held = k + (uncertain.held_pairs / unsure.len()).max(64);
             let mut sink = |chunk: &[Pair]| -> anyhow::Result<()> {
                 for &[i, j] in chunk {
-                    found[i as usize].push((0.0, j));
+                    let (i, f) = (i as usize, &mut found[i as usize]);
+                    if q.is_some() || j as usize != unsure[i] {
+                        f.push((f64::NAN, j));
+                        if f.len() >= held {
+                            cut_one(f, unsure[i], bound[i]);
+                        }
+                    }
                 }
                 Ok(())
             };
             engine.join_stream(&ds, &dx, &jo, &mut sink)?;
         } else {
-            // Every row is within reach: all of them are candidates.
-            for f in &mut found {
-                f.extend((0..n as u32).map(|j| (0.0, j)));
-            }
+            // Every row is within reach: all of them are candidates, in blocks.
+            engine.install(|| {
+                found
+                    .par_iter_mut()
+                    .zip(unsure.par_iter().zip(&bound))
+                    .for_each(|(f, (&r, &b))| {
+                        for from in (0..n).step_by(uncertain.held_pairs / 16) {
+                            let rows =
+                                from as u32..(from + uncertain.held_pairs / 16).min(n) as u32;
+                            f.extend(
+                                rows.filter(|&j| q.is_some() || j as usize != r)
+                                    .map(|j| (f64::NAN, j)),
+                            );
+                            cut_one(f, r, b);
+                        }
+                    })
+            })?;
         }
-        let done: Vec<Vec<(f64, u32)>> = engine.install(|| {
-            found
-                .into_par_iter()
-                .zip(unsure.par_iter())
-                .map(|(mut f, &r)| {
-                    if q.is_none() {
-                        f.retain(|&(_, j)| j as usize != r);
-                    }
-                    for c in &mut f {
-                        c.0 = dist(r, c.1 as usize);
-                    }
-                    f.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                    f.truncate(k);
-                    f
-                })
-                .collect()
-        })?;
-        for (r, f) in unsure.iter().zip(done) {
+        cut(&mut found)?;
+        for (r, f) in unsure.iter().zip(found) {
             debug_assert_eq!(f.len(), k);
             ranked[*r] = f;
         }

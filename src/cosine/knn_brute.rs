@@ -58,6 +58,32 @@ impl<'a, T: Coord> Units<'a, T> {
     }
 }
 
+/// Which data row each query is, where the queries are rows of the data (a self-kNN leaves
+/// a query's own row out).
+#[derive(Clone, Copy)]
+pub(super) enum Own<'a> {
+    /// Queries apart from the data.
+    Apart,
+    /// Query r is row r.
+    All,
+    /// Query r is row `rows[r]`.
+    Rows(&'a [usize]),
+}
+
+impl Own<'_> {
+    /// Whether row `j` is query `r` itself.
+    fn is(self, r: usize, j: usize) -> bool {
+        match self {
+            Own::Apart => false,
+            Own::All => r == j,
+            Own::Rows(rows) => rows[r] == j,
+        }
+    }
+    fn any(self) -> bool {
+        !matches!(self, Own::Apart)
+    }
+}
+
 /// Queries [`seeds_pay`] seeds, and rows it samples.
 const SEED_PROBE: (usize, usize) = (8, 2048);
 
@@ -73,7 +99,7 @@ fn seeds_pay<T: Coord>(
     rest_q: &[f32],
     dim: usize,
     k: usize,
-    self_knn: bool,
+    own: Own,
     dist: &(dyn Fn(usize, usize) -> f64 + Sync),
     control: &crate::control::Control,
 ) -> bool {
@@ -84,7 +110,7 @@ fn seeds_pay<T: Coord>(
         return false;
     }
     let probe = m.min(SEED_PROBE.0);
-    let caps = seed_caps(fx, &fq[..probe * dim], dim, k, self_knn, dist, control);
+    let caps = seed_caps(fx, &fq[..probe * dim], dim, k, own, dist, control);
     let step = n.div_ceil(SEED_PROBE.1).max(1);
     let below: Vec<f32> = caps.iter().map(|&c| least_below(c, dim).1).collect();
     let (mut met, mut left) = (0usize, 0usize);
@@ -135,7 +161,7 @@ fn seed_caps<T: Coord>(
     fq: &[f32],
     dim: usize,
     k: usize,
-    self_knn: bool,
+    own: Own,
     dist: &(dyn Fn(usize, usize) -> f64 + Sync),
     control: &crate::control::Control,
 ) -> Vec<f64> {
@@ -144,7 +170,7 @@ fn seed_caps<T: Coord>(
     use std::sync::Mutex;
     let (n, m) = (fx.norms.len(), fq.len() / dim.max(1));
     let want = seed_rows(k);
-    if m == 0 || n < k + usize::from(self_knn) || k == 0 {
+    if m == 0 || n < k + usize::from(own.any()) || k == 0 {
         return vec![f64::INFINITY; m];
     }
     let Some(s) = seed_coords(dim) else {
@@ -191,7 +217,7 @@ fn seed_caps<T: Coord>(
                             continue;
                         }
                         for (l, &h) in (c * RUN..).zip(run) {
-                            if h > at && !(self_knn && span.start + l == r) {
+                            if h > at && !own.is(r, span.start + l) {
                                 top.push((h, (span.start + l) as u32));
                                 // Cut to the largest `want` now and then, raising `at`.
                                 if top.len() == 4 * want {
@@ -245,7 +271,8 @@ fn seed_caps<T: Coord>(
 /// their f32 dot products in blocks (`partition::Bounded`, four queries at a time, the
 /// collection in tasks of `partition::cached_rows` rows), then [`rank_by_floor`] as the grouped
 /// search ranks a group, exact by the same bounds. Each query's k-th distance found so far
-/// (an upper bound on its real k-th distance: first [`seed_caps`]'s, then any task's) is
+/// (an upper bound on its real k-th distance: first `caps` where given, else
+/// [`seed_caps`]'s, then any task's) is
 /// shared, so that a row is measured by the rule only where its floor could still place
 /// it, and a block of rows is completed past its first quarter of coordinates only where
 /// the rest could lift a product to that floor. Each task's k nearest among its rows
@@ -255,13 +282,14 @@ pub(super) fn knn_brute<T: Coord>(
     engine: &Engine,
     x: &[T],
     rows_q: &[T],
-    self_knn: bool,
+    own: Own,
     dim: usize,
     k: usize,
     nx: &[f64],
     nq: &[f64],
     cx: Option<&[T]>,
     cq: Option<&[T]>,
+    caps: Option<&[f64]>,
     control: &crate::control::Control,
 ) -> Result<BruteRun> {
     use crate::cpu::partition::{cached_rows, dot_slack, Bounded};
@@ -286,9 +314,12 @@ pub(super) fn knn_brute<T: Coord>(
             .par_chunks_exact(dim)
             .map(|q| Bounded::rest(q, pre))
             .collect();
-        let seeds = match seeds_pay(&fx, fq, &rest_q, dim, k, self_knn, &dist, control) {
-            true => seed_caps(&fx, fq, dim, k, self_knn, &dist, control),
-            false => vec![f64::INFINITY; m],
+        let seeds = match caps {
+            Some(caps) => caps.to_vec(),
+            None if seeds_pay(&fx, fq, &rest_q, dim, k, own, &dist, control) => {
+                seed_caps(&fx, fq, dim, k, own, &dist, control)
+            }
+            None => vec![f64::INFINITY; m],
         };
         control.check()?;
         let cap: Vec<AtomicU64> = seeds.iter().map(|c| AtomicU64::new(c.to_bits())).collect();
@@ -353,14 +384,22 @@ pub(super) fn knn_brute<T: Coord>(
                         let pd = &pd[i * w..(i + 1) * w];
                         near.extend(
                             rows()
-                                .filter(|&l| pd[l] >= below && !(self_knn && span.start + l == r))
+                                .filter(|&l| pd[l] >= below && !own.is(r, span.start + l))
                                 .map(|l| (pd[l] as f64, (span.start + l) as u32)),
                         );
                         // The task's k nearest among its rows within the limit, exact.
                         local.clear();
-                        rank_by_floor(near, local, k, limit, least, slack, floor, |j| {
-                            (dist(r, j as usize), j)
-                        });
+                        rank_by_floor(
+                            near,
+                            local,
+                            k,
+                            limit,
+                            least,
+                            slack,
+                            floor,
+                            |j| j,
+                            |e| measure((rows_q, nq), (x, nx), dim, r, e),
+                        );
                         if local.is_empty() {
                             continue;
                         }

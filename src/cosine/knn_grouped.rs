@@ -82,7 +82,6 @@ pub(super) fn knn_grouped<T: Coord>(
         let u32_ = f32::EPSILON as f64 / 2.0;
         let floor = |apart: f64| rule_floor(apart, dim, u32_, f32::MIN_POSITIVE as f64);
         let reach = |limit: f64| rule_reach(limit, dim, u32_, f32::MIN_POSITIVE as f64);
-        let dist = |r: usize, j: usize| rule_distance((rows_q, nq), (x, nx), dim, r, j);
         let (dots, exact, past) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
         let kth = |best: &Vec<(f64, u32)>| kth_of(best, k);
         // A self-kNN's query knows its own group and its distance from that group's pivot:
@@ -148,10 +147,17 @@ pub(super) fn knn_grouped<T: Coord>(
                 e.0 = dot(qv, row(e.1)) as f64;
             }
             let measured = near.len() as u64;
-            let n_exact = rank_by_floor(near, best, k, f64::INFINITY, least, slack, floor, |s| {
-                let j = g.order[s as usize];
-                (dist(r, j as usize), j)
-            });
+            let n_exact = rank_by_floor(
+                near,
+                best,
+                k,
+                f64::INFINITY,
+                least,
+                slack,
+                floor,
+                |s| g.order[s as usize],
+                |e| measure((rows_q, nq), (x, nx), dim, r, e),
+            );
             (measured, n_exact)
         };
         let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];

@@ -31,7 +31,7 @@ use crate::control::Control;
 use crate::grid::GridGeometry;
 use crate::metric::reject_margin;
 use crate::metric::Coord;
-use crate::metric::{accumulate, within};
+use crate::metric::{accumulate, within_fast};
 use crate::options::Metric;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -535,7 +535,7 @@ impl<T: Coord> Ctx<'_, T> {
                 while mask != 0 {
                     let tid = ys.ids[nb.start + j0 + mask.trailing_zeros() as usize];
                     mask &= mask - 1;
-                    if within(
+                    if within_fast(
                         M::METRIC,
                         q,
                         &f.yrows[tid as usize * dim..][..dim],

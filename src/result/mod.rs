@@ -515,7 +515,8 @@ fn distances_of(
     })
 }
 
-/// A sink that keeps only the candidate pairs `accepts` confirms and passes them on (or
+/// A sink that keeps only the candidate pairs `accepts` confirms (of each chunk, in order)
+/// and passes them on (or
 /// only counts them, without `inner`): how the engine runs a metric through a wider
 /// Euclidean join (cosine, haversine) and keeps exactly the metric's own set.
 pub(crate) struct Confirm<'s, F> {
@@ -525,7 +526,7 @@ pub(crate) struct Confirm<'s, F> {
     pub accepted: u64,
 }
 
-impl<'s, F: Fn(Pair) -> bool + Send + Sync> Confirm<'s, F> {
+impl<'s, F: Fn(&[Pair]) -> Vec<Pair> + Send + Sync> Confirm<'s, F> {
     pub fn new(accepts: F, inner: Option<&'s mut dyn PairSink>) -> Self {
         Confirm {
             accepts,
@@ -536,18 +537,15 @@ impl<'s, F: Fn(Pair) -> bool + Send + Sync> Confirm<'s, F> {
     }
 }
 
-impl<F: Fn(Pair) -> bool + Send + Sync> PairSink for Confirm<'_, F> {
+impl<F: Fn(&[Pair]) -> Vec<Pair> + Send + Sync> PairSink for Confirm<'_, F> {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         self.candidates += chunk.len() as u64;
         let accepts = &self.accepts;
         // Large chunks (a GPU batch) are confirmed by every engine thread.
         let kept: Vec<Pair> = if chunk.len() >= 1 << 13 {
-            chunk
-                .par_chunks(1 << 11)
-                .flat_map_iter(|c| c.iter().copied().filter(|&p| accepts(p)))
-                .collect()
+            chunk.par_chunks(1 << 11).flat_map_iter(accepts).collect()
         } else {
-            chunk.iter().copied().filter(|&p| accepts(p)).collect()
+            accepts(chunk)
         };
         self.accepted += kept.len() as u64;
         match self.inner.as_deref_mut() {
