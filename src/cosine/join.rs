@@ -300,7 +300,7 @@ fn grouped<'d, T: Coord>(
                 .unwrap_or_else(|p| p.into_inner())
                 .as_deref_mut()
             {
-                Some(s) if !kept.is_empty() => s.push(&kept),
+                Some(s) if !kept.is_empty() => crate::cpu::holding(|| s.push(&kept)),
                 _ => Ok(()),
             }
         };

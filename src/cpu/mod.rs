@@ -9,6 +9,7 @@ mod brute;
 pub(crate) mod dot_filter;
 mod ego;
 mod emit;
+pub(crate) use emit::{holding, in_sink};
 mod grid;
 mod knn;
 pub(crate) mod partition;

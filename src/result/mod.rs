@@ -68,6 +68,8 @@ const PAIRS_PER_WORKER: usize = 1 << 16;
 pub fn push_split(sink: &mut dyn PairSink, chunk: &[Pair]) -> anyhow::Result<()> {
     use rayon::prelude::*;
     let workers = rayon::current_num_threads().min(chunk.len() / PAIRS_PER_WORKER);
+    // Not within a CPU join's sink (`cpu::emit`'s doc: a join could hang).
+    let workers = if crate::cpu::in_sink() { 1 } else { workers };
     // Asked twice: holding the first answer across the `push` below would keep the sink
     // borrowed (repeated answers are the same parts, as `PairSink::parts` asks).
     if workers > 1 && !sink.parts(workers).is_empty() {
@@ -541,8 +543,9 @@ impl<F: Fn(&[Pair]) -> Vec<Pair> + Send + Sync> PairSink for Confirm<'_, F> {
     fn push(&mut self, chunk: &[Pair]) -> anyhow::Result<()> {
         self.candidates += chunk.len() as u64;
         let accepts = &self.accepts;
-        // Large chunks (a GPU batch) are confirmed by every engine thread.
-        let kept: Vec<Pair> = if chunk.len() >= 1 << 13 {
+        // Large chunks (a GPU batch) are confirmed by every engine thread; within a CPU
+        // join's sink by its thread alone (`cpu::emit`'s doc: else a join can hang).
+        let kept: Vec<Pair> = if chunk.len() >= 1 << 13 && !crate::cpu::in_sink() {
             chunk.par_chunks(1 << 11).flat_map_iter(accepts).collect()
         } else {
             accepts(chunk)
