@@ -204,10 +204,15 @@ impl Shared {
         if now.saturating_sub(last) < every.as_nanos() as u64 {
             return;
         }
-        // One thread reports; the others go on working.
+        // One thread reports; the others go on working. Not after the job was asked to
+        // stop: a callback that answered stop is not asked again while workers finish
+        // (the C test counted a fourth call after its third said stop).
         let Ok(_one) = self.reporting.try_lock() else {
             return;
         };
+        if self.cancelled.load(Ordering::SeqCst) {
+            return;
+        }
         if self
             .last_report
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
@@ -288,5 +293,12 @@ mod tests {
         c.advance(60, 0);
         std::thread::sleep(Duration::from_millis(25));
         assert!(c.check().is_err(), "the callback's false stops the job");
+        // Once stopped, the callback is not called again while the workers finish.
+        let stopped = calls.load(Ordering::Relaxed);
+        for _ in 0..3 {
+            std::thread::sleep(Duration::from_millis(25));
+            c.advance(1, 0);
+        }
+        assert_eq!(calls.load(Ordering::Relaxed), stopped);
     }
 }
