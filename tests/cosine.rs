@@ -283,10 +283,22 @@ fn check_knn(data: &Dataset, query: Option<&Dataset>, k: usize, backend: Backend
         backend,
         ..Default::default()
     };
-    let got = engine().knn(data, query, k, &o).unwrap();
+    check_knn_with(data, query, k, &o).notes.join("; ")
+}
+
+/// [`check_knn`] under options `o` (metric cosine); returns the report.
+fn check_knn_with(
+    data: &Dataset,
+    query: Option<&Dataset>,
+    k: usize,
+    o: &KnnOptions,
+) -> simjoin::JoinReport {
+    let got = engine().knn(data, query, k, o).unwrap();
     let (idx, dist) = oracle::knn(data, query, k, Metric::Cosine);
     let what = format!(
-        "{backend:?} n={} dim={} k={k} ab={}",
+        "{:?} {:?} n={} dim={} k={k} ab={}",
+        o.backend,
+        o.algorithm,
         data.len(),
         data.dim(),
         query.is_some()
@@ -297,7 +309,7 @@ fn check_knn(data: &Dataset, query: Option<&Dataset>, k: usize, backend: Backend
         .map(|(r, c)| got.distance(r, c))
         .collect();
     assert_eq!(d, dist, "{what}: distances");
-    got.report.notes.join("; ")
+    got.report
 }
 
 #[test]
@@ -469,16 +481,9 @@ fn named_brute_knn_meets_every_row() {
     };
     for (data, query) in in_both_precisions(&x, &q, &x32, &q32, dim) {
         for (query, k) in [(None, 1usize), (None, 10), (Some(&query), 10)] {
-            let got = engine().knn(&data, query, k, &o).unwrap();
-            let (idx, dist) = oracle::knn(&data, query, k, Metric::Cosine);
-            assert_eq!(got.indices, idx, "k {k}");
-            let d: Vec<f64> = (0..got.rows)
-                .flat_map(|r| (0..k).map(move |c| (r, c)))
-                .map(|(r, c)| got.distance(r, c))
-                .collect();
-            assert_eq!(d, dist, "k {k}");
-            assert_eq!(got.report.algorithm, Algorithm::Brute);
-            let notes = got.report.notes.join("; ");
+            let report = check_knn_with(&data, query, k, &o);
+            assert_eq!(report.algorithm, Algorithm::Brute);
+            let notes = report.notes.join("; ");
             assert!(
                 notes.contains("(algorithm brute) meet every one"),
                 "{notes}"
