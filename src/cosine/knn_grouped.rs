@@ -39,7 +39,9 @@ const BLOCKED_SHARE: f64 = 3.0;
 /// by the pivots' distances, bounded once: [`NearGroups`]), measuring a leader only for
 /// the groups that bound leaves in, and skipping those that the measured `|q - L_h| - r_h`
 /// rules out; the same stop. Past the end of g's list, every pivot left off it is
-/// measured, where the list's end does not rule them out.
+/// measured, where the list's end does not rule them out. The queries of one home group
+/// walk its list in step, a group that several visit met by all of those at once
+/// (products four rows by four, `dot4x4`), each with its own bounds and stop.
 ///
 /// A probe of 64 evenly spread queries declines the search (None) where their f32 dot
 /// products would cost more than the blocked brute force's: "clusters" that prune little.
@@ -58,7 +60,7 @@ pub(super) fn knn_grouped<T: Coord>(
     control: &crate::control::Control,
 ) -> Result<Option<(Ranked, String, usize, f64)>> {
     use crate::cpu::partition::pivot_floor;
-    use crate::cpu::partition::{dot, dot4, dot_slack, homes, knn_index_of, knn_leaders};
+    use crate::cpu::partition::{dot, dot4, dot4x4, dot_slack, homes, knn_index_of, knn_leaders};
     use crate::cpu::partition::{Blocked, KnnLeaders};
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     engine.install(|| -> Result<Option<(Ranked, String, usize, f64)>> {
@@ -161,97 +163,286 @@ pub(super) fn knn_grouped<T: Coord>(
             (measured, n_exact)
         };
         let leader = |h: usize| &index.leaders[h * dim..(h + 1) * dim];
+        // Query `qv`'s distance from group h's pivot, bounded below: from its product with
+        // every leader where `pd` holds them (taken in blocks), else one product.
+        let to_leader = |qv: &[f32], pd: Option<&[f32]>, h: usize| {
+            let d = pd.map_or_else(|| dot(qv, leader(h)), |pd| pd[h]);
+            pivot_floor(d, index.norm2[h], slack)
+        };
+        // Query `r`'s walk over the groups left after its home's list (`walked`, sorted;
+        // or over every group where it has no home): those leaders measured, their groups
+        // visited by `|q - L_h| - r_h`, those the k-th distance so far rules out left
+        // unsorted; stops where the rule's floor of that bound exceeds the k-th distance.
+        #[allow(clippy::too_many_arguments)]
+        let rest = |r: usize,
+                    qv: &[f32],
+                    me: Option<u32>,
+                    own: Option<usize>,
+                    pd: Option<&[f32]>,
+                    walked: Option<&[u32]>,
+                    best: &mut Vec<(f64, u32)>,
+                    near: &mut Vec<(f64, u32)>,
+                    t: &mut Tally| {
+            let limit = kth(best);
+            let mut measured = 0u64;
+            let mut lb: Vec<(f64, f64, u32)> = (0..groups)
+                .filter(|&h| Some(h) != own && g.start[h + 1] > g.start[h])
+                .filter(|&h| walked.is_none_or(|w| w.binary_search(&(h as u32)).is_err()))
+                .filter_map(|h| {
+                    measured += 1;
+                    let l = to_leader(qv, pd, h);
+                    let b = l - g.radius[h];
+                    (floor(b) <= limit).then_some((b, l, h as u32))
+                })
+                .collect();
+            t.leaders += measured;
+            t.dots += measured;
+            lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            for &(group_lb, l, h) in &lb {
+                if floor(group_lb) > kth(best) {
+                    break;
+                }
+                t.add(visit(r, qv, me, h as usize, l, best, near));
+            }
+        };
         // Query `r` (f32 copy `qv`); `own`: its home group and an upper bound on its
-        // distance from that group's pivot; `pd`: its dot products with every leader where they were taken for it in
-        // blocks (else one at a time, as needed). Visits the groups in increasing lower
-        // bound, stopping where the rule's floor of it exceeds the k-th distance. Counts
-        // its f32 dot products, rule distances and leaders measured.
+        // distance from that group's pivot; `pd`: its dot products with every leader where
+        // they were taken for it in blocks (else one at a time, as needed). Visits the
+        // groups in increasing lower bound, stopping where the rule's floor of it exceeds
+        // the k-th distance. Its neighbours, its tally, and whether it went past its home's
+        // list.
         let search = |r: usize,
                       qv: &[f32],
                       me: Option<u32>,
                       own: Option<(usize, f64)>,
                       pd: Option<&[f32]>|
-         -> (Vec<(f64, u32)>, u64, u64, u64, bool) {
+         -> Found {
             let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
             let mut near: Vec<(f64, u32)> = Vec::new();
-            let (mut n_dots, mut n_exact) = (0u64, 0u64);
-            let mut n_leaders = 0u64;
-            let mut tally = |(d, e): (u64, u64)| {
-                n_dots += d;
-                n_exact += e;
+            let mut t = Tally::default();
+            let Some((own, mine)) = own else {
+                rest(r, qv, me, None, pd, None, &mut best, &mut near, &mut t);
+                return (best, t, false);
             };
-            let mut to_leader = |h: usize| {
-                n_leaders += 1;
-                let d = pd.map_or_else(|| dot(qv, leader(h)), |pd| pd[h]);
-                pivot_floor(d, index.norm2[h], slack)
-            };
-            // A self-kNN's query visits its own group first: the k-th distance it leaves
-            // rules most other groups out before any are sorted.
-            if let Some((own, _)) = own {
-                let l = to_leader(own);
-                tally((1, 0));
-                tally(visit(r, qv, me, own, l, &mut best, &mut near));
+            // Its own group first: the k-th distance it leaves rules most other groups out
+            // before any are sorted.
+            let l = to_leader(qv, pd, own);
+            t.leaders += 1;
+            t.dots += 1;
+            t.add(visit(r, qv, me, own, l, &mut best, &mut near));
+            // The nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| - r_h`, in
+            // increasing bound, a leader measured only where that bound leaves its group
+            // in; the walk stops where it rules a group out.
+            let (list, beyond) = near_groups.of(own);
+            for &(apart, h) in list {
+                let limit = kth(&best);
+                let h = h as usize;
+                if floor(NearGroups::key(apart, h, &g.radius) - mine) > limit {
+                    return (best, t, false);
+                }
+                let l = to_leader(qv, pd, h).max(apart as f64 - mine);
+                t.leaders += 1;
+                t.dots += 1;
+                if floor(l - g.radius[h]) > limit {
+                    continue;
+                }
+                t.add(visit(r, qv, me, h, l, &mut best, &mut near));
             }
-            let others = (0..groups).filter(|&h| Some(h) != own.map(|o| o.0));
-            let others = others.filter(|&h| g.start[h + 1] > g.start[h]);
-            // The groups whose leaders are all measured (below): every other one, or those
-            // left off the own group's list (`walked`, sorted) where its end did not rule
-            // them out.
-            let mut walked: Option<Vec<u32>> = None;
-            if let Some((own, mine)) = own {
-                let ng = &near_groups;
-                // The nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| - r_h`,
-                // in increasing bound, a leader measured only where that bound leaves its
-                // group in; the walk stops where it rules a group out.
-                let (list, beyond) = ng.of(own);
-                let mut ended = true;
-                for &(apart, h) in list {
-                    let limit = kth(&best);
-                    let h = h as usize;
-                    if floor(NearGroups::key(apart, h, &g.radius) - mine) > limit {
-                        ended = false;
-                        break;
+            // Every pivot left off the list, where its end does not rule them out.
+            if floor(beyond - mine) > kth(&best) {
+                return (best, t, false);
+            }
+            let walked = near_groups.sorted(own);
+            rest(
+                r,
+                qv,
+                me,
+                Some(own),
+                pd,
+                Some(&walked),
+                &mut best,
+                &mut near,
+                &mut t,
+            );
+            (best, t, true)
+        };
+        // Group h met by the queries `act` of `qs` (their index there and a bound on their
+        // distance from L_h), as `visit` meets it with each: the members any of them leaves
+        // in, their products with all of them four members at a time (`dot4x4`), then
+        // each query's ranked by its own bounds. One query alone takes `visit`.
+        let visit_many = |qs: &[Query],
+                          h: usize,
+                          act: &[(usize, f64)],
+                          best: &mut [Vec<(f64, u32)>],
+                          t: &mut [Tally],
+                          s: &mut Scratch| {
+            if let [(i, l)] = *act {
+                let (r, qv, me, _) = qs[i];
+                t[i].add(visit(r, qv, me, h, l, &mut best[i], &mut s.near));
+                return;
+            }
+            // Each query's reach and least product, as `visit` takes them.
+            s.bounds.clear();
+            s.bounds.extend(act.iter().map(|&(i, _)| {
+                let reach = reach(kth(&best[i]));
+                (reach, least_dot(reach, slack))
+            }));
+            s.members.clear();
+            s.masks.clear();
+            for m in g.start[h]..g.start[h + 1] {
+                let mut mask = 0u64;
+                for (j, &(i, l)) in act.iter().enumerate() {
+                    if l - g.to_leader[m] <= s.bounds[j].0 && qs[i].2 != Some(g.order[m]) {
+                        mask |= 1 << j;
                     }
-                    let l = to_leader(h).max(apart as f64 - mine);
-                    tally((1, 0));
-                    if floor(l - g.radius[h]) > limit {
+                }
+                if mask != 0 {
+                    s.members.push(m as u32);
+                    s.masks.push(mask);
+                }
+            }
+            // Where the tiles below would mostly compute products no query reads (each
+            // keeps few members, not the same ones), each query takes its own as `visit`.
+            let needed: u32 = s.masks.iter().map(|m| m.count_ones()).sum();
+            let tiles: u32 = s
+                .masks
+                .chunks(4)
+                .map(|c| {
+                    let kept = c.iter().fold(0, |a, m| a | m);
+                    (0..act.len())
+                        .step_by(4)
+                        .filter(|j0| kept >> j0 & 0xf != 0)
+                        .count() as u32
+                })
+                .sum();
+            if 16 * tiles > SPARSE_TILES * needed {
+                for &(i, l) in act {
+                    let (r, qv, me, _) = qs[i];
+                    t[i].add(visit(r, qv, me, h, l, &mut best[i], &mut s.near));
+                }
+                return;
+            }
+            let row = |m: u32| &g.rows[m as usize * dim..(m as usize + 1) * dim];
+            // Four members by four queries at a time: the members' rows stay in the L1
+            // cache while every query meets them (`prods[u * w + j]`: member u's with the
+            // j-th query).
+            let w = act.len().next_multiple_of(4);
+            s.prods.clear();
+            s.prods.resize(s.members.len() * w, 0.0);
+            for (c, four) in s.members.chunks(4).enumerate() {
+                let rows4 = std::array::from_fn(|u| row(four[u.min(four.len() - 1)]));
+                // The queries that keep any of the four (the others' products are not read).
+                let kept = s.masks[4 * c..][..four.len()].iter().fold(0, |a, m| a | m);
+                for j0 in (0..act.len()).step_by(4) {
+                    if kept >> j0 & 0xf == 0 {
                         continue;
                     }
-                    tally(visit(r, qv, me, h, l, &mut best, &mut near));
+                    let q4 = std::array::from_fn(|j| qs[act[(j0 + j).min(act.len() - 1)].0].1);
+                    let p = dot4x4(q4, rows4);
+                    for (u, p) in p.iter().enumerate().take(four.len()) {
+                        s.prods[(4 * c + u) * w + j0..][..4].copy_from_slice(p);
+                    }
                 }
-                if !ended || floor(beyond - mine) > kth(&best) {
-                    return (best, n_dots, n_exact, n_leaders, false);
-                }
-                let mut listed: Vec<u32> = list.iter().map(|e| e.1).collect();
-                listed.sort_unstable();
-                walked = Some(listed);
             }
-            // Those leaders measured, their groups visited by `|q - L_h| - r_h`, those the
-            // k-th distance so far rules out left unsorted.
-            let limit = kth(&best);
-            let mut measured = 0u64;
-            let mut lb: Vec<(f64, f64, u32)> = others
-                .filter(|&h| {
-                    walked
-                        .as_ref()
-                        .is_none_or(|w| w.binary_search(&(h as u32)).is_err())
-                })
-                .filter_map(|h| {
-                    measured += 1;
-                    let l = to_leader(h);
-                    let b = l - g.radius[h];
-                    (floor(b) <= limit).then_some((b, l, h as u32))
+            for (j, &(i, _)) in act.iter().enumerate() {
+                s.near.clear();
+                s.near.extend(
+                    s.members
+                        .iter()
+                        .zip(&s.masks)
+                        .zip(s.prods.chunks_exact(w))
+                        .filter(|((_, &mask), _)| mask >> j & 1 != 0)
+                        .map(|((&m, _), p)| (p[j] as f64, m)),
+                );
+                t[i].dots += s.members.len() as u64;
+                t[i].exact += rank_by_floor(
+                    &mut s.near,
+                    &mut best[i],
+                    k,
+                    f64::INFINITY,
+                    s.bounds[j].1,
+                    slack,
+                    floor,
+                    |m| g.order[m as usize],
+                    |e| measure((rows_q, nq), (x, nx), dim, qs[i].0, e),
+                );
+            }
+        };
+        // Up to STEP queries of one home group (`qs`: row, f32 copy, own row, home and
+        // distance bound; `pd`: their products with every leader, a row each, where taken
+        // in blocks) walk `search`'s way in step: own group, then its list, each query
+        // with its own bounds, k-th distance and stop, so each gets `search`'s answer; a
+        // group that several of them visit is met by those at once (`visit_many`), each
+        // member's row loaded once for all of them. Past the list, each goes on alone.
+        let search_many = |qs: &[Query], pd: Option<&[f32]>| -> Vec<Found> {
+            let m = qs.len();
+            let own = qs[0].3 .0;
+            let pd_of = |i: usize| pd.map(|pd| &pd[i * groups..][..groups]);
+            let mut best: Vec<Vec<(f64, u32)>> =
+                (0..m).map(|_| Vec::with_capacity(k + 1)).collect();
+            let mut t = vec![Tally::default(); m];
+            let mut scratch = Scratch::default();
+            let mut act: Vec<(usize, f64)> = (0..m)
+                .map(|i| {
+                    t[i].leaders += 1;
+                    t[i].dots += 1;
+                    (i, to_leader(qs[i].1, pd_of(i), own))
                 })
                 .collect();
-            tally((measured, 0));
-            lb.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            for &(group_lb, l, h) in &lb {
-                if floor(group_lb) > kth(&best) {
+            visit_many(qs, own, &act, &mut best, &mut t, &mut scratch);
+            let (list, beyond) = near_groups.of(own);
+            // Whether each query still walks the list, and whether it ran to the list's end.
+            let (mut alive, mut ended) = (vec![true; m], vec![true; m]);
+            for &(apart, h) in list {
+                let h = h as usize;
+                act.clear();
+                for i in 0..m {
+                    if !alive[i] {
+                        continue;
+                    }
+                    let (limit, mine) = (kth(&best[i]), qs[i].3 .1);
+                    if floor(NearGroups::key(apart, h, &g.radius) - mine) > limit {
+                        (alive[i], ended[i]) = (false, false);
+                        continue;
+                    }
+                    let l = to_leader(qs[i].1, pd_of(i), h).max(apart as f64 - mine);
+                    t[i].leaders += 1;
+                    t[i].dots += 1;
+                    if floor(l - g.radius[h]) <= limit {
+                        act.push((i, l));
+                    }
+                }
+                if !act.is_empty() {
+                    visit_many(qs, h, &act, &mut best, &mut t, &mut scratch);
+                }
+                if !alive.contains(&true) {
                     break;
                 }
-                tally(visit(r, qv, me, h as usize, l, &mut best, &mut near));
             }
-            (best, n_dots, n_exact, n_leaders, walked.is_some())
+            let mut walked: Option<Vec<u32>> = None;
+            (0..m)
+                .map(|i| {
+                    let (r, qv, me, (_, mine)) = qs[i];
+                    let mut best = std::mem::take(&mut best[i]);
+                    let mut t = t[i];
+                    if !ended[i] || floor(beyond - mine) > kth(&best) {
+                        return (best, t, false);
+                    }
+                    let walked = walked.get_or_insert_with(|| near_groups.sorted(own));
+                    rest(
+                        r,
+                        qv,
+                        me,
+                        Some(own),
+                        pd_of(i),
+                        Some(walked),
+                        &mut best,
+                        &mut scratch.near,
+                        &mut t,
+                    );
+                    (best, t, true)
+                })
+                .collect()
         };
         // The p-th query, in order of home groups (neighbouring queries visit the same
         // groups): its row, f32 copy, own row (a self-kNN's) and home.
@@ -269,10 +460,6 @@ pub(super) fn knn_grouped<T: Coord>(
                 (r, qv, self_knn.then_some(r), Some((home, g.to_leader[p])))
             }
         };
-        let query = |p: usize, pd: Option<&[f32]>| {
-            let (r, qv, me, own) = at(p);
-            (r, search(r as usize, qv, me, own, pd))
-        };
         let rows = nq.len();
         let n = nx.len();
         // Clusters that prune little (spread-out data in a few dozen dimensions: the sample
@@ -284,8 +471,9 @@ pub(super) fn knn_grouped<T: Coord>(
         let (probed, probed_leaders) = (0..probe)
             .into_par_iter()
             .map(|i| {
-                let (_, (_, d, _, l, _)) = query(i * rows / probe, None);
-                (d, l)
+                let (r, qv, me, own) = at(i * rows / probe);
+                let (_, t, _) = search(r as usize, qv, me, own, None);
+                (t.dots, t.leaders)
             })
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         let brute = if self_knn { n as f64 / 2.0 } else { n as f64 };
@@ -299,6 +487,9 @@ pub(super) fn knn_grouped<T: Coord>(
         let blocked = (probed_leaders as f64 > probe as f64 * groups as f64 / BLOCKED_SHARE)
             .then(|| Blocked::new(&index.leaders, dim));
         const CHUNK: usize = 64;
+        // Queries that walk in step at most (a bit each in `Scratch::masks`).
+        const STEP: usize = 64;
+        const { assert!(STEP <= u64::BITS as usize) };
         control.stage("cosine kNN", rows.div_ceil(CHUNK) as u64);
         let found: Vec<Vec<(u32, Neighbours)>> = (0..rows.div_ceil(CHUNK))
             .into_par_iter()
@@ -308,23 +499,51 @@ pub(super) fn knn_grouped<T: Coord>(
                 }
                 let span = c * CHUNK..((c + 1) * CHUNK).min(rows);
                 let mut out = Vec::with_capacity(span.len());
-                let mut pd = vec![0.0f32; if blocked.is_some() { 4 * groups } else { 0 }];
-                for p in span.clone().step_by(4) {
-                    // The last query repeated where fewer than four are left.
-                    let four = [p, p + 1, p + 2, p + 3].map(|p| p.min(span.end - 1));
+                let mut pd = vec![0.0f32; if blocked.is_some() { STEP * groups } else { 0 }];
+                for p in span.clone().step_by(STEP) {
+                    let step = p..(p + STEP).min(span.end);
+                    let qs: Vec<_> = step.clone().map(at).collect();
                     if let Some(b) = &blocked {
-                        b.dots(four.map(|p| at(p).1), &mut pd);
-                    }
-                    for (i, p) in four.into_iter().enumerate() {
-                        if i > 0 && p == four[i - 1] {
-                            break;
+                        // Four at a time (the last repeated where fewer are left).
+                        for (i, pd) in pd.chunks_exact_mut(4 * groups).enumerate() {
+                            let q = |j: usize| qs[(4 * i + j).min(qs.len() - 1)].1;
+                            b.dots([q(0), q(1), q(2), q(3)], pd);
                         }
-                        let pd = blocked.as_ref().map(|_| &pd[i * groups..][..groups]);
-                        let (r, (best, d, e, _, beyond)) = query(p, pd);
-                        dots.fetch_add(d, Relaxed);
-                        past.fetch_add(beyond as u64, Relaxed);
-                        exact.fetch_add(e, Relaxed);
-                        out.push((r, best));
+                    }
+                    // Runs of queries with one home group walk in step.
+                    let mut from = 0;
+                    while from < qs.len() {
+                        let home = qs[from].3.map(|o| o.0);
+                        let run = qs[from..]
+                            .iter()
+                            .take_while(|q| home.is_some() && q.3.map(|o| o.0) == home)
+                            .count()
+                            .max(1);
+                        let pd = blocked
+                            .as_ref()
+                            .map(|_| &pd[from * groups..(from + run) * groups]);
+                        let found: Vec<Found> = match run > 1 {
+                            true => {
+                                let run: Vec<Query> = qs[from..from + run]
+                                    .iter()
+                                    .map(|&(r, qv, me, own)| {
+                                        (r as usize, qv, me, own.expect("a home"))
+                                    })
+                                    .collect();
+                                search_many(&run, pd)
+                            }
+                            false => {
+                                let (r, qv, me, own) = qs[from];
+                                vec![search(r as usize, qv, me, own, pd)]
+                            }
+                        };
+                        for ((r, ..), (best, t, beyond)) in qs[from..from + run].iter().zip(found) {
+                            dots.fetch_add(t.dots, Relaxed);
+                            past.fetch_add(beyond as u64, Relaxed);
+                            exact.fetch_add(t.exact, Relaxed);
+                            out.push((*r, best));
+                        }
+                        from += run;
                     }
                 }
                 control.advance(1, 0);
@@ -356,6 +575,49 @@ pub(super) fn knn_grouped<T: Coord>(
         );
         Ok(Some((ranked, note, rayon::current_num_threads(), built)))
     })?
+}
+
+/// A visit of several queries takes its products in tiles of four members by four
+/// queries (`dot4x4`) unless the tiles would compute more than this many times the
+/// products its queries keep; then each query takes its own (`dot4`).
+const SPARSE_TILES: u32 = 2;
+
+/// A query of the grouped kNN: its row, f32 copy, own row (a self-kNN's), home group and
+/// an upper bound on its distance from that group's pivot.
+type Query<'a> = (usize, &'a [f32], Option<u32>, (usize, f64));
+
+/// What a query of the grouped kNN took: f32 dot products (leaders included), rule
+/// distances and leaders measured.
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    dots: u64,
+    exact: u64,
+    leaders: u64,
+}
+
+impl Tally {
+    /// Adds a visit's products and rule distances.
+    fn add(&mut self, (dots, exact): (u64, u64)) {
+        self.dots += dots;
+        self.exact += exact;
+    }
+}
+
+/// A query's answer from the grouped kNN: its neighbours, its tally, and whether it went
+/// past its home group's list.
+type Found = (Neighbours, Tally, bool);
+
+/// A worker's buffers for the grouped kNN's visits: the members a visit computes, which
+/// of its queries keep each (bit j: the j-th), their products with each query, one
+/// query's candidates, and each query's reach and least product.
+#[derive(Default)]
+struct Scratch {
+    members: Vec<u32>,
+    masks: Vec<u64>,
+    prods: Vec<f32>,
+    near: Vec<(f64, u32)>,
+    /// Each query's reach and least product in a visit.
+    bounds: Vec<(f64, f64)>,
 }
 
 /// Entries that [`NearGroups`] keeps in all: every pair of up to 2,048 groups (the bound
@@ -476,6 +738,12 @@ impl NearGroups {
     /// increase along a list).
     fn key(apart: f32, h: usize, radius: &[f64]) -> f64 {
         apart as f64 - radius[h]
+    }
+    /// The groups on g's list, sorted (for a binary search).
+    fn sorted(&self, g: usize) -> Vec<u32> {
+        let mut v: Vec<u32> = self.of(g).0.iter().map(|e| e.1).collect();
+        v.sort_unstable();
+        v
     }
     /// Group g's list and the least key of the groups left off it.
     fn of(&self, g: usize) -> (&[(f32, u32)], f64) {

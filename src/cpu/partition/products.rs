@@ -123,6 +123,71 @@ unsafe fn dot4_fma(p: &[f32], r: [&[f32]; 4]) -> [f32; 4] {
     out
 }
 
+/// The products of four rows `q` with four rows `r` (`out[b][a]`: `r[b]`'s with `q[a]`),
+/// the same sums as [`dot`]'s in another order (so the same bounds hold): with AVX-512,
+/// sixteen sums side by side, each row loaded once for four products (the kNN's queries of
+/// one group meeting a group's members: half the loads of [`dot4`] a product, and enough
+/// independent sums to hide the multiply-add's latency); else four [`dot4`]s.
+#[inline]
+pub(crate) fn dot4x4(q: [&[f32]; 4], r: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if avx512() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { dot4x4_avx512(q, r) };
+    }
+    let by_q = q.map(|q| dot4(q, r));
+    std::array::from_fn(|b| std::array::from_fn(|a| by_q[a][b]))
+}
+
+/// [`dot4x4`] with 512-bit fused multiply-adds: sixteen accumulators of sixteen lanes, the
+/// coordinates past the last multiple of 16 by masked loads (zeros add nothing).
+///
+/// # Safety
+/// AVX-512F must be available.
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f")]
+unsafe fn dot4x4_avx512(q: [&[f32]; 4], r: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    use std::arch::x86_64::*;
+    let n = q
+        .iter()
+        .chain(r.iter())
+        .fold(usize::MAX, |n, x| n.min(x.len()));
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut i = 0;
+    while i < n {
+        // The lanes i + l < n (all 16 but in the last step).
+        let mask = match n - i >= 16 {
+            true => 0xffff,
+            false => ((1u32 << (n - i)) - 1) as __mmask16,
+        };
+        // SAFETY: `mask` covers only lanes i + l < n, within every row of `q` and `r` (a
+        // masked load reads no lane outside its mask).
+        unsafe {
+            let x = [
+                _mm512_maskz_loadu_ps(mask, q[0].as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(mask, q[1].as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(mask, q[2].as_ptr().add(i)),
+                _mm512_maskz_loadu_ps(mask, q[3].as_ptr().add(i)),
+            ];
+            for (b, v) in r.iter().enumerate() {
+                let y = _mm512_maskz_loadu_ps(mask, v.as_ptr().add(i));
+                for a in 0..4 {
+                    acc[4 * b + a] = _mm512_fmadd_ps(x[a], y, acc[4 * b + a]);
+                }
+            }
+        }
+        i += 16;
+    }
+    let mut out = [[0.0f32; 4]; 4];
+    for (b, o) in out.iter_mut().enumerate() {
+        for (a, s) in o.iter_mut().enumerate() {
+            *s = _mm512_reduce_add_ps(acc[4 * b + a]);
+        }
+    }
+    out
+}
+
 /// [`dot`] over eight lanes (vectorised by the compiler).
 #[inline]
 pub(super) fn dot_lanes(a: &[f32], b: &[f32]) -> f32 {
@@ -704,6 +769,35 @@ mod tests {
                     });
                     let got = out[i * n + j];
                     assert_eq!(got.to_bits(), want.to_bits(), "dim {dim}: {i} x {j}");
+                }
+            }
+        }
+    }
+
+    /// [`dot4x4`] puts each pair's product in its place (`out[b][a]`: row b's with query
+    /// a), within [`dot_slack`] of the exact f64 sum, at lengths around the kernels'
+    /// 8- and 16-lane steps (tails of every width) and at embedding sizes.
+    #[test]
+    fn four_by_four_products_are_each_pairs_within_the_slack() {
+        for dim in [1usize, 7, 8, 15, 16, 17, 31, 33, 384, 1023] {
+            let rows = vectors(dim as u64 + 11, 4, dim, 2, false);
+            let queries = vectors(dim as u64 + 12, 4, dim, 2, false);
+            let q: [&[f32]; 4] = std::array::from_fn(|a| &queries[a * dim..][..dim]);
+            let r: [&[f32]; 4] = std::array::from_fn(|b| &rows[b * dim..][..dim]);
+            let got = dot4x4(q, r);
+            for b in 0..4 {
+                for a in 0..4 {
+                    let exact: f64 = q[a]
+                        .iter()
+                        .zip(r[b])
+                        .map(|(&x, &y)| x as f64 * y as f64)
+                        .sum();
+                    let err = (got[b][a] as f64 - exact).abs();
+                    assert!(
+                        err <= dot_slack(dim),
+                        "{dim}-D: row {b} x query {a}: {} against {exact} (error {err:e})",
+                        got[b][a]
+                    );
                 }
             }
         }
