@@ -169,25 +169,25 @@ pub(super) fn knn_grouped<T: Coord>(
             let d = pd.map_or_else(|| dot(qv, leader(h)), |pd| pd[h]);
             pivot_floor(d, index.norm2[h], slack)
         };
-        // Query `r`'s walk over the groups left after its home's list (`walked`, sorted;
-        // or over every group where it has no home): those leaders measured, their groups
-        // visited by `|q - L_h| - r_h`, those the k-th distance so far rules out left
-        // unsorted; stops where the rule's floor of that bound exceeds the k-th distance.
+        // Query `r`'s walk over the groups left off its home group `own`'s list (`walked`,
+        // sorted): those leaders measured, their groups visited by `|q - L_h| - r_h`, those
+        // the k-th distance so far rules out left unsorted; stops where the rule's floor of
+        // that bound exceeds the k-th distance.
         #[allow(clippy::too_many_arguments)]
         let rest = |r: usize,
                     qv: &[f32],
                     me: Option<u32>,
-                    own: Option<usize>,
+                    own: usize,
                     pd: Option<&[f32]>,
-                    walked: Option<&[u32]>,
+                    walked: &[u32],
                     best: &mut Vec<(f64, u32)>,
                     near: &mut Vec<(f64, u32)>,
                     t: &mut Tally| {
             let limit = kth(best);
             let mut measured = 0u64;
             let mut lb: Vec<(f64, f64, u32)> = (0..groups)
-                .filter(|&h| Some(h) != own && g.start[h + 1] > g.start[h])
-                .filter(|&h| walked.is_none_or(|w| w.binary_search(&(h as u32)).is_err()))
+                .filter(|&h| h != own && g.start[h + 1] > g.start[h])
+                .filter(|&h| walked.binary_search(&(h as u32)).is_err())
                 .filter_map(|h| {
                     measured += 1;
                     let l = to_leader(qv, pd, h);
@@ -204,67 +204,6 @@ pub(super) fn knn_grouped<T: Coord>(
                 }
                 t.add(visit(r, qv, me, h as usize, l, best, near));
             }
-        };
-        // Query `r` (f32 copy `qv`); `own`: its home group and an upper bound on its
-        // distance from that group's pivot; `pd`: its dot products with every leader where
-        // they were taken for it in blocks (else one at a time, as needed). Visits the
-        // groups in increasing lower bound, stopping where the rule's floor of it exceeds
-        // the k-th distance. Its neighbours, its tally, and whether it went past its home's
-        // list.
-        let search = |r: usize,
-                      qv: &[f32],
-                      me: Option<u32>,
-                      own: Option<(usize, f64)>,
-                      pd: Option<&[f32]>|
-         -> Found {
-            let mut best: Vec<(f64, u32)> = Vec::with_capacity(k + 1);
-            let mut near: Vec<(f64, u32)> = Vec::new();
-            let mut t = Tally::default();
-            let Some((own, mine)) = own else {
-                rest(r, qv, me, None, pd, None, &mut best, &mut near, &mut t);
-                return (best, t, false);
-            };
-            // Its own group first: the k-th distance it leaves rules most other groups out
-            // before any are sorted.
-            let l = to_leader(qv, pd, own);
-            t.leaders += 1;
-            t.dots += 1;
-            t.add(visit(r, qv, me, own, l, &mut best, &mut near));
-            // The nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| - r_h`, in
-            // increasing bound, a leader measured only where that bound leaves its group
-            // in; the walk stops where it rules a group out.
-            let (list, beyond) = near_groups.of(own);
-            for &(apart, h) in list {
-                let limit = kth(&best);
-                let h = h as usize;
-                if floor(NearGroups::key(apart, h, &g.radius) - mine) > limit {
-                    return (best, t, false);
-                }
-                let l = to_leader(qv, pd, h).max(apart as f64 - mine);
-                t.leaders += 1;
-                t.dots += 1;
-                if floor(l - g.radius[h]) > limit {
-                    continue;
-                }
-                t.add(visit(r, qv, me, h, l, &mut best, &mut near));
-            }
-            // Every pivot left off the list, where its end does not rule them out.
-            if floor(beyond - mine) > kth(&best) {
-                return (best, t, false);
-            }
-            let walked = near_groups.sorted(own);
-            rest(
-                r,
-                qv,
-                me,
-                Some(own),
-                pd,
-                Some(&walked),
-                &mut best,
-                &mut near,
-                &mut t,
-            );
-            (best, t, true)
         };
         // Group h met by the queries `act` of `qs` (their index there and a bound on their
         // distance from L_h), as `visit` meets it with each: the members any of them leaves
@@ -368,12 +307,16 @@ pub(super) fn knn_grouped<T: Coord>(
                 );
             }
         };
-        // Up to STEP queries of one home group (`qs`: row, f32 copy, own row, home and
-        // distance bound; `pd`: their products with every leader, a row each, where taken
-        // in blocks) walk `search`'s way in step: own group, then its list, each query
-        // with its own bounds, k-th distance and stop, so each gets `search`'s answer; a
-        // group that several of them visit is met by those at once (`visit_many`), each
-        // member's row loaded once for all of them. Past the list, each goes on alone.
+        // One to STEP queries of one home group (`qs`: row, f32 copy, own row, home and an
+        // upper bound on the distance from its pivot; `pd`: their products with every
+        // leader, a row each, where taken in blocks, else one at a time as needed) walk in
+        // step: own group first (the k-th distance it leaves rules most other groups out),
+        // then its list of nearest groups by the pivots' bound `|L_g - L_h| - |q - L_g| -
+        // r_h`, in increasing bound, a leader measured only where that bound leaves its
+        // group in; a query stops where that bound rules a group out. Each keeps its own
+        // bounds, k-th distance and stop; a group that several visit is met by those at
+        // once (`visit_many`). Past the list's end, each query that it does not rule out
+        // goes on alone (`rest`). Each one's neighbours, tally, and whether it went past.
         let search_many = |qs: &[Query], pd: Option<&[f32]>| -> Vec<Found> {
             let m = qs.len();
             let own = qs[0].3 .0;
@@ -433,9 +376,9 @@ pub(super) fn knn_grouped<T: Coord>(
                         r,
                         qv,
                         me,
-                        Some(own),
+                        own,
                         pd_of(i),
-                        Some(walked),
+                        walked,
                         &mut best,
                         &mut scratch.near,
                         &mut t,
@@ -446,18 +389,24 @@ pub(super) fn knn_grouped<T: Coord>(
         };
         // The p-th query, in order of home groups (neighbouring queries visit the same
         // groups): its row, f32 copy, own row (a self-kNN's) and home.
-        let at = |p: usize| match (&fq, &homes) {
-            (Some(fq), Some(homes)) => {
-                let r = by_home[p];
-                let (h, mine) = homes[r as usize];
-                let qv = &fq[r as usize * dim..(r as usize + 1) * dim];
-                (r, qv, None, Some((h as usize, mine)))
-            }
-            _ => {
-                let r = g.order[p];
-                let qv = &g.rows[p * dim..(p + 1) * dim];
-                let home = g.start.partition_point(|&st| st <= p) - 1;
-                (r, qv, self_knn.then_some(r), Some((home, g.to_leader[p])))
+        let at = |p: usize| -> Query {
+            match (&fq, &homes) {
+                (Some(fq), Some(homes)) => {
+                    let r = by_home[p] as usize;
+                    let (h, mine) = homes[r];
+                    (r, &fq[r * dim..(r + 1) * dim], None, (h as usize, mine))
+                }
+                _ => {
+                    let r = g.order[p];
+                    let qv = &g.rows[p * dim..(p + 1) * dim];
+                    let home = g.start.partition_point(|&st| st <= p) - 1;
+                    (
+                        r as usize,
+                        qv,
+                        self_knn.then_some(r),
+                        (home, g.to_leader[p]),
+                    )
+                }
             }
         };
         let rows = nq.len();
@@ -471,8 +420,7 @@ pub(super) fn knn_grouped<T: Coord>(
         let (probed, probed_leaders) = (0..probe)
             .into_par_iter()
             .map(|i| {
-                let (r, qv, me, own) = at(i * rows / probe);
-                let (_, t, _) = search(r as usize, qv, me, own, None);
+                let (_, t, _) = search_many(&[at(i * rows / probe)], None).remove(0);
                 (t.dots, t.leaders)
             })
             .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
@@ -513,35 +461,17 @@ pub(super) fn knn_grouped<T: Coord>(
                     // Runs of queries with one home group walk in step.
                     let mut from = 0;
                     while from < qs.len() {
-                        let home = qs[from].3.map(|o| o.0);
-                        let run = qs[from..]
-                            .iter()
-                            .take_while(|q| home.is_some() && q.3.map(|o| o.0) == home)
-                            .count()
-                            .max(1);
+                        let home = qs[from].3 .0;
+                        let run = qs[from..].iter().take_while(|q| q.3 .0 == home).count();
                         let pd = blocked
                             .as_ref()
                             .map(|_| &pd[from * groups..(from + run) * groups]);
-                        let found: Vec<Found> = match run > 1 {
-                            true => {
-                                let run: Vec<Query> = qs[from..from + run]
-                                    .iter()
-                                    .map(|&(r, qv, me, own)| {
-                                        (r as usize, qv, me, own.expect("a home"))
-                                    })
-                                    .collect();
-                                search_many(&run, pd)
-                            }
-                            false => {
-                                let (r, qv, me, own) = qs[from];
-                                vec![search(r as usize, qv, me, own, pd)]
-                            }
-                        };
+                        let found = search_many(&qs[from..from + run], pd);
                         for ((r, ..), (best, t, beyond)) in qs[from..from + run].iter().zip(found) {
                             dots.fetch_add(t.dots, Relaxed);
                             past.fetch_add(beyond as u64, Relaxed);
                             exact.fetch_add(t.exact, Relaxed);
-                            out.push((*r, best));
+                            out.push((*r as u32, best));
                         }
                         from += run;
                     }
