@@ -17,8 +17,10 @@
 //! and the caller runs the general join.
 
 mod products;
+mod screen;
 
 pub(crate) use products::*;
+use screen::{screen, screen_f32, Heads, SCREEN, SCREEN_TILE};
 
 use crate::control::Control;
 use crate::result::Pair;
@@ -543,7 +545,7 @@ impl Prefixed {
         if k == 0 {
             return vec![false; m];
         }
-        let found = screen(x, dim, &self.rows, blocked, dim);
+        let found = screen_f32(x, dim, &self.rows, blocked, dim);
         let mut covered: Vec<bool> = found.iter().map(|&(_, d)| d >= near).collect();
         let open: Vec<usize> = (0..m).filter(|&i| !covered[i]).collect();
         let mut four = [0.0f32; 4 * BLOCK];
@@ -637,10 +639,10 @@ fn nearest_leaders(
                 Within::Nearest => screen_proves(near),
                 Within::Radius => near,
             };
-            let heads = in_blocks(leaders, dim, SCREEN);
+            let heads = Heads::new(leaders, dim);
             let rows = n.min(SOUGHT_ROWS);
             let probe = rows_at(x, dim, (0..rows).map(|i| i * n / rows));
-            let hits = screen(&probe, dim, leaders, &heads, SCREEN)
+            let hits = screen(&probe, dim, leaders, &heads)
                 .iter()
                 .filter(|&&(_, d)| d >= taken)
                 .count();
@@ -665,7 +667,7 @@ fn nearest_leaders(
             if control.is_cancelled() {
                 return vec![(0u32, f32::NEG_INFINITY); m].into_iter();
             }
-            let got = screen(tile, dim, leaders, &heads, SCREEN);
+            let got = screen(tile, dim, leaders, &heads);
             if progress {
                 let sure = got.iter().filter(|&&(_, d)| d >= taken).count();
                 control.advance(sure as u64, 0);
@@ -700,18 +702,6 @@ fn nearest_leaders(
     Some((found, screened))
 }
 
-/// Coordinates [`screen`] reads of each vector and leader.
-const SCREEN: usize = 48;
-
-/// Leaders whose products over the first [`SCREEN`] coordinates are largest, completed by
-/// [`screen`]: of 53,623 leaders around random centres in 384-D, a vector's nearest
-/// (a product of 0.9) has a head product about 6 standard deviations above the others'.
-const SCREEN_BEST: usize = 4;
-
-/// Vectors a task of [`screen`] takes: their first [`SCREEN`] coordinates (48 KB) meet
-/// each block of leaders' in turn.
-const SCREEN_TILE: usize = 256;
-
 /// Vectors a task of [`nearest_leaders`]' search takes.
 const NEAREST_TILE: usize = 64;
 
@@ -722,58 +712,6 @@ const NEAREST_TILE: usize = 64;
 fn screen_proves(apart: f32) -> f32 {
     let sep2 = (2.0 - 2.0 * (apart as f64 + 1e-4)).max(0.0);
     (1.0 - sep2 / 8.0 + 1e-4) as f32
-}
-
-/// For each row of `x` (`dim` wide), the best of the [`SCREEN_BEST`] leaders whose products
-/// over the first [`SCREEN`] coordinates (`heads`: the leaders' first `pre` >= SCREEN
-/// coordinates [`in_blocks`]) are largest:
-/// its index and whole f32 dot product (the larger product, then the lower index). Each
-/// block of leaders (6 KB: it stays in the L1 cache) is met by all the rows, four at a
-/// time (1M 384-D vectors against 33,875 leaders: 27 s, 36 s with the rows meeting 1,024
-/// leaders at a time from the L2 cache).
-fn screen(x: &[f32], dim: usize, leaders: &[f32], heads: &[f32], pre: usize) -> Vec<(u32, f32)> {
-    let (k, m) = (leaders.len() / dim, x.len() / dim);
-    // Each row's largest head products so far, in decreasing order.
-    let mut top = vec![[(f32::NEG_INFINITY, 0u32); SCREEN_BEST]; m];
-    let mut four = [0.0f32; 4 * BLOCK];
-    for (b, blk) in heads.chunks_exact(BLOCK * pre).enumerate() {
-        let blk = &blk[..BLOCK * SCREEN];
-        let first = b * BLOCK;
-        for v in (0..m).step_by(4) {
-            let w = [v, v + 1, v + 2, v + 3].map(|w| w.min(m - 1));
-            heads_block4(w.map(|w| &x[w * dim..][..SCREEN]), blk, &mut four);
-            // The last row repeated where fewer than four are left: once.
-            for (i, &w) in w.iter().enumerate().take(m - v) {
-                let t = &mut top[w];
-                let out = &four[i * BLOCK..][..BLOCK.min(k - first)];
-                let low = t[SCREEN_BEST - 1].0;
-                if out.iter().fold(0u32, |a, &h| a + (h > low) as u32) == 0 {
-                    continue;
-                }
-                for (l, &h) in out.iter().enumerate() {
-                    if h > t[SCREEN_BEST - 1].0 {
-                        let at = t.iter().position(|e| h > e.0).unwrap_or(SCREEN_BEST - 1);
-                        t.copy_within(at..SCREEN_BEST - 1, at + 1);
-                        t[at] = (h, (first + l) as u32);
-                    }
-                }
-            }
-        }
-    }
-    x.chunks_exact(dim)
-        .zip(&top)
-        .map(|(p, t)| {
-            t.iter()
-                .filter(|e| e.0 > f32::NEG_INFINITY)
-                .map(|&(_, j)| (j, dot(p, &leaders[j as usize * dim..][..dim])))
-                .fold((0u32, f32::NEG_INFINITY), |best, (j, d)| {
-                    match d > best.1 || (d == best.1 && j < best.0) {
-                        true => (j, d),
-                        false => best,
-                    }
-                })
-        })
-        .collect()
 }
 
 /// [`nearest_leaders`]' search: every leader's first `split.pre` coordinates in blocks
@@ -1277,7 +1215,7 @@ impl<'x> Plan<'x> {
             if self.self_join { k * (k + 1) / 2 } else { k * k },
             match screened {
                 0 => String::new(),
-                s => format!("; {s} of {n} vectors placed by their first {SCREEN} coordinates"),
+                s => format!("; {s} of {n} vectors placed by a screen of their first coordinates"),
             }
         )
     }
@@ -1758,6 +1696,45 @@ mod tests {
                         mine >= best - 2.0 * SPLIT_MARGIN,
                         "dim {dim} radius {radius} vector {i}: {mine} < {best} ({k} leaders)"
                     );
+                }
+            }
+        }
+    }
+
+    /// The screen over byte heads ([`Heads::quantised`], on whichever kernel this CPU
+    /// runs) settles as many vectors as the f32 one, each with its leader's whole f32
+    /// product, and every vector it settles has the leader of largest product: tight
+    /// clusters in 384-D and 1000-D, a tenth of the vectors uniform, leaders at radius 1
+    /// and 0.6.
+    #[test]
+    fn the_byte_screen_settles_as_the_f32_one_does() {
+        let control = Control::new();
+        for (dim, seed) in [(384usize, 13u64), (1000, 14)] {
+            let mut x = vectors(seed, 3000, dim, 40, false);
+            let lead = [1.0, 0.6].map(|r| (r, leaders(&x, dim, r, &control).expect("clusters")));
+            every_tenth_uniform(&mut x, dim, seed + 100);
+            for (radius, leaders) in lead {
+                let taken = screen_proves(near_dot(radius));
+                let f32_heads = Heads::F32(products::in_blocks(&leaders, dim, SCREEN));
+                let settled = |heads: &Heads| {
+                    let got = screen(&x, dim, &leaders, heads);
+                    (0..got.len()).filter(|&i| got[i].1 >= taken).count()
+                };
+                let bytes = Heads::quantised(&leaders, dim);
+                let (by_f32, by_bytes) = (settled(&f32_heads), settled(&bytes));
+                assert!(
+                    by_bytes >= 2500 && by_bytes + 30 >= by_f32,
+                    "dim {dim} radius {radius}: {by_bytes} settled, {by_f32} by f32 heads"
+                );
+                let got = screen(&x, dim, &leaders, &bytes);
+                for (i, p) in x.chunks_exact(dim).enumerate() {
+                    let g = got[i].0 as usize;
+                    let mine = dot(&leaders[g * dim..(g + 1) * dim], p);
+                    assert_eq!(mine, got[i].1, "dim {dim} radius {radius} vector {i}");
+                    if got[i].1 >= taken {
+                        let best = best_dot(p, &leaders, dim);
+                        assert!(mine >= best, "dim {dim} vector {i}: {mine} < {best}");
+                    }
                 }
             }
         }

@@ -399,6 +399,129 @@ unsafe fn heads_block4_avx512(r: [&[f32]; 4], blk: &[f32], out: &mut [f32; 4 * B
     }
 }
 
+/// Coordinates of the int8 screen's heads ([`heads_block4_i8`]): a multiple of four
+/// (each lane of `vpdpbusd` sums four byte products).
+pub(super) const SCREEN_I8: usize = 64;
+
+/// Whether [`heads_block4_i8`] runs its AVX-512 VNNI kernel: [`avx512`], the CPU has
+/// AVX512-VNNI, and SIMJOIN_NO_VNNI is unset (which keeps the f32 screen, for comparison).
+pub(crate) fn vnni() -> bool {
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            avx512()
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::env::var_os("SIMJOIN_NO_VNNI").is_none()
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", simjoin_avx512)))]
+    false
+}
+
+/// The screen's estimates of four rows' head products with a block of [`BLOCK`] leaders,
+/// from bytes: the rows' heads `r` (unsigned, [`SCREEN_I8`] apiece) and the block's `blk`
+/// (signed, four coordinates a lane: `blk[(g * BLOCK + l) * 4 + t]` is leader l's
+/// coordinate 4g + t). Each sum of byte products is exact in i32 (at most 64 x 255 x 127);
+/// leader l's estimate is `(sum - bias[l]) * scale[l]` in f32 (the difference exact below
+/// 2^24), into `out[i * BLOCK + l]`. Returns for each row i the lanes whose estimate
+/// exceeds `low[i]`, a bit a lane. Every kernel gives the same values and lanes.
+#[inline]
+pub(super) fn heads_block4_i8(
+    r: [&[u8]; 4],
+    blk: &[i8],
+    (bias, scale): (&[i32; BLOCK], &[f32; BLOCK]),
+    low: [f32; 4],
+    out: &mut [f32; 4 * BLOCK],
+) -> [u32; 4] {
+    #[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+    if vnni() {
+        // SAFETY: AVX-512F and AVX512-VNNI were detected at run time.
+        return unsafe { heads_block4_vnni(r, blk, (bias, scale), low, out) };
+    }
+    heads_block4_i8_portable(r, blk, (bias, scale), low, out)
+}
+
+/// [`heads_block4_i8`] one integer product at a time.
+pub(super) fn heads_block4_i8_portable(
+    r: [&[u8]; 4],
+    blk: &[i8],
+    (bias, scale): (&[i32; BLOCK], &[f32; BLOCK]),
+    low: [f32; 4],
+    out: &mut [f32; 4 * BLOCK],
+) -> [u32; 4] {
+    let n = r
+        .iter()
+        .fold(blk.len() / (4 * BLOCK), |n, x| n.min(x.len() / 4));
+    let mut over = [0u32; 4];
+    for (i, x) in r.iter().enumerate() {
+        for l in 0..BLOCK {
+            let sum: i32 = (0..4 * n)
+                .map(|c| x[c] as i32 * blk[((c / 4) * BLOCK + l) * 4 + c % 4] as i32)
+                .sum();
+            let e = (sum - bias[l]) as f32 * scale[l];
+            out[i * BLOCK + l] = e;
+            over[i] |= ((e > low[i]) as u32) << l;
+        }
+    }
+    over
+}
+
+/// [`heads_block4_i8`] with `vpdpbusd`: four byte products summed into each of sixteen
+/// i32 lanes an instruction, eight accumulators (a block in two registers, four rows);
+/// then the estimates and their comparisons sixteen lanes at a time.
+///
+/// # Safety
+/// AVX-512F and AVX512-VNNI must be available.
+#[cfg(all(target_arch = "x86_64", simjoin_avx512))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn heads_block4_vnni(
+    r: [&[u8]; 4],
+    blk: &[i8],
+    (bias, scale): (&[i32; BLOCK], &[f32; BLOCK]),
+    low: [f32; 4],
+    out: &mut [f32; 4 * BLOCK],
+) -> [u32; 4] {
+    use std::arch::x86_64::*;
+    let n = r
+        .iter()
+        .fold(blk.len() / (4 * BLOCK), |n, x| n.min(x.len() / 4));
+    let mut acc = [_mm512_setzero_si512(); 8];
+    for g in 0..n {
+        // SAFETY: g < n: the block's bytes g * 128 .. (g + 1) * 128 (two loads of 64) and
+        // each row's bytes 4g .. 4g + 4 are within their slices.
+        unsafe {
+            let at = blk.as_ptr().add(g * 4 * BLOCK);
+            let lo = _mm512_loadu_si512(at as *const _);
+            let hi = _mm512_loadu_si512(at.add(64) as *const _);
+            for i in 0..4 {
+                let four = std::ptr::read_unaligned(r[i].as_ptr().add(4 * g) as *const i32);
+                let x = _mm512_set1_epi32(four);
+                acc[2 * i] = _mm512_dpbusd_epi32(acc[2 * i], x, lo);
+                acc[2 * i + 1] = _mm512_dpbusd_epi32(acc[2 * i + 1], x, hi);
+            }
+        }
+    }
+    let mut over = [0u32; 4];
+    // SAFETY: `bias` and `scale` hold BLOCK = 32 lanes (two loads of 16 each), `out` 4 *
+    // BLOCK: lanes 32 i .. 32 i + 32 are within.
+    unsafe {
+        let bias = [0, 16].map(|h| _mm512_loadu_si512(bias.as_ptr().add(h) as *const _));
+        let scale = [0, 16].map(|h| _mm512_loadu_ps(scale.as_ptr().add(h)));
+        for i in 0..4 {
+            let low = _mm512_set1_ps(low[i]);
+            for h in 0..2 {
+                let e = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[2 * i + h], bias[h]));
+                let e = _mm512_mul_ps(e, scale[h]);
+                _mm512_storeu_ps(out.as_mut_ptr().add(i * BLOCK + 16 * h), e);
+                over[i] |= (_mm512_cmp_ps_mask::<_CMP_GT_OQ>(e, low) as u32) << (16 * h);
+            }
+        }
+    }
+    over
+}
+
 /// Rows stored for products of four rows with every one of them at a time (queries' with
 /// every pivot of the kNN's index): all coordinates in blocks of [`BLOCK`] ([`in_blocks`]),
 /// so that [`heads_block4`] reads each block row once for the four.
@@ -640,6 +763,67 @@ pub(crate) fn cached_rows(dim: usize) -> usize {
 mod tests {
     use super::*;
     use crate::cpu::partition::tests::vectors;
+
+    /// The int8 screen's kernel against the rule it states, computed apart: every sum of
+    /// byte products, the estimate `(sum - bias) * scale` and the lanes above each row's
+    /// `low`, with bytes at their extremes (0 and 255 against -127 and 127), lows at
+    /// -inf, inside and above the estimates, and a short last row group. On a CPU with
+    /// AVX512-VNNI this checks that kernel; elsewhere the portable one.
+    #[test]
+    fn int8_head_products_are_the_stated_sums() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for round in 0..40 {
+            let rows: Vec<Vec<u8>> = (0..4)
+                .map(|i| match (round, i) {
+                    (0, _) => vec![255u8; SCREEN_I8],
+                    (1, 0) => vec![0u8; SCREEN_I8],
+                    _ => (0..SCREEN_I8).map(|_| next() as u8).collect(),
+                })
+                .collect();
+            let blk: Vec<i8> = (0..SCREEN_I8 * BLOCK)
+                .map(|_| match round {
+                    0 => 127,
+                    1 => -127,
+                    _ => (next() % 255) as i8,
+                })
+                .collect();
+            let bias: [i32; BLOCK] = std::array::from_fn(|_| (next() % 4001) as i32 - 2000);
+            let scale: [f32; BLOCK] = std::array::from_fn(|_| (next() % 1000) as f32 * 1e-6);
+            let r: [&[u8]; 4] = std::array::from_fn(|i| &rows[i][..]);
+            // The rule, a product at a time.
+            let want: Vec<f32> = (0..4 * BLOCK)
+                .map(|t| {
+                    let (i, l) = (t / BLOCK, t % BLOCK);
+                    let sum: i64 = (0..SCREEN_I8)
+                        .map(|c| rows[i][c] as i64 * blk[(c / 4 * BLOCK + l) * 4 + c % 4] as i64)
+                        .sum();
+                    (sum - bias[l] as i64) as f32 * scale[l]
+                })
+                .collect();
+            let low: [f32; 4] = match round % 3 {
+                0 => [f32::NEG_INFINITY; 4],
+                1 => std::array::from_fn(|i| want[i * BLOCK + 7]),
+                _ => [f32::INFINITY, 0.0, want[2 * BLOCK], -1e9],
+            };
+            for kernel in [heads_block4_i8, heads_block4_i8_portable] {
+                let mut out = [f32::NAN; 4 * BLOCK];
+                let over = kernel(r, &blk, (&bias, &scale), low, &mut out);
+                assert_eq!(out.to_vec(), want, "round {round}");
+                for i in 0..4 {
+                    let lanes = (0..BLOCK)
+                        .filter(|&l| want[i * BLOCK + l] > low[i])
+                        .fold(0u32, |m, l| m | 1 << l);
+                    assert_eq!(over[i], lanes, "round {round} row {i}");
+                }
+            }
+        }
+    }
 
     /// [`Bounded::dots_above`] leaves out no row whose f32 product with its query reaches
     /// the query's floor, where the bound is as tight as it gets: each query is a row's
