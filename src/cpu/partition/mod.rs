@@ -717,16 +717,20 @@ fn screen_proves(apart: f32) -> f32 {
 /// Each leader's largest f32 dot product with another (`dim` wide, f32 copies of unit
 /// vectors), -inf for a lone one: [`screen_proves`] of it proves a vector's nearest leader
 /// among them all, whatever rule picked them (a vector within half its own leader's
-/// separation from the others has no other leader nearer).
-fn nearest_other(leaders: &[f32], dim: usize) -> Vec<f32> {
+/// separation from the others has no other leader nearer). None once `control` stops.
+fn nearest_other(leaders: &[f32], dim: usize, control: &Control) -> Option<Vec<f32>> {
     const TILE: usize = 32;
     let k = leaders.len() / dim;
     let blocked = Blocked::new(leaders, dim);
-    leaders
+    let found = leaders
         .par_chunks(TILE * dim)
         .enumerate()
         .flat_map_iter(|(t, tile)| {
             let m = tile.len() / dim;
+            // Stopped: skipped (the caller discards the answer).
+            if control.is_cancelled() {
+                return vec![f32::NEG_INFINITY; m];
+            }
             let mut out = vec![0.0f32; m * k];
             blocked.dots_tile(tile, &mut out);
             let best = |i: usize| {
@@ -737,7 +741,9 @@ fn nearest_other(leaders: &[f32], dim: usize) -> Vec<f32> {
             };
             (0..m).map(best).collect::<Vec<f32>>()
         })
-        .collect()
+        .collect();
+    control.check().ok()?;
+    Some(found)
 }
 
 /// [`nearest_leaders`]' search: every leader's first `split.pre` coordinates in blocks
@@ -927,12 +933,14 @@ fn group(
     // searched against 8,058 leaders, about a third of the kNN's time).
     let first = assign.and_then(|f| f(x, leaders));
     let defer = within == Within::Nearest && first.is_none();
-    let (mut nearest, mut by_screen, mut proven) = match first {
+    let (mut nearest, mut by_screen, proven) = match first {
         Some(found) => (found, 0, true),
+        // Nothing screened: the probe sent every vector to the search, whose answer is
+        // the nearest already (a screen that ran settles at least the probe's hits).
         None if defer => {
             let radius = Some((Within::Radius, near));
-            let (found, _) = nearest_leaders(x, dim, leaders, near, radius, control, true)?;
-            (found, 0, false)
+            let (found, s) = nearest_leaders(x, dim, leaders, near, radius, control, true)?;
+            (found, 0, s == 0)
         }
         None => {
             let (found, s) = nearest_leaders(x, dim, leaders, near, screened, control, true)?;
@@ -978,7 +986,7 @@ fn group(
     }
     control.check().ok()?;
     if !proven {
-        let proves: Vec<f32> = nearest_other(leaders, dim)
+        let proves: Vec<f32> = nearest_other(leaders, dim, control)?
             .into_iter()
             .map(screen_proves)
             .collect();
@@ -991,9 +999,7 @@ fn group(
         for (&i, g) in open.iter().zip(found) {
             nearest[i] = g;
         }
-        proven = true;
     }
-    debug_assert!(proven);
     let k = leaders.len() / dim;
     let nearest: Vec<u32> = nearest.into_iter().map(|(g, _)| g).collect();
     let mut start = vec![0usize; k + 1];
@@ -1994,21 +2000,31 @@ mod tests {
         }
     }
 
+    /// `n` clustered vectors (`seen`: seed and centres) whose rows off the leaders'
+    /// sample's stride (every 8th) come from other centres (`hidden`), which it then misses.
+    fn with_missed_clusters(
+        n: usize,
+        dim: usize,
+        seen: (u64, usize),
+        hidden: (u64, usize),
+    ) -> Vec<f32> {
+        let seen = vectors(seen.0, n, dim, seen.1, false);
+        let hidden = vectors(hidden.0, n, dim, hidden.1, false);
+        (0..n)
+            .flat_map(|i| {
+                let src = if i % 8 == 3 { &hidden } else { &seen };
+                src[i * dim..(i + 1) * dim].to_vec()
+            })
+            .collect()
+    }
+
     /// Clusters the sample never meets get leaders of their own when the groups are made:
     /// every vector ends within the leaders' radius of its leader.
     #[test]
     fn missed_clusters_get_leaders() {
         let (n, dim, radius) = (40_000usize, 96usize, 0.5);
         let control = Control::new();
-        let seen = vectors(1, n, dim, 49, false);
-        let hidden = vectors(2, n, dim, 30, false);
-        // Rows off the sample's stride (every 8th row) come from other centres.
-        let x: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                let src = if i % 8 == 3 { &hidden } else { &seen };
-                src[i * dim..(i + 1) * dim].to_vec()
-            })
-            .collect();
+        let x = with_missed_clusters(n, dim, (1, 49), (2, 30));
         let mut l = leaders(&x, dim, radius, &control).unwrap();
         let before = l.len() / dim;
         let g = group(&x, dim, &mut l, radius, Within::Radius, &control, None).unwrap();
@@ -2031,15 +2047,7 @@ mod tests {
     fn knn_groups_take_the_nearest_of_all_leaders() {
         let (n, dim) = (40_000usize, 384usize);
         let control = Control::new();
-        let seen = vectors(21, n, dim, 40, false);
-        let hidden = vectors(22, n, dim, 12, false);
-        // Rows off the sample's stride (every 8th row) come from other centres.
-        let x: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                let src = if i % 8 == 3 { &hidden } else { &seen };
-                src[i * dim..(i + 1) * dim].to_vec()
-            })
-            .collect();
+        let x = with_missed_clusters(n, dim, (21, 40), (22, 12));
         for radius in [0.3, 0.45, 0.6, 1.0] {
             let mut l = leaders(&x, dim, radius, &control).unwrap();
             let before = l.len() / dim;
